@@ -1,0 +1,159 @@
+// The distributed substrate: the world, process groups, and the one
+// collective dispatcher every call site goes through.
+//
+//   auto world = zero::init_distributed();           // rendezvous from the env
+//   auto& comm = world->comm();
+//   comm.all_gather(world->group(), full, shard)->wait();
+//
+// Collectives are asynchronous: they return a Work handle whose wait()
+// completes the operation (and rethrows a failure as CommError naming the op
+// and the group). Every collective takes the group it runs on; the
+// data-parallel group may be a strict subset of the world.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "zero/comm_counters.h"
+#include "zero/launch_env.h"
+
+namespace zero::comm {
+
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class ReduceOp { Sum, Avg };
+
+// Completion handle of an asynchronous collective.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective is done and its outputs are written; throws
+  // CommError on failure or timeout. Calling it again is a no-op.
+  virtual void wait() = 0;
+  virtual bool is_completed() = 0;
+};
+using WorkHandle = std::shared_ptr<Work>;
+
+// A set of ranks that run collectives together. Ranks are global (world)
+// ranks; rank() is this process's index inside the group.
+class Group {
+ public:
+  struct Impl;  // backend communicator; defined by the transports
+  Group(std::string name, std::vector<int> global_ranks, int rank, std::shared_ptr<Impl> impl);
+
+  const std::string& name() const { return name_; }
+  int size() const { return static_cast<int>(global_ranks_.size()); }
+  int rank() const { return rank_; }
+  const std::vector<int>& global_ranks() const { return global_ranks_; }
+  std::string describe() const;  // "dp0 (ranks 0,1)"
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::string name_;
+  std::vector<int> global_ranks_;
+  int rank_;
+  std::shared_ptr<Impl> impl_;
+};
+
+// One way of moving bytes for a group: the backend (Gloo, NCCL) or a fast
+// path (e.g. shared memory between ranks on one host) that serves only what
+// supports() accepts.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string name() const = 0;
+  virtual bool supports(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel) const = 0;
+  // Bytes this rank sends for the op under this transport's algorithm.
+  virtual int64_t wire_bytes(const Group& g, CollectiveOp op, at::ScalarType dtype,
+                             int64_t numel) const = 0;
+
+  // out_flat = concat over group ranks of in_shard (out_flat.numel() == size * in_shard.numel()).
+  virtual WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard) = 0;
+  // out_shard = reduce over ranks of in_flat[rank * n, (rank + 1) * n). out_shard
+  // may be fp32 for a 16-bit input: the sum is accumulated in fp32 either way.
+  virtual WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat,
+                                    ReduceOp op) = 0;
+  virtual WorkHandle all_reduce(const Group& g, at::Tensor t, ReduceOp op) = 0;
+  virtual WorkHandle broadcast(const Group& g, at::Tensor t, int root) = 0;
+  virtual WorkHandle barrier(const Group& g) = 0;
+};
+
+// The dispatcher: validates arguments, counts every call, and routes it to
+// the first fast path that supports it, else the group's backend.
+class Comm {
+ public:
+  explicit Comm(std::shared_ptr<Transport> backend);
+
+  // Fast paths are asked in registration order.
+  void add_fast_path(std::shared_ptr<Transport> t);
+
+  WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard);
+  WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat,
+                            ReduceOp op = ReduceOp::Sum);
+  WorkHandle all_reduce(const Group& g, at::Tensor t, ReduceOp op = ReduceOp::Sum);
+  // root is a rank inside the group.
+  WorkHandle broadcast(const Group& g, at::Tensor t, int root = 0);
+  WorkHandle barrier(const Group& g);
+
+  CommCounters& counters() { return counters_; }
+
+ private:
+  Transport& route(const Group& g, CollectiveOp op, const at::Tensor& t);
+  WorkHandle count(const Group& g, CollectiveOp op, Transport& t, const at::Tensor& full, WorkHandle w);
+
+  std::shared_ptr<Transport> backend_;
+  std::vector<std::shared_ptr<Transport>> fast_paths_;
+  CommCounters counters_;
+};
+
+struct DistributedOptions {
+  // Defaults come from ZERO_RENDEZVOUS_TIMEOUT_S / ZERO_COLLECTIVE_TIMEOUT_S
+  // (seconds), else 300 s each.
+  std::chrono::milliseconds rendezvous_timeout{0};
+  std::chrono::milliseconds collective_timeout{0};
+};
+
+class World {
+ public:
+  struct Impl;
+  explicit World(std::unique_ptr<Impl> impl);
+  ~World();
+
+  int rank() const;
+  int size() const;
+  const LaunchEnv& env() const;
+  // All ranks of the world.
+  const Group& group() const;
+  Comm& comm();
+
+  // Collective over the whole world: every rank calls it with the same
+  // arguments in the same order (as torch.distributed.new_group). Returns the
+  // group on its members and nullptr elsewhere.
+  std::shared_ptr<Group> new_group(const std::vector<int>& ranks, const std::string& name);
+  // Partitions the world into groups of `group_size` consecutive ranks
+  // (world 4, size 2: {0,1}, {2,3}) and returns the one holding this rank.
+  std::shared_ptr<Group> split(int group_size, const std::string& name_prefix);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Rendezvous with the other ranks named by the launcher environment (see
+// LaunchEnv) and build the world group. Throws with a message naming the
+// variable, address or timeout at fault.
+std::shared_ptr<World> init_distributed(const DistributedOptions& opts = {});
+
+}  // namespace zero::comm
+
+namespace zero {
+using comm::init_distributed;
+using comm::World;
+}  // namespace zero

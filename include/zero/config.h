@@ -1,0 +1,151 @@
+// DeepSpeed's ds_config.json as typed structs: same key names, aliases and
+// defaults, so a DeepSpeed user's file works unchanged. Parsing is strict:
+// an unknown key, a wrong type or value, or a DeepSpeed feature this project
+// does not implement is a ConfigError that names the key.
+//
+// This header does not include torch, so tools and tests that only read
+// configs build without it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace zero {
+
+class ConfigError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// Storage / communication precision of params and grads.
+enum class DType { fp32, fp16, bf16 };
+const char* to_string(DType);
+
+struct FP16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;  // 0 = dynamic loss scaling
+  int64_t initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+};
+
+struct BF16Config {
+  bool enabled = false;
+};
+
+enum class OptimizerType { Adam, AdamW, SGD };
+const char* to_string(OptimizerType);
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::AdamW;
+  bool given = false;  // false: no "optimizer" block (the engine then needs one from code)
+  double lr = 1e-3;
+  std::array<double, 2> betas{0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  // DeepSpeed's "Adam" is decoupled-weight-decay Adam (AdamW) unless
+  // adam_w_mode is false; "AdamW" is always decoupled.
+  bool adam_w_mode = true;
+  double momentum = 0.0;  // SGD
+  double dampening = 0.0;
+  bool nesterov = false;
+};
+
+enum class SchedulerType { None, WarmupLR, WarmupDecayLR, WarmupCosineLR };
+const char* to_string(SchedulerType);
+enum class WarmupType { Log, Linear };
+
+struct SchedulerConfig {
+  SchedulerType type = SchedulerType::None;
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 1e-3;
+  int64_t warmup_num_steps = 1000;
+  WarmupType warmup_type = WarmupType::Log;
+  int64_t total_num_steps = 0;     // WarmupDecayLR, WarmupCosineLR (required there)
+  double warmup_min_ratio = 0.0;   // WarmupCosineLR
+  double cos_min_ratio = 1e-4;     // WarmupCosineLR
+};
+
+enum class OffloadDevice { None, CPU, NVMe };
+const char* to_string(OffloadDevice);
+
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::None;
+  bool pin_memory = true;
+};
+
+struct ZeroConfig {
+  int64_t stage = 0;
+  bool contiguous_gradients = true;
+  // DeepSpeed: unset means true for stage 3 and false otherwise.
+  std::optional<bool> overlap_comm_given;
+  bool overlap_comm() const { return overlap_comm_given.value_or(stage == 3); }
+  bool reduce_scatter = true;
+  int64_t reduce_bucket_size = 500'000'000;
+  bool allgather_partitions = true;
+  int64_t allgather_bucket_size = 500'000'000;
+  int64_t prefetch_bucket_size = 50'000'000;          // stage3_prefetch_bucket_size
+  int64_t param_persistence_threshold = 100'000;      // stage3_param_persistence_threshold
+  int64_t model_persistence_threshold = std::numeric_limits<int64_t>::max();
+  int64_t max_live_parameters = 1'000'000'000;        // stage3_max_live_parameters
+  int64_t max_reuse_distance = 1'000'000'000;         // stage3_max_reuse_distance
+  int64_t sub_group_size = 1'000'000'000;
+  bool gather_16bit_weights_on_model_save = false;
+  bool ignore_unused_parameters = true;
+  bool round_robin_gradients = false;
+  OffloadConfig offload_optimizer;
+  OffloadConfig offload_param;
+};
+
+// The three batch numbers after resolution against the data-parallel size:
+// train_batch_size = micro_batch_per_gpu * gradient_accumulation_steps * dp_size.
+struct BatchConfig {
+  int64_t train_batch_size = 0;
+  int64_t micro_batch_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 0;
+};
+
+struct Config {
+  // Batch keys as given (unset or "auto" means: derive from the others).
+  std::optional<int64_t> train_batch_size;
+  std::optional<int64_t> train_micro_batch_size_per_gpu;
+  std::optional<int64_t> gradient_accumulation_steps;
+
+  double gradient_clipping = 1.0;  // DeepSpeed >= 0.19.3 default; 0 = no clipping
+  int64_t steps_per_print = 10;
+  FP16Config fp16;
+  BF16Config bf16;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  std::optional<DType> communication_data_type;  // default: the params' dtype
+  std::optional<DType> grad_accum_dtype;         // data_types.grad_accum_dtype
+  ZeroConfig zero;
+
+  // Parses and validates; throws ConfigError naming the offending key.
+  static Config from_json(const nlohmann::json& j);
+  static Config from_string(const std::string& text);
+  static Config from_file(const std::string& path);
+
+  // Fills in the batch numbers DeepSpeed derives, or throws when the given
+  // ones disagree with `dp_size`.
+  BatchConfig resolve_batch(int64_t dp_size) const;
+
+  // 16-bit storage dtype when bf16/fp16 is enabled, else fp32.
+  DType param_dtype() const;
+  // What grads travel in: communication_data_type, else param_dtype().
+  DType comm_dtype() const { return communication_data_type.value_or(param_dtype()); }
+
+  // The config with every default filled in, under DeepSpeed's key names
+  // (for logs; from_json(to_json()) gives back an equal config).
+  nlohmann::json to_json() const;
+};
+
+}  // namespace zero

@@ -1,0 +1,30 @@
+// Where this process sits in the job, read from the variables the common
+// launchers set: torchrun / zero-run (RANK, WORLD_SIZE, ...), mpirun
+// (OMPI_COMM_WORLD_*) and srun (SLURM_*). No torch here.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace zero::comm {
+
+struct LaunchEnv {
+  std::string launcher;  // "torchrun", "mpirun", "srun" or "none" (single process)
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;  // 0: the launcher did not say
+  std::string master_addr;  // empty for a single process without a launcher
+  int master_port = 0;
+  // Identifies this job (e.g. for naming shared-memory segments); from
+  // ZERO_JOB_ID, TORCHELASTIC_RUN_ID, SLURM_JOB_ID or the master address/port.
+  std::string job_id;
+};
+
+using GetEnv = std::function<const char*(const char*)>;
+
+// Throws std::runtime_error naming the missing or inconsistent variable.
+LaunchEnv read_launch_env(const GetEnv& getenv);
+LaunchEnv read_launch_env();  // from the process environment
+
+}  // namespace zero::comm

@@ -1,0 +1,148 @@
+// The collective dispatcher: argument checks, counters, and routing between
+// fast paths and the backend. Also the shared Work handle types.
+#include <sstream>
+
+#include "comm/group_impl.h"
+#include "comm/work.h"
+#include "zero/comm.h"
+
+namespace zero::comm {
+
+// ---- work handles ------------------------------------------------------------
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+BackendWork::BackendWork(c10::intrusive_ptr<compat::C10dWork> work, std::function<void()> finish,
+                         std::string what, std::chrono::milliseconds timeout)
+    : work_(std::move(work)), finish_(std::move(finish)), what_(std::move(what)), timeout_(timeout) {}
+
+void BackendWork::wait() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) {
+    done_ = true;
+    try {
+      work_->wait(timeout_);
+      if (finish_) finish_();
+    } catch (const std::exception& e) {
+      std::ostringstream os;
+      os << what_ << " failed (collective timeout " << timeout_.count() / 1000.0
+         << " s): " << first_line(e.what());
+      error_ = os.str();
+    }
+    finish_ = nullptr;
+  }
+  if (error_) throw CommError(*error_);
+}
+
+bool BackendWork::is_completed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_ || work_->isCompleted();
+}
+
+namespace {
+class CompletedWork : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() override { return true; }
+};
+}  // namespace
+
+WorkHandle completed_work() { return std::make_shared<CompletedWork>(); }
+
+// ---- groups ------------------------------------------------------------------
+
+Group::Group(std::string name, std::vector<int> global_ranks, int rank, std::shared_ptr<Impl> impl)
+    : name_(std::move(name)), global_ranks_(std::move(global_ranks)), rank_(rank), impl_(std::move(impl)) {}
+
+std::string Group::describe() const {
+  std::ostringstream os;
+  os << "group '" << name_ << "' (ranks ";
+  for (size_t i = 0; i < global_ranks_.size(); ++i) os << (i ? "," : "") << global_ranks_[i];
+  os << ")";
+  return os.str();
+}
+
+// ---- dispatcher --------------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void bad_args(CollectiveOp op, const Group& g, const std::string& what) {
+  throw CommError(std::string(to_string(op)) + " on " + g.describe() + ": " + what);
+}
+
+void check_dense(CollectiveOp op, const Group& g, const at::Tensor& t, const char* role) {
+  if (!t.defined()) bad_args(op, g, std::string(role) + " is undefined");
+  if (!t.is_contiguous()) bad_args(op, g, std::string(role) + " must be contiguous");
+}
+
+}  // namespace
+
+Comm::Comm(std::shared_ptr<Transport> backend) : backend_(std::move(backend)) {}
+
+void Comm::add_fast_path(std::shared_ptr<Transport> t) { fast_paths_.push_back(std::move(t)); }
+
+Transport& Comm::route(const Group& g, CollectiveOp op, const at::Tensor& t) {
+  for (auto& fp : fast_paths_)
+    if (fp->supports(g, op, t.scalar_type(), t.numel())) return *fp;
+  return *backend_;
+}
+
+WorkHandle Comm::count(const Group& g, CollectiveOp op, Transport& t, const at::Tensor& full, WorkHandle w) {
+  const int64_t numel = full.defined() ? full.numel() : 0;
+  const int64_t bytes = full.defined() ? numel * static_cast<int64_t>(full.element_size()) : 0;
+  counters_.record(g.name(), op, t.name(), bytes,
+                   full.defined() ? t.wire_bytes(g, op, full.scalar_type(), numel) : 0);
+  return w;
+}
+
+WorkHandle Comm::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard) {
+  const auto op = CollectiveOp::AllGather;
+  check_dense(op, g, out_flat, "output");
+  check_dense(op, g, in_shard, "input");
+  if (out_flat.scalar_type() != in_shard.scalar_type())
+    bad_args(op, g, "output and input dtypes differ");
+  if (out_flat.numel() != in_shard.numel() * g.size())
+    bad_args(op, g, "output has " + std::to_string(out_flat.numel()) + " elements, expected " +
+                        std::to_string(g.size()) + " x " + std::to_string(in_shard.numel()));
+  Transport& t = route(g, op, out_flat);
+  return count(g, op, t, out_flat, t.all_gather(g, out_flat.view(-1), in_shard.view(-1)));
+}
+
+WorkHandle Comm::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp rop) {
+  const auto op = CollectiveOp::ReduceScatter;
+  check_dense(op, g, out_shard, "output");
+  check_dense(op, g, in_flat, "input");
+  const bool widening = out_shard.scalar_type() == at::kFloat &&
+                        (in_flat.scalar_type() == at::kHalf || in_flat.scalar_type() == at::kBFloat16);
+  if (out_shard.scalar_type() != in_flat.scalar_type() && !widening)
+    bad_args(op, g, "output dtype must equal the input's, or be fp32 for a 16-bit input");
+  if (in_flat.numel() != out_shard.numel() * g.size())
+    bad_args(op, g, "input has " + std::to_string(in_flat.numel()) + " elements, expected " +
+                        std::to_string(g.size()) + " x " + std::to_string(out_shard.numel()));
+  Transport& t = route(g, op, in_flat);
+  return count(g, op, t, in_flat, t.reduce_scatter(g, out_shard.view(-1), in_flat.view(-1), rop));
+}
+
+WorkHandle Comm::all_reduce(const Group& g, at::Tensor tensor, ReduceOp rop) {
+  const auto op = CollectiveOp::AllReduce;
+  check_dense(op, g, tensor, "tensor");
+  Transport& t = route(g, op, tensor);
+  return count(g, op, t, tensor, t.all_reduce(g, tensor, rop));
+}
+
+WorkHandle Comm::broadcast(const Group& g, at::Tensor tensor, int root) {
+  const auto op = CollectiveOp::Broadcast;
+  check_dense(op, g, tensor, "tensor");
+  if (root < 0 || root >= g.size())
+    bad_args(op, g, "root " + std::to_string(root) + " is not a rank of the group (0.." +
+                        std::to_string(g.size() - 1) + ")");
+  Transport& t = route(g, op, tensor);
+  return count(g, op, t, tensor, t.broadcast(g, tensor, root));
+}
+
+WorkHandle Comm::barrier(const Group& g) {
+  Transport& t = *backend_;
+  return count(g, CollectiveOp::Barrier, t, at::Tensor(), t.barrier(g));
+}
+
+}  // namespace zero::comm

@@ -1,0 +1,119 @@
+#include "comm/gloo_transport.h"
+
+#include <functional>
+#include <mutex>
+#include <optional>
+
+#include "comm/group_impl.h"
+#include "comm/work.h"
+
+namespace zero::comm {
+
+namespace {
+
+bool is_16bit_float(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+// Gloo in 1.13 has no bf16 or bool: move their bytes under a type it has.
+at::Tensor gloo_view(const at::Tensor& t) {
+  if (t.scalar_type() == at::kBFloat16) return t.view(at::kHalf);
+  if (t.scalar_type() == at::kBool) return t.view(at::kByte);
+  return t;
+}
+
+std::string op_name(const char* op, const Group& g) { return std::string(op) + " on " + g.describe(); }
+
+}  // namespace
+
+int64_t GlooTransport::wire_bytes(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel) const {
+  const int64_t n = g.size();
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
+  switch (op) {
+    case CollectiveOp::AllGather:      // numel = full output
+    case CollectiveOp::ReduceScatter:  // numel = full input
+      return (n - 1) * (numel / n) * elem;
+    case CollectiveOp::AllReduce: {
+      const int64_t wire_elem = is_16bit_float(dtype) ? 4 : elem;
+      return 2 * (n - 1) * numel * wire_elem / n;
+    }
+    case CollectiveOp::Broadcast:  // counted as the payload on every rank
+      return numel * elem;
+    case CollectiveOp::Barrier:
+      return 0;
+  }
+  return 0;
+}
+
+WorkHandle GlooTransport::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard) {
+  const int64_t n = in_shard.numel();
+  if (g.size() == 1) {
+    if (!out_flat.is_same(in_shard)) out_flat.copy_(in_shard);
+    return completed_work();
+  }
+  at::Tensor out = gloo_view(out_flat);
+  std::vector<std::vector<at::Tensor>> outs(1);
+  for (int r = 0; r < g.size(); ++r) outs[0].push_back(out.narrow(0, r * n, n));
+  std::vector<at::Tensor> ins{gloo_view(in_shard)};
+  auto w = g.impl().backend->allgather(outs, ins);
+  return std::make_shared<BackendWork>(w, nullptr, op_name("allgather", g), g.impl().timeout);
+}
+
+WorkHandle GlooTransport::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat,
+                                         ReduceOp op) {
+  const int64_t size = g.size();
+  const int64_t n = out_shard.numel();
+  // Sum the N received copies of this rank's shard in rank order, in fp32
+  // for 16-bit inputs, rounding once into out_shard.
+  auto reduce_into_out = [=](const at::Tensor& chunks) {
+    at::Tensor acc = out_shard.scalar_type() == at::kFloat || out_shard.scalar_type() == at::kDouble
+                         ? out_shard
+                         : at::empty({n}, out_shard.options().dtype(at::kFloat));
+    acc.copy_(chunks[0]);
+    for (int64_t r = 1; r < size; ++r) acc.add_(chunks[r]);
+    if (op == ReduceOp::Avg && size > 1) acc.div_(static_cast<double>(size));
+    if (!acc.is_same(out_shard)) out_shard.copy_(acc);
+  };
+  if (size == 1) {
+    reduce_into_out(in_flat.view({1, n}));
+    return completed_work();
+  }
+  at::Tensor recv = at::empty({size * n}, in_flat.options());
+  at::Tensor recv_view = gloo_view(recv);
+  at::Tensor send_view = gloo_view(in_flat);
+  std::vector<int64_t> equal_splits;
+  auto w = g.impl().backend->alltoall_base(recv_view, send_view, equal_splits, equal_splits);
+  return std::make_shared<BackendWork>(
+      w, [=] { reduce_into_out(recv.view({size, n})); }, op_name("reduce_scatter", g), g.impl().timeout);
+}
+
+WorkHandle GlooTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op) {
+  const int size = g.size();
+  if (size == 1) return completed_work();
+  // 16-bit floats are summed in fp32 (Gloo has no bf16 and sums fp16 in fp16).
+  at::Tensor buf = is_16bit_float(t.scalar_type()) ? t.to(at::kFloat) : t;
+  std::vector<at::Tensor> bufs{buf};
+  auto w = g.impl().backend->allreduce(bufs);
+  std::function<void()> finish;
+  if (op == ReduceOp::Avg || !buf.is_same(t))
+    finish = [=]() mutable {
+      if (op == ReduceOp::Avg) buf.div_(static_cast<double>(size));
+      if (!buf.is_same(t)) t.copy_(buf);
+    };
+  return std::make_shared<BackendWork>(w, finish, op_name("all_reduce", g), g.impl().timeout);
+}
+
+WorkHandle GlooTransport::broadcast(const Group& g, at::Tensor t, int root) {
+  if (g.size() == 1) return completed_work();
+  std::vector<at::Tensor> bufs{gloo_view(t)};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  auto w = g.impl().backend->broadcast(bufs, opts);
+  return std::make_shared<BackendWork>(w, nullptr, op_name("broadcast", g), g.impl().timeout);
+}
+
+WorkHandle GlooTransport::barrier(const Group& g) {
+  if (g.size() == 1) return completed_work();
+  auto w = g.impl().backend->barrier();
+  return std::make_shared<BackendWork>(w, nullptr, op_name("barrier", g), g.impl().timeout);
+}
+
+}  // namespace zero::comm

@@ -1,0 +1,36 @@
+// The CPU backend: c10d ProcessGroupGloo, with the ops libtorch 1.13's Gloo
+// lacks built from the ones it has.
+//
+// Costs of the fallbacks (N = group size, B = full buffer bytes):
+// - allgather into a flat output: Gloo's allgather of per-rank views of the
+//   output; Gloo stages the result in its own flat buffer and copies it out,
+//   so one extra memcpy of B. Wire: (N-1)/N * B sent per rank.
+// - reduce-scatter: an all-to-all (each rank receives every rank's copy of
+//   its own shard, (N-1)/N * B on the wire, the bandwidth-optimal amount)
+//   into a scratch buffer of B bytes, then a local sum in rank order with
+//   fp32 accumulation. Deterministic, and 16-bit inputs travel in 16 bits
+//   but are summed in fp32 and rounded once.
+// - all-reduce of 16-bit tensors: upcast to fp32, Gloo's ring all-reduce
+//   (2(N-1)/N * 2B on the wire), then downcast; Gloo has no bf16 and sums
+//   fp16 in fp16.
+// - bf16 allgather / broadcast move the same bytes viewed as fp16 (exact).
+#pragma once
+
+#include "zero/comm.h"
+
+namespace zero::comm {
+
+class GlooTransport : public Transport {
+ public:
+  std::string name() const override { return "gloo"; }
+  bool supports(const Group&, CollectiveOp, at::ScalarType, int64_t) const override { return true; }
+  int64_t wire_bytes(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel) const override;
+
+  WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard) override;
+  WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op) override;
+  WorkHandle all_reduce(const Group& g, at::Tensor t, ReduceOp op) override;
+  WorkHandle broadcast(const Group& g, at::Tensor t, int root) override;
+  WorkHandle barrier(const Group& g) override;
+};
+
+}  // namespace zero::comm

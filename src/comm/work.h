@@ -1,0 +1,41 @@
+// Work handles over c10d's asynchronous work.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "compat/torch_compat.h"
+#include "zero/comm.h"
+
+namespace zero::comm {
+
+// Waits on a c10d work item, then runs `finish` (the local part of a
+// composite collective, e.g. the sum after an all-to-all) exactly once.
+// Failures and timeouts become CommError naming `what` ("allgather on dp0 (ranks 0,1)").
+class BackendWork : public Work {
+ public:
+  BackendWork(c10::intrusive_ptr<compat::C10dWork> work, std::function<void()> finish,
+              std::string what, std::chrono::milliseconds timeout);
+  void wait() override;
+  bool is_completed() override;
+
+ private:
+  std::mutex mu_;
+  c10::intrusive_ptr<compat::C10dWork> work_;
+  std::function<void()> finish_;
+  std::string what_;
+  std::chrono::milliseconds timeout_;
+  bool done_ = false;
+  std::optional<std::string> error_;
+};
+
+// A collective that finished synchronously (e.g. on a group of one).
+WorkHandle completed_work();
+
+// The first line of an exception message (c10d appends C++ backtraces).
+std::string first_line(const std::string& s);
+
+}  // namespace zero::comm

@@ -1,0 +1,165 @@
+// Rendezvous (c10d TCPStore) and process-group construction.
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "comm/gloo_transport.h"
+#include "comm/group_impl.h"
+#include "comm/work.h"
+#include "zero/comm.h"
+
+namespace zero::comm {
+
+namespace {
+
+std::chrono::milliseconds env_seconds(const char* name, std::chrono::milliseconds given) {
+  if (given.count() > 0) return given;
+  if (const char* v = std::getenv(name); v && *v) {
+    char* end = nullptr;
+    double s = std::strtod(v, &end);
+    if (end == v || *end || s <= 0)
+      throw std::runtime_error(std::string(name) + "=" + v + " is not a positive number of seconds");
+    return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  }
+  return std::chrono::seconds(300);
+}
+
+std::shared_ptr<::gloo::transport::Device> make_gloo_device(const LaunchEnv& env) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  // Single host (zero-run, or a loopback master): loopback needs no DNS.
+  if (env.master_addr.empty() || env.master_addr == "localhost" || env.master_addr.rfind("127.", 0) == 0)
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// Every rank checks in, then waits until all have, so a missing rank is an
+// error naming how many arrived instead of a hang in the first collective.
+void wait_for_all_ranks(c10d::Store& store, int world_size, std::chrono::milliseconds timeout,
+                        const std::string& where) {
+  const std::string key = "zero_ranks_arrived";
+  int64_t arrived = store.add(key, 1);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (arrived < world_size) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw CommError("rendezvous: only " + std::to_string(arrived) + " of " +
+                      std::to_string(world_size) + " ranks arrived within " +
+                      std::to_string(timeout.count() / 1000) + " s (" + where +
+                      ") -- are all ranks started?");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    arrived = store.add(key, 0);
+  }
+}
+
+}  // namespace
+
+struct World::Impl {
+  LaunchEnv env;
+  std::chrono::milliseconds collective_timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<::gloo::transport::Device> device;
+  std::shared_ptr<Group> world_group;
+  Comm comm{std::make_shared<GlooTransport>()};
+  int next_group_id = 0;
+
+  std::shared_ptr<Group> make_group(const std::vector<int>& ranks, const std::string& name) {
+    const int id = next_group_id++;  // advanced on every rank, member or not
+    auto it = std::find(ranks.begin(), ranks.end(), env.rank);
+    if (it == ranks.end()) return nullptr;
+    const int group_rank = static_cast<int>(it - ranks.begin());
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zero_group_" + std::to_string(id), store);
+    auto opts = c10d::ProcessGroupGloo::Options::create(collective_timeout);
+    opts->devices.push_back(device);
+    auto impl = std::make_shared<Group::Impl>();
+    try {
+      impl->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          prefixed, group_rank, static_cast<int>(ranks.size()), opts);
+    } catch (const std::exception& e) {
+      throw CommError("creating " + Group(name, ranks, group_rank, nullptr).describe() +
+                      " failed: " + first_line(e.what()));
+    }
+    impl->timeout = collective_timeout;
+    return std::make_shared<Group>(name, ranks, group_rank, impl);
+  }
+};
+
+World::World(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+World::~World() = default;
+
+int World::rank() const { return impl_->env.rank; }
+int World::size() const { return impl_->env.world_size; }
+const LaunchEnv& World::env() const { return impl_->env; }
+const Group& World::group() const { return *impl_->world_group; }
+Comm& World::comm() { return impl_->comm; }
+
+std::shared_ptr<Group> World::new_group(const std::vector<int>& ranks, const std::string& name) {
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted.empty() || sorted.front() < 0 || sorted.back() >= size() ||
+      std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    throw CommError("new_group '" + name + "': ranks must be distinct and in [0, " +
+                    std::to_string(size()) + ")");
+  return impl_->make_group(ranks, name);
+}
+
+std::shared_ptr<Group> World::split(int group_size, const std::string& name_prefix) {
+  if (group_size < 1 || size() % group_size)
+    throw CommError("split: group size " + std::to_string(group_size) +
+                    " does not divide the world size " + std::to_string(size()));
+  std::shared_ptr<Group> mine;
+  for (int first = 0; first < size(); first += group_size) {
+    std::vector<int> ranks(group_size);
+    for (int i = 0; i < group_size; ++i) ranks[i] = first + i;
+    auto g = new_group(ranks, name_prefix + std::to_string(first / group_size));
+    if (g) mine = g;
+  }
+  return mine;
+}
+
+std::shared_ptr<World> init_distributed(const DistributedOptions& opts) {
+  auto impl = std::make_unique<World::Impl>();
+  impl->env = read_launch_env();
+  const LaunchEnv& env = impl->env;
+  const auto rendezvous_timeout = env_seconds("ZERO_RENDEZVOUS_TIMEOUT_S", opts.rendezvous_timeout);
+  impl->collective_timeout = env_seconds("ZERO_COLLECTIVE_TIMEOUT_S", opts.collective_timeout);
+
+  if (env.world_size == 1 && env.master_addr.empty()) {
+    impl->store = c10::make_intrusive<c10d::HashStore>();
+  } else {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(env.master_port);
+    so.isServer = env.rank == 0;
+    so.numWorkers = env.world_size;
+    so.waitWorkers = false;  // we wait ourselves, with a deadline and a count (below)
+    so.timeout = rendezvous_timeout;
+    const std::string where = "rank " + std::to_string(env.rank) + " of " +
+                              std::to_string(env.world_size) + ", " + env.launcher + " environment";
+    try {
+      impl->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    } catch (const std::exception& e) {
+      throw CommError("rendezvous at MASTER_ADDR=" + env.master_addr + " MASTER_PORT=" +
+                      std::to_string(env.master_port) + " failed within " +
+                      std::to_string(rendezvous_timeout.count() / 1000) + " s (" + where +
+                      "): " + first_line(e.what()) +
+                      (env.rank == 0 ? " -- are all ranks started?"
+                                     : " -- is rank 0 running and the address/port right?"));
+    }
+    // Two processes launched with the same rank would otherwise hang in the
+    // first collective; catch it here.
+    if (impl->store->add("zero_rank_claims_" + std::to_string(env.rank), 1) > 1)
+      throw CommError("rendezvous: two processes claim rank " + std::to_string(env.rank) + " (" +
+                      where + ")");
+    wait_for_all_ranks(*impl->store, env.world_size, rendezvous_timeout, where);
+  }
+  impl->device = make_gloo_device(env);
+  std::vector<int> all(env.world_size);
+  for (int r = 0; r < env.world_size; ++r) all[r] = r;
+  impl->world_group = impl->make_group(all, "world");
+  return std::make_shared<World>(std::move(impl));
+}
+
+}  // namespace zero::comm

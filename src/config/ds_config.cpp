@@ -1,0 +1,518 @@
+// ds_config parsing: DeepSpeed's key names, aliases and defaults.
+//
+// Policy for DeepSpeed keys this project does not implement: they are
+// accepted only at DeepSpeed's default value (then the run behaves exactly as
+// configured) and are an error naming the key otherwise. Keys DeepSpeed does
+// not know are errors too, with a did-you-mean suggestion.
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "config/json_reader.h"
+#include "zero/config.h"
+
+namespace zero {
+
+using nlohmann::json;
+using config_detail::ObjectReader;
+
+namespace {
+
+constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+
+const std::vector<std::string> kDTypeNames{"fp32", "fp16", "bf16"};
+
+DType parse_dtype(const std::string& s) {
+  if (s == "fp16") return DType::fp16;
+  if (s == "bf16") return DType::bf16;
+  return DType::fp32;
+}
+
+// DeepSpeed also spells the dtypes as torch names in a few places.
+std::optional<DType> read_dtype(ObjectReader& r, const std::string& key) {
+  auto s = r.get_opt_choice(key, {"fp32", "fp16", "bf16", "float32", "float16", "bfloat16"}, true);
+  if (!s) return std::nullopt;
+  if (*s == "float32") return DType::fp32;
+  if (*s == "float16") return DType::fp16;
+  if (*s == "bfloat16") return DType::bf16;
+  return parse_dtype(*s);
+}
+
+bool read_enabled(ObjectReader& block) {
+  const json* v = block.find("enabled");
+  if (!v) return false;
+  if (ObjectReader::is_auto(v))
+    block.fail("enabled", "is \"auto\": the HF Trainer resolves it from its --fp16/--bf16 "
+                          "arguments; give true or false");
+  if (!v->is_boolean()) block.fail_value("enabled", *v, "true or false");
+  return v->get<bool>();
+}
+
+// Blocks of DeepSpeed features outside this project (monitors, profilers...):
+// present and disabled is fine; enabled is an error naming the block.
+void disabled_feature_block(ObjectReader& top, const std::string& key) {
+  ObjectReader b = top.child(key);
+  if (read_enabled(b))
+    b.fail("enabled", "= true: " + key + " is not supported by zero-cpp");
+  // The rest of a disabled block's keys configure a feature that is off.
+  b.accept_all_remaining();
+}
+
+FP16Config read_fp16(ObjectReader& top) {
+  FP16Config c;
+  ObjectReader r = top.child("fp16");
+  c.enabled = read_enabled(r);
+  r.auto_means_default();
+  c.loss_scale = r.get_double("loss_scale", c.loss_scale, 0.0, 1e30);
+  c.initial_scale_power = r.get_int("initial_scale_power", c.initial_scale_power, 0, 126);
+  c.loss_scale_window = r.get_int("loss_scale_window", c.loss_scale_window, 1, kMaxInt);
+  c.hysteresis = r.get_int("hysteresis", c.hysteresis, 1, kMaxInt);
+  c.consecutive_hysteresis = r.get_bool("consecutive_hysteresis", c.consecutive_hysteresis);
+  c.min_loss_scale = r.get_double("min_loss_scale", c.min_loss_scale, 0.0, 1e30);
+  r.unsupported_unless("auto_cast", false);
+  r.unsupported_unless("fp16_master_weights_and_grads", false);
+  r.finish();
+  return c;
+}
+
+BF16Config read_bf16(ObjectReader& top) {
+  BF16Config c;
+  ObjectReader r = top.child("bf16", {"bfloat16"});
+  c.enabled = read_enabled(r);
+  r.auto_means_default();
+  r.unsupported_unless("immediate_grad_update", false);
+  // DeepSpeed >= 0.19.3 checks bf16 grads for inf/nan and skips such steps; so does zero-cpp.
+  r.unsupported_unless("check_grad_overflow", true);
+  r.unsupported_unless("bf16_master_weights_and_grads", false);
+  r.unsupported_unless("bf16_optimizer_states", false);
+  r.finish();
+  return c;
+}
+
+OptimizerConfig read_optimizer(ObjectReader& top) {
+  OptimizerConfig c;
+  ObjectReader r = top.child("optimizer");
+  auto type = r.get_opt_choice("type", {"Adam", "AdamW", "SGD"}, /*ignore_case=*/true);
+  ObjectReader p = r.child("params");
+  r.finish();
+  if (!type) {
+    p.finish();
+    return c;
+  }
+  c.given = true;
+  c.type = *type == "Adam" ? OptimizerType::Adam : *type == "AdamW" ? OptimizerType::AdamW
+                                                                    : OptimizerType::SGD;
+  if (p.find("max_grad_norm"))
+    p.fail("max_grad_norm", "is not an optimizer parameter; use the top-level gradient_clipping");
+  c.lr = p.get_double("lr", c.lr, 0.0, 1e6);
+  c.weight_decay = p.get_double("weight_decay", c.weight_decay, 0.0, 1e6);
+  if (c.type == OptimizerType::SGD) {
+    c.momentum = p.get_double("momentum", c.momentum, 0.0, 1.0);
+    c.dampening = p.get_double("dampening", c.dampening, 0.0, 1.0);
+    c.nesterov = p.get_bool("nesterov", c.nesterov);
+    if (c.nesterov && (c.momentum <= 0.0 || c.dampening != 0.0))
+      p.fail("nesterov", "= true requires momentum > 0 and dampening = 0");
+  } else {
+    if (const json* b = p.find("betas")) {
+      if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number() ||
+          (*b)[0].get<double>() < 0 || (*b)[0].get<double>() >= 1 || (*b)[1].get<double>() < 0 ||
+          (*b)[1].get<double>() >= 1)
+        p.fail_value("betas", *b, "two numbers in [0, 1), e.g. [0.9, 0.999]");
+      c.betas = {(*b)[0].get<double>(), (*b)[1].get<double>()};
+    }
+    c.eps = p.get_double("eps", c.eps, 0.0, 1.0);
+    // As DeepSpeed: AdamW is always decoupled; Adam is unless adam_w_mode is false.
+    c.adam_w_mode = p.get_bool("adam_w_mode", true) || c.type == OptimizerType::AdamW;
+    p.unsupported_unless("amsgrad", false);
+    p.accept_any("torch_adam");  // which implementation; ours is one kernel either way
+    p.unsupported_unless("bias_correction", true);
+  }
+  p.finish();
+  return c;
+}
+
+SchedulerConfig read_scheduler(ObjectReader& top) {
+  SchedulerConfig c;
+  ObjectReader r = top.child("scheduler");
+  auto type = r.get_opt_choice("type", {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"});
+  ObjectReader p = r.child("params");
+  r.finish();
+  if (!type) {
+    p.finish();
+    return c;
+  }
+  c.type = *type == "WarmupLR" ? SchedulerType::WarmupLR
+           : *type == "WarmupDecayLR" ? SchedulerType::WarmupDecayLR
+                                      : SchedulerType::WarmupCosineLR;
+  c.warmup_num_steps = p.get_int("warmup_num_steps", c.warmup_num_steps, 0, kMaxInt);
+  c.warmup_type = p.get_choice("warmup_type", "log", {"log", "linear"}) == "log" ? WarmupType::Log
+                                                                               : WarmupType::Linear;
+  p.accept_any("last_batch_iteration");  // DeepSpeed resumes it from the checkpoint
+  if (c.type == SchedulerType::WarmupCosineLR) {
+    c.warmup_min_ratio = p.get_double("warmup_min_ratio", c.warmup_min_ratio, 0.0, 1.0);
+    c.cos_min_ratio = p.get_double("cos_min_ratio", c.cos_min_ratio, 0.0, 1.0);
+  } else {
+    c.warmup_min_lr = p.get_double("warmup_min_lr", c.warmup_min_lr, 0.0, 1e6);
+    // DeepSpeed: WarmupLR warms up to the optimizer's lr unless told otherwise;
+    // WarmupDecayLR's default is 0.001.
+    c.warmup_max_lr = p.get_double("warmup_max_lr", c.type == SchedulerType::WarmupLR ? -1.0 : 1e-3,
+                                   0.0, 1e6);
+  }
+  if (c.type != SchedulerType::WarmupLR) {
+    auto total = p.get_opt_int("total_num_steps", 1, kMaxInt);
+    if (!total) p.fail("total_num_steps", "is required for " + *type);
+    c.total_num_steps = *total;
+    if (c.total_num_steps < c.warmup_num_steps)
+      p.fail("total_num_steps", "= " + std::to_string(c.total_num_steps) +
+                                    " must be >= warmup_num_steps (" +
+                                    std::to_string(c.warmup_num_steps) + ")");
+  }
+  p.finish();
+  return c;
+}
+
+OffloadConfig read_offload(ObjectReader& zero, const std::string& key, bool is_param) {
+  OffloadConfig c;
+  ObjectReader r = zero.child(key);
+  r.auto_means_default();
+  auto dev = r.get_choice("device", "none", {"none", "cpu", "nvme"});
+  c.device = dev == "cpu" ? OffloadDevice::CPU : dev == "nvme" ? OffloadDevice::NVMe : OffloadDevice::None;
+  if (c.device == OffloadDevice::NVMe)
+    r.fail("device", "= \"nvme\" is not supported by zero-cpp (none or cpu)");
+  c.pin_memory = r.get_bool("pin_memory", true);  // DeepSpeed >= 0.19.5
+  // NVMe / pipelining knobs: only meaningful for the unsupported nvme device.
+  r.accept_any("nvme_path");
+  r.accept_any("buffer_count");
+  r.accept_any("buffer_size");
+  r.accept_any("max_in_cpu");
+  if (!is_param) {
+    r.accept_any("pipeline_read");
+    r.accept_any("pipeline_write");
+    r.accept_any("fast_init");
+    r.unsupported_unless("ratio", 1.0);
+    r.unsupported_unless("super_offload", false);
+    r.accept_any("cpuadam_cores_perc");
+  }
+  r.finish();
+  return c;
+}
+
+ZeroConfig read_zero(ObjectReader& top) {
+  ZeroConfig c;
+  // Legacy form: "zero_optimization": true means stage 1 (DeepSpeed still accepts it).
+  if (const json* v = top.find("zero_optimization"); v && v->is_boolean()) {
+    c.stage = v->get<bool>() ? 1 : 0;
+    return c;
+  }
+  ObjectReader r = top.child("zero_optimization");
+  r.auto_means_default();
+  c.stage = r.get_int("stage", 0, 0, 3);
+  c.contiguous_gradients = r.get_bool("contiguous_gradients", c.contiguous_gradients);
+  if (const json* v = r.find("overlap_comm"); v && !ObjectReader::is_auto(v)) {
+    if (!v->is_boolean()) r.fail_value("overlap_comm", *v, "true or false");
+    c.overlap_comm_given = v->get<bool>();
+  }
+  c.reduce_scatter = r.get_bool("reduce_scatter", c.reduce_scatter);
+  c.reduce_bucket_size = r.get_size("reduce_bucket_size", c.reduce_bucket_size);
+  c.allgather_partitions = r.get_bool("allgather_partitions", c.allgather_partitions);
+  c.allgather_bucket_size = r.get_size("allgather_bucket_size", c.allgather_bucket_size);
+  c.prefetch_bucket_size =
+      r.get_size("stage3_prefetch_bucket_size", c.prefetch_bucket_size, {"prefetch_bucket_size"});
+  c.param_persistence_threshold = r.get_size("stage3_param_persistence_threshold",
+                                             c.param_persistence_threshold,
+                                             {"param_persistence_threshold"});
+  c.model_persistence_threshold = r.get_size("stage3_model_persistence_threshold",
+                                             c.model_persistence_threshold,
+                                             {"model_persistence_threshold"});
+  c.max_live_parameters =
+      r.get_size("stage3_max_live_parameters", c.max_live_parameters, {"max_live_parameters"});
+  c.max_reuse_distance =
+      r.get_size("stage3_max_reuse_distance", c.max_reuse_distance, {"max_reuse_distance"});
+  c.sub_group_size = r.get_size("sub_group_size", c.sub_group_size);
+  c.gather_16bit_weights_on_model_save = r.get_bool(
+      "stage3_gather_16bit_weights_on_model_save", false,
+      {"stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save"});
+  c.ignore_unused_parameters = r.get_bool("ignore_unused_parameters", c.ignore_unused_parameters);
+  c.round_robin_gradients = r.get_bool("round_robin_gradients", c.round_robin_gradients);
+  c.offload_optimizer = read_offload(r, "offload_optimizer", false);
+  c.offload_param = read_offload(r, "offload_param", true);
+  if (c.offload_param.device != OffloadDevice::None && c.stage != 3)
+    r.fail("offload_param", "requires stage 3 (DeepSpeed offloads params only in stage 3)");
+  // Deprecated spellings, mapped as DeepSpeed maps them.
+  if (const json* v = r.find("cpu_offload")) {
+    if (r.find("offload_optimizer"))
+      r.fail("cpu_offload", "(deprecated) and offload_optimizer cannot be given together");
+    if (!v->is_boolean()) r.fail_value("cpu_offload", *v, "true or false");
+    if (v->get<bool>()) c.offload_optimizer.device = OffloadDevice::CPU;
+  }
+  if (const json* v = r.find("cpu_offload_param")) {
+    if (r.find("offload_param"))
+      r.fail("cpu_offload_param", "(deprecated) and offload_param cannot be given together");
+    if (!v->is_boolean()) r.fail_value("cpu_offload_param", *v, "true or false");
+    if (v->get<bool>()) c.offload_param.device = OffloadDevice::CPU;
+  }
+  r.accept_any("cpu_offload_use_pin_memory");  // DeepSpeed only warns about it
+  // Accepted because they cannot change results here: checkpoint-format and
+  // loading knobs handled by zero-cpp's own checkpoint code.
+  r.accept_any("load_from_fp32_weights");
+  r.accept_any("elastic_checkpoint");
+  r.accept_any("memory_efficient_linear");
+  r.accept_any("stage3_module_granularity_threshold", {"module_granularity_threshold"});
+  r.accept_any("log_trace_cache_warnings");
+  r.unsupported_unless("legacy_stage1", false);
+  r.unsupported_unless("zero_hpz_partition_size", 1);
+  r.unsupported_unless("zero_quantized_weights", false);
+  r.unsupported_unless("zero_quantized_nontrainable_weights", false);
+  r.unsupported_unless("zero_quantized_gradients", false);
+  r.unsupported_unless("zeropp_loco_param", nullptr);
+  r.unsupported_unless("mics_shard_size", -1);
+  r.unsupported_unless("mics_hierarchical_params_gather", false);
+  r.unsupported_unless("use_multi_rank_bucket_allreduce", true);
+  r.unsupported_unless("pipeline_loading_checkpoint", false);
+  r.unsupported_unless("override_module_apply", true);
+  r.unsupported_unless("use_all_reduce_for_fetch_params", false,
+                       {"stage3_use_all_reduce_for_fetch_params"});
+  r.unsupported_unless("allgather_sequential", false, {"stage3_allgather_sequential"});
+  r.unsupported_unless("enable_sanity_checks", false);
+  r.unsupported_unless("save_muon_momentum_buffer_in_memory", false);
+  r.unsupported_unless("zenflow", nullptr);
+  // Python class names cannot match C++ modules: declare zero::Unit<> instead.
+  r.unsupported_unless("leaf_module", nullptr);
+  r.finish();
+  return c;
+}
+
+}  // namespace
+
+const char* to_string(DType d) {
+  switch (d) {
+    case DType::fp16: return "fp16";
+    case DType::bf16: return "bf16";
+    default: return "fp32";
+  }
+}
+
+const char* to_string(OptimizerType t) {
+  switch (t) {
+    case OptimizerType::Adam: return "Adam";
+    case OptimizerType::SGD: return "SGD";
+    default: return "AdamW";
+  }
+}
+
+const char* to_string(SchedulerType t) {
+  switch (t) {
+    case SchedulerType::WarmupLR: return "WarmupLR";
+    case SchedulerType::WarmupDecayLR: return "WarmupDecayLR";
+    case SchedulerType::WarmupCosineLR: return "WarmupCosineLR";
+    default: return "none";
+  }
+}
+
+const char* to_string(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::CPU: return "cpu";
+    case OffloadDevice::NVMe: return "nvme";
+    default: return "none";
+  }
+}
+
+Config Config::from_json(const json& j) {
+  Config c;
+  ObjectReader top(&j, "");
+  c.train_batch_size = top.get_opt_int("train_batch_size", 1, kMaxInt);
+  c.train_micro_batch_size_per_gpu = top.get_opt_int("train_micro_batch_size_per_gpu", 1, kMaxInt);
+  c.gradient_accumulation_steps = top.get_opt_int("gradient_accumulation_steps", 1, kMaxInt);
+  // DeepSpeed >= 0.19.3 clips at 1.0 by default; 0 disables.
+  c.gradient_clipping = top.get_double("gradient_clipping", c.gradient_clipping, 0.0, 1e30);
+  c.steps_per_print = top.get_int("steps_per_print", c.steps_per_print, 1, kMaxInt);
+  c.fp16 = read_fp16(top);
+  c.bf16 = read_bf16(top);
+  if (c.fp16.enabled && c.bf16.enabled)
+    top.fail("bf16", "and fp16 are both enabled; enable at most one");
+  c.optimizer = read_optimizer(top);
+  c.scheduler = read_scheduler(top);
+  if (c.scheduler.type == SchedulerType::WarmupLR && c.scheduler.warmup_max_lr < 0)
+    c.scheduler.warmup_max_lr = c.optimizer.lr;
+  c.communication_data_type = read_dtype(top, "communication_data_type");
+  {
+    ObjectReader dt = top.child("data_types");
+    c.grad_accum_dtype = read_dtype(dt, "grad_accum_dtype");
+    dt.finish();
+  }
+  c.zero = read_zero(top);
+
+  // DeepSpeed keys whose default is the only behaviour zero-cpp has.
+  top.unsupported_unless("prescale_gradients", false);
+  top.unsupported_unless("gradient_predivide_factor", 1.0);
+  top.unsupported_unless("sparse_gradients", false);
+  top.unsupported_unless("dump_state", false);
+  top.unsupported_unless("seq_parallel_communication_data_type", "fp32");
+  top.unsupported_unless("zero_force_ds_cpu_optimizer", true);
+  top.unsupported_unless("gradient_allreduce_op", "mean");
+  top.unsupported_unless("disable_allgather", false);
+  top.unsupported_unless("managed_gradient_accumulation", true);
+  top.accept_any("dataloader_drop_last");  // the data loader is the caller's
+  top.accept_any("vocabulary_size");
+  // Harmless: these only select logging detail or allow client optimizers.
+  top.accept_any("wall_clock_breakdown");
+  top.accept_any("memory_breakdown");
+  top.accept_any("zero_allow_untested_optimizer");
+  top.accept_any("checkpoint");
+  top.accept_any("aio");  // NVMe I/O tuning; NVMe offload itself is rejected
+  for (const char* block : {"amp", "tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler",
+                            "comms_logger", "autotuning", "elasticity", "curriculum_learning",
+                            "data_efficiency", "compression_training", "activation_checkpointing",
+                            "sparse_attention", "pipeline", "eigenvalue", "progressive_layer_drop",
+                            "quantize_training", "nebula", "weight_quantization", "hybrid_engine",
+                            "torch_autocast", "compile"})
+    disabled_feature_block(top, block);
+  top.finish();
+
+  if (c.zero.offload_optimizer.device != OffloadDevice::None && c.zero.stage == 0)
+    throw ConfigError("ds_config: zero_optimization.offload_optimizer requires stage 1, 2 or 3");
+  if (c.fp16.enabled && c.communication_data_type == DType::bf16)
+    throw ConfigError("ds_config: communication_data_type = \"bf16\" with fp16 enabled is not supported");
+  return c;
+}
+
+Config Config::from_string(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    throw ConfigError(std::string("ds_config: not valid JSON: ") + e.what());
+  }
+  return from_json(j);
+}
+
+Config Config::from_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("ds_config: cannot open " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return from_string(ss.str());
+  } catch (const ConfigError& e) {
+    throw ConfigError(path + ": " + e.what());
+  }
+}
+
+BatchConfig Config::resolve_batch(int64_t dp) const {
+  if (dp < 1) throw ConfigError("ds_config: data-parallel size must be >= 1, got " + std::to_string(dp));
+  const auto& tb = train_batch_size;
+  const auto& mb = train_micro_batch_size_per_gpu;
+  const auto& ga = gradient_accumulation_steps;
+  auto str = [](int64_t v) { return std::to_string(v); };
+  BatchConfig b;
+  if (tb && mb && ga) {
+    b = {*tb, *mb, *ga};
+  } else if (tb && mb) {
+    if (*tb % (*mb * dp))
+      throw ConfigError("ds_config: train_batch_size " + str(*tb) + " is not divisible by "
+                        "train_micro_batch_size_per_gpu " + str(*mb) + " * data-parallel size " + str(dp));
+    b = {*tb, *mb, *tb / (*mb * dp)};
+  } else if (tb && ga) {
+    if (*tb % (*ga * dp))
+      throw ConfigError("ds_config: train_batch_size " + str(*tb) + " is not divisible by "
+                        "gradient_accumulation_steps " + str(*ga) + " * data-parallel size " + str(dp));
+    b = {*tb, *tb / (*ga * dp), *ga};
+  } else if (mb && ga) {
+    b = {*mb * *ga * dp, *mb, *ga};
+  } else if (tb) {
+    if (*tb % dp)
+      throw ConfigError("ds_config: train_batch_size " + str(*tb) +
+                        " is not divisible by the data-parallel size " + str(dp));
+    b = {*tb, *tb / dp, 1};
+  } else if (mb) {
+    b = {*mb * dp, *mb, 1};
+  } else {
+    throw ConfigError("ds_config: either train_batch_size or train_micro_batch_size_per_gpu "
+                      "must be given");
+  }
+  if (b.train_batch_size != b.micro_batch_per_gpu * b.gradient_accumulation_steps * dp)
+    throw ConfigError("ds_config: train_batch_size (" + str(b.train_batch_size) +
+                      ") must equal train_micro_batch_size_per_gpu (" + str(b.micro_batch_per_gpu) +
+                      ") * gradient_accumulation_steps (" + str(b.gradient_accumulation_steps) +
+                      ") * data-parallel size (" + str(dp) + ") = " +
+                      str(b.micro_batch_per_gpu * b.gradient_accumulation_steps * dp));
+  return b;
+}
+
+DType Config::param_dtype() const {
+  if (bf16.enabled) return DType::bf16;
+  if (fp16.enabled) return DType::fp16;
+  return DType::fp32;
+}
+
+json Config::to_json() const {
+  json j;
+  if (train_batch_size) j["train_batch_size"] = *train_batch_size;
+  if (train_micro_batch_size_per_gpu) j["train_micro_batch_size_per_gpu"] = *train_micro_batch_size_per_gpu;
+  if (gradient_accumulation_steps) j["gradient_accumulation_steps"] = *gradient_accumulation_steps;
+  j["gradient_clipping"] = gradient_clipping;
+  j["steps_per_print"] = steps_per_print;
+  j["fp16"] = {{"enabled", fp16.enabled},
+               {"loss_scale", fp16.loss_scale},
+               {"initial_scale_power", fp16.initial_scale_power},
+               {"loss_scale_window", fp16.loss_scale_window},
+               {"hysteresis", fp16.hysteresis},
+               {"consecutive_hysteresis", fp16.consecutive_hysteresis},
+               {"min_loss_scale", fp16.min_loss_scale}};
+  j["bf16"] = {{"enabled", bf16.enabled}};
+  if (optimizer.given) {
+    json p = {{"lr", optimizer.lr}, {"weight_decay", optimizer.weight_decay}};
+    if (optimizer.type == OptimizerType::SGD) {
+      p["momentum"] = optimizer.momentum;
+      p["dampening"] = optimizer.dampening;
+      p["nesterov"] = optimizer.nesterov;
+    } else {
+      p["betas"] = optimizer.betas;
+      p["eps"] = optimizer.eps;
+      p["adam_w_mode"] = optimizer.adam_w_mode;
+    }
+    j["optimizer"] = {{"type", to_string(optimizer.type)}, {"params", p}};
+  }
+  if (scheduler.type != SchedulerType::None) {
+    json p = {{"warmup_num_steps", scheduler.warmup_num_steps},
+              {"warmup_type", scheduler.warmup_type == WarmupType::Log ? "log" : "linear"}};
+    if (scheduler.type == SchedulerType::WarmupCosineLR) {
+      p["warmup_min_ratio"] = scheduler.warmup_min_ratio;
+      p["cos_min_ratio"] = scheduler.cos_min_ratio;
+    } else {
+      p["warmup_min_lr"] = scheduler.warmup_min_lr;
+      p["warmup_max_lr"] = scheduler.warmup_max_lr;
+    }
+    if (scheduler.type != SchedulerType::WarmupLR) p["total_num_steps"] = scheduler.total_num_steps;
+    j["scheduler"] = {{"type", to_string(scheduler.type)}, {"params", p}};
+  }
+  if (communication_data_type) j["communication_data_type"] = to_string(*communication_data_type);
+  if (grad_accum_dtype) j["data_types"] = {{"grad_accum_dtype", to_string(*grad_accum_dtype)}};
+  const auto& z = zero;
+  json zj = {{"stage", z.stage},
+             {"contiguous_gradients", z.contiguous_gradients},
+             {"overlap_comm", z.overlap_comm()},
+             {"reduce_scatter", z.reduce_scatter},
+             {"reduce_bucket_size", z.reduce_bucket_size},
+             {"allgather_partitions", z.allgather_partitions},
+             {"allgather_bucket_size", z.allgather_bucket_size},
+             {"stage3_prefetch_bucket_size", z.prefetch_bucket_size},
+             {"stage3_param_persistence_threshold", z.param_persistence_threshold},
+             {"stage3_model_persistence_threshold", z.model_persistence_threshold},
+             {"stage3_max_live_parameters", z.max_live_parameters},
+             {"stage3_max_reuse_distance", z.max_reuse_distance},
+             {"sub_group_size", z.sub_group_size},
+             {"stage3_gather_16bit_weights_on_model_save", z.gather_16bit_weights_on_model_save},
+             {"ignore_unused_parameters", z.ignore_unused_parameters},
+             {"round_robin_gradients", z.round_robin_gradients},
+             {"offload_optimizer", {{"device", to_string(z.offload_optimizer.device)},
+                                    {"pin_memory", z.offload_optimizer.pin_memory}}},
+             {"offload_param", {{"device", to_string(z.offload_param.device)},
+                                {"pin_memory", z.offload_param.pin_memory}}}};
+  j["zero_optimization"] = zj;
+  return j;
+}
+
+}  // namespace zero

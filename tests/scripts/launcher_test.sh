@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# zero-run: environment, output prefixes, and no hang or leftover process
+# when a rank fails or is killed. Usage: launcher_test.sh ZERO_RUN
+set -u
+. "$(dirname "$0")/lib.sh"
+ZR=$1
+marker="zr_launcher_test_$$"
+# True when no process's command line holds the marker ("[z]r..." does not
+# match pgrep's own pattern).
+none_left() { sleep 0.2; ! pgrep -f "[${marker:0:1}]${marker:1}" >/dev/null; }
+
+# Every rank gets the torchrun variables; output lines carry the rank prefix.
+out=$("$ZR" -n 3 -- bash -c 'echo "env $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT"; echo err >&2' 2>&1)
+rc=$?
+check "3 ranks exit 0" [ $rc -eq 0 ]
+for r in 0 1 2; do
+  check "rank $r sees its variables" contains "$out" "[rank $r] env $r/3 local $r/3 127.0.0.1:"
+  check "rank $r stderr prefixed" contains "$out" "[rank $r] err"
+done
+
+# A rank that exits 1 while the others would run for a minute.
+t0=$(now)
+out=$("$ZR" -n 3 -- bash -c "if [ \$RANK = 1 ]; then sleep 0.5; exit 3; fi; exec sleep 60 # $marker" 2>&1)
+rc=$?
+check "failing rank: zero-run exits non-zero" [ $rc -ne 0 ]
+check "failing rank: exit code is the rank's" [ $rc -eq 3 ]
+check "failing rank: stops within 5 s" elapsed_lt "$t0" 5
+check "failing rank: says which rank" contains "$out" "rank 1 exited with code 3"
+check "failing rank: no rank process left" none_left
+
+# A rank that is SIGKILLed.
+t0=$(now)
+out=$("$ZR" -n 2 -- bash -c "if [ \$RANK = 0 ]; then sleep 0.5; kill -9 \$\$; fi; exec sleep 60 # $marker" 2>&1)
+rc=$?
+check "killed rank: zero-run exits non-zero" [ $rc -ne 0 ]
+check "killed rank: stops within 5 s" elapsed_lt "$t0" 5
+check "killed rank: reported" contains "$out" "rank 0 was killed by signal"
+check "killed rank: no rank process left" none_left
+
+# A rank that ignores SIGTERM is SIGKILLed after the grace period.
+t0=$(now)
+"$ZR" -n 2 -- bash -c "trap '' TERM; if [ \$RANK = 0 ]; then exit 1; fi; while true; do sleep 0.1; done # $marker" >/dev/null 2>&1
+check "stubborn rank: killed within 5 s" elapsed_lt "$t0" 5
+check "stubborn rank: no rank process left" none_left
+
+# SIGTERM to zero-run is forwarded.
+"$ZR" -n 2 -- bash -c "exec sleep 60 # $marker" >/dev/null 2>&1 &
+zr=$!
+sleep 0.5
+t0=$(now)
+kill -TERM $zr
+wait $zr
+rc=$?
+check "SIGTERM: zero-run exits non-zero" [ $rc -ne 0 ]
+check "SIGTERM: stops within 5 s" elapsed_lt "$t0" 5
+check "SIGTERM: no rank process left" none_left
+
+# --timeout bounds a whole job.
+t0=$(now)
+"$ZR" -n 2 --timeout 1 -- sleep 60 >/dev/null 2>&1
+check "--timeout: exit code 124" [ $? -eq 124 ]
+check "--timeout: within 5 s" elapsed_lt "$t0" 5
+
+# Bad usage is a clear error.
+out=$("$ZR" -n 0 -- true 2>&1); check "bad -n rejected" contains "$out" "-n must be an integer"
+out=$("$ZR" -n 2 2>&1); check "missing program rejected" contains "$out" "no program given"
+out=$("$ZR" -n 1 -- /nonexistent/prog 2>&1); check "unknown program reported" contains "$out" "cannot execute /nonexistent/prog"
+finish

@@ -1,0 +1,229 @@
+// ds_config parsing: DeepSpeed's documented examples parse, defaults and
+// aliases are DeepSpeed's, and every class of bad input names its key.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "zero/config.h"
+
+namespace {
+
+using zero::Config;
+using zero::ConfigError;
+
+namespace fs = std::filesystem;
+
+const fs::path kData = fs::path(ZERO_TEST_DATA_DIR) / "ds_configs";
+
+// Expects parsing `text` to fail with a message containing every `parts`.
+void expect_error(const std::string& text, std::initializer_list<std::string> parts) {
+  try {
+    Config::from_string(text);
+    ADD_FAILURE() << "no error for " << text;
+  } catch (const ConfigError& e) {
+    for (const auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
+          << "message '" << e.what() << "' lacks '" << p << "'";
+  }
+}
+
+TEST(ConfigDocExamples, EverySupportedExampleParses) {
+  int n = 0;
+  for (const auto& f : fs::directory_iterator(kData / "ok")) {
+    SCOPED_TRACE(f.path().filename().string());
+    Config c = Config::from_file(f.path().string());
+    EXPECT_NO_THROW(c.resolve_batch(2));
+    // The resolved config reads back to itself.
+    EXPECT_EQ(Config::from_json(c.to_json()).to_json(), c.to_json());
+    ++n;
+  }
+  EXPECT_GE(n, 12);
+}
+
+TEST(ConfigDocExamples, ValuesAsDocumented) {
+  auto load = [](const char* name) { return Config::from_file((kData / "ok" / name).string()); };
+  Config s2 = load("zero_tutorial_stage2.json");
+  EXPECT_EQ(s2.zero.stage, 2);
+  EXPECT_TRUE(s2.zero.overlap_comm());
+  EXPECT_EQ(s2.zero.reduce_bucket_size, 500000000);
+
+  Config inf = load("zero_tutorial_infinity_cpu.json");
+  EXPECT_EQ(inf.zero.prefetch_bucket_size, 10000000);
+  EXPECT_EQ(inf.zero.offload_param.device, zero::OffloadDevice::CPU);
+  EXPECT_TRUE(inf.zero.overlap_comm());  // stage 3 default
+
+  Config legacy = load("getting_started_legacy_bool.json");
+  EXPECT_EQ(legacy.zero.stage, 1);
+  EXPECT_TRUE(legacy.fp16.enabled);
+  EXPECT_EQ(legacy.optimizer.type, zero::OptimizerType::Adam);
+  EXPECT_TRUE(legacy.optimizer.adam_w_mode);  // DeepSpeed's Adam is decoupled by default
+
+  Config moe = load("moe_deprecated_cpu_offload.json");
+  EXPECT_EQ(moe.zero.offload_optimizer.device, zero::OffloadDevice::CPU);
+
+  Config hf = load("hf_auto_values.json");
+  EXPECT_FALSE(hf.train_batch_size.has_value());
+  EXPECT_FALSE(hf.zero.overlap_comm());  // "auto" -> DeepSpeed's default for stage 2
+  EXPECT_EQ(hf.zero.reduce_bucket_size, 500000000);
+  auto b = hf.resolve_batch(2);
+  EXPECT_EQ(b.train_batch_size, 8);
+  EXPECT_EQ(b.gradient_accumulation_steps, 1);
+  EXPECT_EQ(hf.param_dtype(), zero::DType::bf16);
+}
+
+TEST(ConfigDocExamples, UnsupportedFeaturesAreNamed) {
+  const std::map<std::string, std::string> expected{
+      {"zero3_nvme.json", "zero_optimization.offload_optimizer.device = \"nvme\""},
+      {"zero3_mics.json", "zero_optimization.mics_shard_size = 8 is not supported"},
+      {"zeropp.json", "zero_optimization.zero_hpz_partition_size = 16 is not supported"},
+      {"bert_pretraining_max_grad_norm.json", "optimizer.params.max_grad_norm"},
+  };
+  for (const auto& [file, message] : expected) {
+    SCOPED_TRACE(file);
+    try {
+      Config::from_file((kData / "rejected" / file).string());
+      ADD_FAILURE() << "accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(file), std::string::npos) << "names the file";
+    }
+  }
+}
+
+TEST(ConfigDefaults, AreDeepSpeeds) {
+  Config c = Config::from_string(R"({"train_batch_size": 8})");
+  EXPECT_EQ(c.zero.stage, 0);
+  EXPECT_FALSE(c.zero.overlap_comm());
+  EXPECT_TRUE(c.zero.contiguous_gradients);
+  EXPECT_TRUE(c.zero.reduce_scatter);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
+  EXPECT_EQ(c.zero.prefetch_bucket_size, 50000000);
+  EXPECT_EQ(c.zero.param_persistence_threshold, 100000);
+  EXPECT_EQ(c.zero.max_live_parameters, 1000000000);
+  EXPECT_EQ(c.gradient_clipping, 1.0);
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_EQ(c.fp16.initial_scale_power, 16);
+  EXPECT_EQ(c.fp16.loss_scale_window, 1000);
+  EXPECT_EQ(c.fp16.hysteresis, 2);
+  EXPECT_EQ(c.fp16.min_loss_scale, 1.0);
+  EXPECT_FALSE(c.optimizer.given);
+  EXPECT_EQ(c.param_dtype(), zero::DType::fp32);
+  EXPECT_EQ(c.comm_dtype(), zero::DType::fp32);
+
+  EXPECT_TRUE(Config::from_string(R"({"zero_optimization": {"stage": 3}})").zero.overlap_comm());
+  EXPECT_FALSE(Config::from_string(R"({"zero_optimization": {"stage": 3, "overlap_comm": false}})")
+                   .zero.overlap_comm());
+}
+
+TEST(ConfigAliases, BothSpellingsWork) {
+  for (const char* key : {"stage3_prefetch_bucket_size", "prefetch_bucket_size"}) {
+    Config c = Config::from_json({{"zero_optimization", {{"stage", 3}, {key, 1234}}}});
+    EXPECT_EQ(c.zero.prefetch_bucket_size, 1234) << key;
+  }
+  for (const char* key : {"stage3_max_live_parameters", "max_live_parameters"})
+    EXPECT_EQ(Config::from_json({{"zero_optimization", {{key, 77}}}}).zero.max_live_parameters, 77);
+  for (const char* key : {"stage3_gather_16bit_weights_on_model_save",
+                          "stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save"})
+    EXPECT_TRUE(Config::from_json({{"zero_optimization", {{key, true}}}}).zero.gather_16bit_weights_on_model_save);
+  EXPECT_TRUE(Config::from_string(R"({"bfloat16": {"enabled": true}})").bf16.enabled);
+  expect_error(R"({"zero_optimization": {"prefetch_bucket_size": 1, "stage3_prefetch_bucket_size": 2}})",
+               {"stage3_prefetch_bucket_size", "prefetch_bucket_size", "same setting"});
+  expect_error(R"({"zero_optimization": {"cpu_offload": true, "offload_optimizer": {"device": "cpu"}}})",
+               {"cpu_offload", "offload_optimizer"});
+}
+
+TEST(ConfigBatch, DerivesLikeDeepSpeed) {
+  auto resolve = [](const char* text, int dp) { return Config::from_string(text).resolve_batch(dp); };
+  auto b = resolve(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})", 2);
+  EXPECT_EQ(b.gradient_accumulation_steps, 4);
+  b = resolve(R"({"train_batch_size": 32, "gradient_accumulation_steps": 2})", 4);
+  EXPECT_EQ(b.micro_batch_per_gpu, 4);
+  b = resolve(R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2})", 2);
+  EXPECT_EQ(b.train_batch_size, 12);
+  b = resolve(R"({"train_batch_size": 16})", 4);
+  EXPECT_EQ(b.micro_batch_per_gpu, 4);
+  EXPECT_EQ(b.gradient_accumulation_steps, 1);
+  b = resolve(R"({"train_micro_batch_size_per_gpu": 5})", 3);
+  EXPECT_EQ(b.train_batch_size, 15);
+  b = resolve(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4})", 2);
+  EXPECT_EQ(b.train_batch_size, 16);
+
+  auto fails = [](const char* text, int dp, const char* part) {
+    try {
+      Config::from_string(text).resolve_batch(dp);
+      ADD_FAILURE() << text;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  fails(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4})",
+        4, "data-parallel size (4)");
+  fails(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 3})", 1, "not divisible");
+  fails(R"({"gradient_accumulation_steps": 2})", 1, "either train_batch_size or train_micro_batch_size_per_gpu");
+  fails(R"({"train_batch_size": 6})", 4, "not divisible by the data-parallel size 4");
+}
+
+TEST(ConfigErrors, NameTheKeyAndWhatIsAllowed) {
+  expect_error(R"({"zero_optimization": {"stag": 2}})",
+               {"zero_optimization.stag", "did you mean zero_optimization.stage?"});
+  expect_error(R"({"train_batch_sise": 8})", {"train_batch_sise", "train_batch_size"});
+  expect_error(R"({"zero_optimization": {"stage": 4}})", {"zero_optimization.stage", "= 4", "[0, 3]"});
+  expect_error(R"({"zero_optimization": {"stage": "two"}})", {"zero_optimization.stage", "\"two\"", "integer"});
+  expect_error(R"({"zero_optimization": {"overlap_comm": 1}})", {"overlap_comm", "true or false"});
+  expect_error(R"({"zero_optimization": {"reduce_bucket_size": 5.5}})", {"reduce_bucket_size", "integer"});
+  expect_error(R"({"zero_optimization": {"reduce_bucket_size": -1}})", {"reduce_bucket_size", "-1"});
+  expect_error(R"({"optimizer": {"type": "Adamax"}})", {"optimizer.type", "Adamax", "Adam, AdamW, SGD"});
+  expect_error(R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9]}}})", {"optimizer.params.betas"});
+  expect_error(R"({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})", {"optimizer.params.lr", "auto"});
+  expect_error(R"({"zero_optimization": {"zero_quantized_weights": true}})",
+               {"zero_optimization.zero_quantized_weights = true is not supported", "only false"});
+  expect_error(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", {"fp16 are both enabled"});
+  expect_error(R"({"fp16": {"enabled": "auto"}})", {"fp16.enabled", "auto"});
+  expect_error(R"({"fp16": {"loss_scale_window": 0}})", {"fp16.loss_scale_window"});
+  expect_error(R"({"fp16": {"enabled": true, "auto_cast": true}})", {"fp16.auto_cast", "not supported"});
+  expect_error(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})",
+               {"scheduler.params.total_num_steps", "required"});
+  expect_error(R"({"scheduler": {"type": "OneCycle"}})", {"scheduler.type", "WarmupLR"});
+  expect_error(R"({"tensorboard": {"enabled": true, "output_path": "x"}})", {"tensorboard.enabled", "not supported"});
+  expect_error(R"({"communication_data_type": "fp8"})", {"communication_data_type", "fp8"});
+  expect_error(R"({"zero_optimization": [1, 2]})", {"zero_optimization must be a JSON object"});
+  expect_error(R"({"zero_optimization": {"stage": 1, "offload_param": {"device": "cpu"}}})",
+               {"offload_param", "requires stage 3"});
+  expect_error(R"({"train_batch_size": 8,})", {"not valid JSON"});
+  expect_error(R"({"train_batch_size": 0})", {"train_batch_size", "[1, inf)"});
+}
+
+TEST(ConfigUnsupported, AcceptedAtTheirDefault) {
+  // A DeepSpeed key this project does not implement is fine when it asks
+  // for exactly DeepSpeed's default (the behaviour zero-cpp has).
+  Config c = Config::from_string(R"({"prescale_gradients": false, "tensorboard": {"enabled": false,
+      "output_path": "x"}, "zero_optimization": {"zero_quantized_weights": false, "mics_shard_size": -1,
+      "zero_hpz_partition_size": 1.0}})");
+  EXPECT_EQ(c.zero.stage, 0);
+}
+
+TEST(ConfigOptimizerScheduler, Values) {
+  Config c = Config::from_string(R"({"optimizer": {"type": "adamw", "params": {"lr": 3e-4, "betas": [0.8, 0.95],
+      "eps": 1e-6, "weight_decay": 0.1}}, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5,
+      "warmup_type": "linear"}}, "communication_data_type": "bf16", "data_types": {"grad_accum_dtype": "fp32"}})");
+  EXPECT_EQ(c.optimizer.type, zero::OptimizerType::AdamW);
+  EXPECT_DOUBLE_EQ(c.optimizer.betas[1], 0.95);
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_max_lr, 3e-4);  // WarmupLR defaults to the optimizer's lr
+  EXPECT_EQ(c.scheduler.warmup_type, zero::WarmupType::Linear);
+  EXPECT_EQ(c.comm_dtype(), zero::DType::bf16);
+  EXPECT_EQ(c.grad_accum_dtype, zero::DType::fp32);
+
+  Config d = Config::from_string(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}},
+      "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 100, "warmup_num_steps": 10}}})");
+  EXPECT_FALSE(d.optimizer.adam_w_mode);
+  EXPECT_EQ(d.scheduler.total_num_steps, 100);
+  EXPECT_DOUBLE_EQ(d.scheduler.cos_min_ratio, 1e-4);
+
+  Config s = Config::from_string(R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}})");
+  EXPECT_EQ(s.optimizer.type, zero::OptimizerType::SGD);
+  EXPECT_DOUBLE_EQ(s.optimizer.momentum, 0.9);
+}
+
+}  // namespace
