@@ -1,0 +1,96 @@
+// The ZeRO engine: shards a module's training state across the
+// data-parallel ranks as the ds_config's stage asks, and runs backward
+// reduction and the optimizer step.
+//
+//   auto world = zero::init_distributed();
+//   auto config = zero::Config::from_file("ds_config.json");
+//   GPT model(cfg);
+//   zero::Engine engine(*model, config, *world);
+//   for (...) {
+//     auto loss = model->loss(x, y);
+//     engine.backward(loss);   // scales by 1/gradient_accumulation_steps (and the fp16 loss scale)
+//     engine.step();           // steps only at the accumulation boundary
+//   }
+//
+// Stage 0: full grads all-reduced (DDP). Stage 1: optimizer state and fp32
+// master weights sharded, grads reduce-scattered at the boundary. Stage 2:
+// also grads sharded, reduce-scattered per group as soon as the group's grads
+// are ready during backward. After a step the updated shards are all-gathered
+// into the params. With bf16/fp16 the params, grads and communication are
+// 16-bit and the master weights and optimizer state fp32.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "zero/comm.h"
+#include "zero/config.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace zero {
+
+// Bytes of model state this rank holds, by kind (see Engine::state_bytes).
+struct StateBytes {
+  int64_t params = 0;     // the flat param buffers (compute dtype)
+  int64_t grads = 0;      // grad buffers and grad shards
+  int64_t master = 0;     // fp32 master weights not aliasing the params
+  int64_t optimizer = 0;  // optimizer state (Adam moments, SGD momentum)
+  int64_t total() const { return params + grads + master + optimizer; }
+};
+
+class Engine {
+ public:
+  // The data-parallel group is the whole world.
+  Engine(torch::nn::Module& model, const Config& config, World& world);
+  // An explicit data-parallel group (e.g. a strict subset of the world).
+  Engine(torch::nn::Module& model, const Config& config, comm::Comm& comm,
+         std::shared_ptr<comm::Group> dp_group);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Backpropagates loss * loss_scale / gradient_accumulation_steps and
+  // reduces grads as the stage requires. Returns the unscaled loss / gas
+  // (as DeepSpeed's backward does).
+  at::Tensor backward(const at::Tensor& loss);
+  // At the accumulation boundary: unscale, check overflow, clip, update,
+  // all-gather, zero grads. Elsewhere only counts the micro-step. Returns
+  // true when the optimizer stepped (false also for a skipped fp16 step).
+  bool step();
+  // Clears accumulated grads (step() does this after each update).
+  void zero_grad();
+
+  bool is_gradient_accumulation_boundary() const;
+  int64_t global_steps() const;   // optimizer steps taken (skipped ones excluded)
+  int64_t skipped_steps() const;  // steps skipped for fp16/bf16 overflow
+  int64_t micro_steps() const;
+  double loss_scale() const;
+  double lr() const;              // the lr the next optimizer step uses
+  double last_grad_norm() const;  // global grad norm of the last boundary (before clipping)
+
+  const Config& config() const;
+  const BatchConfig& batch() const;
+  const comm::Group& dp_group() const;
+  comm::Comm& comm();
+  int64_t num_params() const;     // trainable elements (unpadded)
+  StateBytes state_bytes() const; // what this rank holds now
+  std::string describe() const;   // groups, sizes, stage, dtypes (one paragraph)
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Returns `t` in fp32 for compute. Mixed precision here stores params in
+// 16 bits but computes in fp32 (16-bit matmul is slow on CPUs without
+// AVX-512 BF16); a model calls this on each param it uses. Differentiable:
+// the grad flows back to the 16-bit param in its dtype.
+at::Tensor compute(const at::Tensor& t);
+
+}  // namespace zero

@@ -1,0 +1,157 @@
+#include "optim/kernels.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <omp.h>
+
+namespace zero::optim {
+
+namespace {
+
+// One chunk per thread-step: big enough to amortize scheduling, small enough
+// to balance. Multiple of 64 so chunks stay vector-aligned.
+constexpr int64_t kChunk = 1 << 16;
+
+inline uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even, NaN -> quiet NaN (as c10::BFloat16).
+inline uint16_t to_bf16(float f) {
+  const uint32_t u = bits_of(f);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return f != f ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
+}
+
+// IEEE fp32 -> fp16, round to nearest even, branch-free (the classic
+// scale-and-rebias method; inf/NaN preserved, overflow to inf).
+inline uint16_t to_fp16(float f) {
+  const float scale_to_inf = float_of(0x77800000u);   // 2^112
+  const float scale_to_zero = float_of(0x08800000u);  // 2^-110
+  float base = (std::fabs(f) * scale_to_inf) * scale_to_zero;
+  const uint32_t w = bits_of(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  bias = bias < 0x71000000u ? 0x71000000u : bias;
+  base = float_of((bias >> 1) + 0x07800000u) + base;
+  const uint32_t b = bits_of(base);
+  const uint32_t nonsign = ((b >> 13) & 0x00007C00u) + (b & 0x00000FFFu);
+  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+inline void store16(void* out, int64_t i, float x, Out16 kind) {
+  if (kind == Out16::BF16) static_cast<uint16_t*>(out)[i] = to_bf16(x);
+  else static_cast<uint16_t*>(out)[i] = to_fp16(x);
+}
+
+#define ZERO_CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
+
+// The per-chunk loops; the loop bodies are what the compiler vectorizes.
+ZERO_CLONES
+void adam_chunk(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                int64_t n, float lr, float b1, float b2, float eps, float wd, float step_size,
+                float inv_sqrt_bc2, bool adam_w_mode, float grad_scale, uint16_t* __restrict out16,
+                Out16 kind) {
+  const float decay = 1.0f - lr * wd;
+  for (int64_t i = 0; i < n; ++i) {
+    float grad = g[i] * grad_scale;
+    float param = p[i];
+    if (adam_w_mode) param *= decay;
+    else grad += wd * param;
+    const float mi = m[i] * b1 + (1.0f - b1) * grad;
+    const float vi = v[i] * b2 + (1.0f - b2) * grad * grad;
+    m[i] = mi;
+    v[i] = vi;
+    param -= step_size * (mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps));
+    p[i] = param;
+    if (out16) {
+      if (kind == Out16::BF16) out16[i] = to_bf16(param);
+      else out16[i] = to_fp16(param);
+    }
+  }
+}
+
+ZERO_CLONES
+void sgd_chunk(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n,
+               const SgdHyper h, float grad_scale, uint16_t* __restrict out16, Out16 kind) {
+  for (int64_t i = 0; i < n; ++i) {
+    float grad = g[i] * grad_scale + h.weight_decay * p[i];
+    if (buf) {
+      const float b = h.first_step ? grad : buf[i] * h.momentum + (1.0f - h.dampening) * grad;
+      buf[i] = b;
+      grad = h.nesterov ? grad + h.momentum * b : b;
+    }
+    const float param = p[i] - h.lr * grad;
+    p[i] = param;
+    if (out16) {
+      if (kind == Out16::BF16) out16[i] = to_bf16(param);
+      else out16[i] = to_fp16(param);
+    }
+  }
+}
+
+ZERO_CLONES
+void downcast_chunk(const float* __restrict src, uint16_t* __restrict dst, int64_t n, Out16 kind) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = kind == Out16::BF16 ? to_bf16(src[i]) : to_fp16(src[i]);
+}
+
+template <typename F>
+void parallel_chunks(int64_t n, F&& fn) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  if (chunks <= 1) {
+    fn(0, n);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t lo = c * kChunk;
+    fn(lo, std::min(n, lo + kChunk) - lo);
+  }
+}
+
+}  // namespace
+
+void adam_update(float* p, const float* grad, float* m, float* v, int64_t n, const AdamHyper& h,
+                 float grad_scale, void* out16, Out16 kind) {
+  const double bc1 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta1), h.step) : 1.0;
+  const double bc2 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta2), h.step) : 1.0;
+  const float step_size = static_cast<float>(h.lr / bc1);
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  auto* o = static_cast<uint16_t*>(out16);
+  parallel_chunks(n, [&](int64_t lo, int64_t len) {
+    adam_chunk(p + lo, grad + lo, m + lo, v + lo, len, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
+               step_size, inv_sqrt_bc2, h.adam_w_mode, grad_scale, o ? o + lo : nullptr, kind);
+  });
+}
+
+void sgd_update(float* p, const float* grad, float* momentum_buf, int64_t n, const SgdHyper& h,
+                float grad_scale, void* out16, Out16 kind) {
+  auto* o = static_cast<uint16_t*>(out16);
+  float* buf = h.momentum != 0.0f ? momentum_buf : nullptr;
+  parallel_chunks(n, [&](int64_t lo, int64_t len) {
+    sgd_chunk(p + lo, grad + lo, buf ? buf + lo : nullptr, len, h, grad_scale, o ? o + lo : nullptr, kind);
+  });
+}
+
+void downcast(const float* src, void* dst, int64_t n, Out16 kind) {
+  auto* o = static_cast<uint16_t*>(dst);
+  parallel_chunks(n, [&](int64_t lo, int64_t len) { downcast_chunk(src + lo, o + lo, len, kind); });
+}
+
+const char* kernel_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return "avx512f";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "avx2";
+  return "baseline";
+}
+
+}  // namespace zero::optim

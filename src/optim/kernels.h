@@ -1,0 +1,53 @@
+// Optimizer kernels over flat fp32 shards (no torch: plain pointers, so the
+// ZeRO engine can hand them any shard and they compile in seconds).
+//
+// Vectorized through GCC function multi-versioning (AVX-512, AVX2+FMA, and a
+// portable baseline, picked once at load time by the CPU) and threaded with
+// OpenMP over contiguous chunks. The 16-bit copy of the updated params is
+// written in the same pass when mixed precision is on, so the update makes
+// one trip through memory.
+#pragma once
+
+#include <cstdint>
+
+namespace zero::optim {
+
+enum class Out16 { None, BF16, FP16 };
+
+struct AdamHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;          // 1-based, after this update
+  bool adam_w_mode = true;   // decoupled weight decay (AdamW) vs L2 into the grad
+  bool bias_correction = true;
+};
+
+// p, m, v updated in place from grad * grad_scale (grad_scale folds the loss
+// unscale and the clip coefficient into the read of the grad). If out16 is
+// not null, the updated params are also written there as bf16/fp16.
+void adam_update(float* p, const float* grad, float* m, float* v, int64_t n, const AdamHyper& h,
+                 float grad_scale, void* out16 = nullptr, Out16 kind = Out16::None);
+
+struct SgdHyper {
+  float lr = 1e-3f;
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+  bool first_step = false;  // the momentum buffer starts as the first grad (as torch)
+};
+
+// momentum_buf may be null when momentum == 0.
+void sgd_update(float* p, const float* grad, float* momentum_buf, int64_t n, const SgdHyper& h,
+                float grad_scale, void* out16 = nullptr, Out16 kind = Out16::None);
+
+// Casts n fp32 values to bf16/fp16 (round to nearest even), as the kernels do.
+void downcast(const float* src, void* dst, int64_t n, Out16 kind);
+
+// Which instruction set the kernels run with on this CPU ("avx512f", "avx2", "baseline").
+const char* kernel_isa();
+
+}  // namespace zero::optim

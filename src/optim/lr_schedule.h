@@ -1,0 +1,18 @@
+// DeepSpeed's LR schedules (WarmupLR, WarmupDecayLR, WarmupCosineLR) as a
+// pure function of the scheduler iteration.
+//
+// DeepSpeed's timing is kept: the scheduler starts at iteration -1 (its
+// constructor writes lr(-1)), and steps after each optimizer step that was
+// not skipped, so optimizer step k uses lr(k - 2) (step 1 uses lr(-1)).
+#pragma once
+
+#include <cstdint>
+
+#include "zero/config.h"
+
+namespace zero::optim {
+
+// `base_lr` is the optimizer's lr (WarmupCosineLR scales it; no scheduler returns it).
+double scheduled_lr(const SchedulerConfig& s, double base_lr, int64_t iteration);
+
+}  // namespace zero::optim

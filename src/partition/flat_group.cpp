@@ -1,0 +1,49 @@
+#include "partition/flat_group.h"
+
+#include <set>
+
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
+
+namespace zero::partition {
+
+namespace {
+at::Tensor param_view(const at::Tensor& flat, const ParamSlot& s, const at::Tensor& like) {
+  return flat.narrow(0, s.offset, s.numel).view(like.sizes());
+}
+}  // namespace
+
+void flatten_into_group(FlatGroup& g, at::ScalarType dtype) {
+  at::NoGradGuard no_grad;
+  g.param_flat = at::zeros({g.layout.padded_numel}, g.params.front().options().dtype(dtype));
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    at::Tensor& p = g.params[i];
+    at::Tensor view = param_view(g.param_flat, g.layout.params[i], p);
+    view.copy_(p);
+    // The param keeps its identity (autograd leaf, module registration);
+    // only its data now lives in the flat buffer, and its old storage is
+    // released here.
+    p.set_data(view);
+  }
+}
+
+void FlatGroup::attach_grads() const {
+  for (size_t i = 0; i < params.size(); ++i)
+    params[i].mutable_grad() = param_view(grad_flat, layout.params[i], params[i]);
+}
+
+void FlatGroup::detach_grads() const {
+  for (const auto& p : params) p.mutable_grad() = at::Tensor();
+}
+
+int64_t resident_bytes(const FlatGroup& g) {
+  std::set<const void*> seen;
+  int64_t total = 0;
+  for (const at::Tensor* t : {&g.param_flat, &g.grad_flat, &g.grad_shard, &g.master, &g.exp_avg, &g.exp_avg_sq}) {
+    if (!t->defined() || t->storage().nbytes() == 0) continue;
+    if (seen.insert(t->storage().unsafeGetStorageImpl()).second) total += static_cast<int64_t>(t->storage().nbytes());
+  }
+  return total;
+}
+
+}  // namespace zero::partition

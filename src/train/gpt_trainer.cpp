@@ -1,0 +1,58 @@
+#include "train/gpt_trainer.h"
+
+#include <chrono>
+
+#include <ATen/core/grad_mode.h>
+
+namespace zero::train {
+
+namespace {
+
+models::GPT build_model(const models::GPTConfig& c, uint64_t seed) {
+  at::manual_seed(seed);
+  return models::GPT(c);
+}
+
+}  // namespace
+
+GptTrainer::GptTrainer(const models::GPTConfig& model_config, const Config& config, const data::ByteCorpus& corpus,
+                       uint64_t seed, comm::Comm& comm, std::shared_ptr<comm::Group> dp)
+    : corpus_(corpus), seed_(seed), comm_(comm), dp_(dp), model_(build_model(model_config, seed)) {
+  engine_ = std::make_unique<Engine>(*model_, config, comm, dp);
+}
+
+StepRecord GptTrainer::train_step() {
+  const auto& b = engine_->batch();
+  const int64_t seq = model_->config().seq_len;
+  const int dp_rank = dp_->rank(), dp_size = dp_->size();
+  StepRecord r;
+  r.step = ++step_;
+  r.lr = engine_->lr();
+  r.loss_scale = engine_->loss_scale();
+  const auto comm_before = comm_.counters().totals();
+  const auto t0 = std::chrono::steady_clock::now();
+
+  const auto offsets = corpus_.step_offsets(step_, b.train_batch_size, seq, seed_);
+  at::Tensor loss_sum = at::zeros({1}, at::kFloat);
+  const int64_t skipped_before = engine_->skipped_steps();
+  for (int64_t j = 0; j < b.gradient_accumulation_steps; ++j) {
+    const int64_t begin = data::micro_batch_begin(j, dp_rank, dp_size, b.micro_batch_per_gpu);
+    std::vector<int64_t> mine(offsets.begin() + begin, offsets.begin() + begin + b.micro_batch_per_gpu);
+    auto tokens = at::tensor(corpus_.windows(mine, seq), at::kLong).view({b.micro_batch_per_gpu, seq + 1});
+    auto x = tokens.narrow(1, 0, seq), y = tokens.narrow(1, 1, seq);
+    auto loss = model_->loss(x, y);
+    loss_sum += engine_->backward(loss).detach();  // loss / gas
+    engine_->step();
+  }
+  r.stepped = engine_->skipped_steps() == skipped_before;
+  r.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  r.comm = comm::diff(comm_.counters().totals(), comm_before);
+  // The reported loss is the global-batch mean, comparable at any world size.
+  comm_.all_reduce(*dp_, loss_sum, comm::ReduceOp::Avg)->wait();
+  r.loss = loss_sum.item<double>();
+  r.tokens_per_s = b.train_batch_size * seq / (r.step_ms / 1000.0);
+  r.model_state_bytes = engine_->state_bytes().total();
+  return r;
+}
+
+}  // namespace zero::train

@@ -1,0 +1,161 @@
+#include "zero/grad_reducer.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+namespace zero {
+
+namespace {
+
+using torch::autograd::variable_list;
+
+// Runs before AccumulateGrad: lets stage 2 point .grad into a freshly
+// allocated group buffer so the grad is accumulated straight into it.
+struct BeforeAccumulate : torch::autograd::FunctionPreHook {
+  BeforeAccumulate(std::weak_ptr<GradReducer> r, size_t group) : reducer(std::move(r)), group(group) {}
+  variable_list operator()(const variable_list& grads) override {
+    if (auto r = reducer.lock()) r->on_grad_about_to_accumulate(group);
+    return grads;
+  }
+  std::weak_ptr<GradReducer> reducer;
+  size_t group;
+};
+
+// Runs after AccumulateGrad: the param's grad for this backward is complete.
+struct AfterAccumulate : torch::autograd::FunctionPostHook {
+  AfterAccumulate(std::weak_ptr<GradReducer> r, size_t group, size_t param)
+      : reducer(std::move(r)), group(group), param(param) {}
+  variable_list operator()(const variable_list& outputs, const variable_list&) override {
+    if (auto r = reducer.lock()) r->on_grad_accumulated(group, param);
+    return outputs;
+  }
+  std::weak_ptr<GradReducer> reducer;
+  size_t group, param;
+};
+
+}  // namespace
+
+GradReducer::GradReducer(std::vector<partition::FlatGroup>& groups, comm::Comm& comm, const comm::Group& dp,
+                         ReducerOptions opts)
+    : groups_(groups), comm_(comm), dp_(dp), opts_(opts), state_(groups.size()) {
+  for (auto& g : groups_) {
+    if (opts_.stage <= 1) {
+      g.grad_flat = at::zeros({g.layout.padded_numel}, g.param_flat.options().dtype(opts_.grad_dtype));
+      g.attach_grads();
+      if (opts_.stage == 1)
+        // fp32 grads reduce in place into this rank's slot; 16-bit ones widen into an fp32 shard.
+        g.grad_shard = opts_.grad_dtype == at::kFloat
+                           ? g.own_slot(g.grad_flat, dp_.rank())
+                           : at::zeros({g.layout.shard_numel}, g.param_flat.options().dtype(at::kFloat));
+    } else {
+      g.grad_shard = at::zeros({g.layout.shard_numel}, g.param_flat.options().dtype(at::kFloat));
+    }
+  }
+}
+
+void GradReducer::install_hooks() {
+  std::weak_ptr<GradReducer> self = shared_from_this();
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
+      auto acc = torch::autograd::impl::grad_accumulator(groups_[gi].params[pi]);
+      if (opts_.stage == 2 && opts_.contiguous_gradients)
+        acc->add_pre_hook(std::make_unique<BeforeAccumulate>(self, gi));
+      acc->add_post_hook(std::make_unique<AfterAccumulate>(self, gi, pi));
+      grad_accumulators_.push_back(std::move(acc));
+    }
+}
+
+void GradReducer::begin_backward(bool reduce) {
+  active_ = true;
+  reduce_ = reduce;
+  next_launch_ = 0;
+  for (size_t i = 0; i < groups_.size(); ++i) state_[i] = {static_cast<int64_t>(groups_[i].params.size()), false, nullptr, {}};
+  if (opts_.stage <= 1)  // re-point .grad at the buffers in case user code cleared them
+    for (auto& g : groups_)
+      if (!g.params.front().grad().defined()) g.attach_grads();
+}
+
+void GradReducer::ensure_grad_buffer(partition::FlatGroup& g) {
+  if (g.grad_flat.defined()) return;
+  g.grad_flat = at::zeros({g.layout.padded_numel}, g.param_flat.options().dtype(opts_.grad_dtype));
+  if (opts_.contiguous_gradients) g.attach_grads();
+}
+
+void GradReducer::on_grad_about_to_accumulate(size_t group) {
+  if (active_) ensure_grad_buffer(groups_[group]);
+}
+
+void GradReducer::on_grad_accumulated(size_t group, size_t param) {
+  if (!active_) return;
+  auto& g = groups_[group];
+  if (opts_.stage == 2 && !opts_.contiguous_gradients) {
+    // The grad arrived as its own tensor: copy it into the group buffer and drop it.
+    ensure_grad_buffer(g);
+    const auto& slot = g.layout.params[param];
+    at::Tensor& grad = g.params[param].mutable_grad();
+    g.grad_flat.narrow(0, slot.offset, slot.numel).copy_(grad.reshape(-1));
+    grad = at::Tensor();
+  }
+  if (--state_[group].pending == 0 && opts_.overlap_comm && reduce_) launch_ready_in_order();
+}
+
+void GradReducer::launch_ready_in_order() {
+  while (next_launch_ < groups_.size() && state_[next_launch_].pending == 0) launch(next_launch_++);
+}
+
+void GradReducer::launch(size_t i) {
+  auto& g = groups_[i];
+  auto& s = state_[i];
+  s.launched = true;
+  switch (opts_.stage) {
+    case 0:
+      s.work = comm_.all_reduce(dp_, g.grad_flat, comm::ReduceOp::Avg);
+      break;
+    case 1:
+      s.work = comm_.reduce_scatter(dp_, g.grad_shard, g.grad_flat, comm::ReduceOp::Avg);
+      break;
+    default: {
+      ensure_grad_buffer(g);  // a group none of whose params got a grad still takes part
+      if (!shard_fresh_) s.partial = at::empty_like(g.grad_shard);
+      at::Tensor out = shard_fresh_ ? g.grad_shard : s.partial;
+      s.work = comm_.reduce_scatter(dp_, out, g.grad_flat, comm::ReduceOp::Avg);
+    }
+  }
+}
+
+void GradReducer::finish(size_t i) {
+  auto& g = groups_[i];
+  auto& s = state_[i];
+  s.work->wait();
+  s.work = nullptr;
+  if (opts_.stage == 2) {
+    if (s.partial.defined()) g.grad_shard.add_(s.partial);
+    s.partial = at::Tensor();
+    // Only the shard survives the backward: release the full grads.
+    if (opts_.contiguous_gradients) g.detach_grads();
+    g.grad_flat = at::Tensor();
+  }
+}
+
+void GradReducer::end_backward() {
+  active_ = false;
+  if (reduce_) {
+    for (size_t i = next_launch_; i < groups_.size(); ++i) launch(i);
+    next_launch_ = groups_.size();
+    for (size_t i = 0; i < groups_.size(); ++i) finish(i);
+    if (opts_.stage == 2) shard_fresh_ = false;
+  }
+}
+
+void GradReducer::zero_grads() {
+  for (auto& g : groups_) {
+    if (opts_.stage <= 1) g.grad_flat.zero_();
+    // A separate (widened fp32) stage-1 shard; an fp32 one aliases grad_flat.
+    if (opts_.stage == 1 && opts_.grad_dtype != at::kFloat) g.grad_shard.zero_();
+  }
+  // Stage 2: the next reduction overwrites the shard instead of adding to it.
+  shard_fresh_ = true;
+}
+
+}  // namespace zero

@@ -1,0 +1,74 @@
+// Backward-time gradient reduction for stages 0/1/2.
+//
+// Hooks on each param's AccumulateGrad node count, per flat group, the
+// params whose grads are complete in this backward. A group whose count
+// reaches zero is ready; ready groups are launched strictly in group order
+// (groups are in reverse registration order, which is about backward order),
+// so every rank issues the same collectives in the same order even when a
+// rank's unused params make a group ready late. end_backward() launches what
+// is left (groups with unused params), waits, and folds the results.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "partition/flat_group.h"
+#include "zero/comm.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace zero {
+
+struct ReducerOptions {
+  int stage = 0;
+  bool overlap_comm = false;          // launch groups during backward, not after it
+  bool contiguous_gradients = true;   // stage 2: grads land directly in the group buffer
+  at::ScalarType grad_dtype = at::kFloat;
+};
+
+class GradReducer : public std::enable_shared_from_this<GradReducer> {
+ public:
+  GradReducer(std::vector<partition::FlatGroup>& groups, comm::Comm& comm, const comm::Group& dp,
+              ReducerOptions opts);
+  // Installs the hooks (needs shared_from_this, so after construction).
+  void install_hooks();
+
+  // `reduce` says whether this backward's grads are reduced (always in
+  // stage 2; at the accumulation boundary in stages 0/1).
+  void begin_backward(bool reduce);
+  void end_backward();
+  // After an optimizer step: grads start from zero again.
+  void zero_grads();
+
+  // Hook entry points.
+  void on_grad_about_to_accumulate(size_t group);
+  void on_grad_accumulated(size_t group, size_t param);
+
+ private:
+  void ensure_grad_buffer(partition::FlatGroup& g);
+  void launch_ready_in_order();
+  void launch(size_t group);
+  void finish(size_t group);
+
+  std::vector<partition::FlatGroup>& groups_;
+  comm::Comm& comm_;
+  const comm::Group& dp_;
+  ReducerOptions opts_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;  // keeps hooks alive
+
+  struct GroupState {
+    int64_t pending = 0;
+    bool launched = false;
+    comm::WorkHandle work;
+    at::Tensor partial;  // stage 2: this backward's reduced shard, to add into grad_shard
+  };
+  std::vector<GroupState> state_;
+  bool active_ = false;
+  bool reduce_ = false;
+  bool shard_fresh_ = true;  // stage 2: grad_shard holds nothing yet (reduce straight into it)
+  size_t next_launch_ = 0;
+};
+
+}  // namespace zero
