@@ -1,0 +1,347 @@
+// Stages 0/1/2 against their oracles, on real ranks:
+// - parity: N ranks x micro-batch b equal one process with batch N*b (each
+//   rank runs that reference itself, on a group of one);
+// - memory: the bytes of model state each rank holds equal the stage's formula;
+// - communication: the dispatcher's counted bytes per step equal the formula;
+// - unused params, params larger than a bucket, sizes not divisible by N;
+// - fp16/bf16 against fp32, and an injected overflow skipping the step everywhere.
+#include <cmath>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+
+#include "mr.h"
+#include "train/gpt_trainer.h"
+
+namespace {
+
+using zero::Config;
+using zero::test::world;
+using zero::train::GptTrainer;
+
+const zero::data::ByteCorpus& corpus() {
+  static auto c = zero::data::ByteCorpus::load(zero::data::ByteCorpus::default_path());
+  return c;
+}
+
+zero::models::GPTConfig small_gpt() {
+  zero::models::GPTConfig c;
+  c.n_layer = 2;
+  c.d_model = 64;
+  c.n_head = 4;
+  c.seq_len = 32;
+  return c;
+}
+
+struct RunSpec {
+  int stage = 0;
+  int64_t micro = 2;
+  int64_t gas = 1;
+  const char* dtype = "fp32";  // fp32, bf16, fp16
+  double clip = 1.0;
+  bool overlap = true;
+  bool contiguous = true;
+  int64_t bucket = 20000;  // small, so the small GPT spans several groups
+};
+
+Config make_config(const RunSpec& s) {
+  nlohmann::json j = {
+      {"train_micro_batch_size_per_gpu", s.micro},
+      {"gradient_accumulation_steps", s.gas},
+      {"gradient_clipping", s.clip},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}}}}},
+      {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 5}, {"warmup_type", "linear"},
+                                                      {"warmup_min_lr", 1e-4}}}}},
+      {"zero_optimization", {{"stage", s.stage}, {"overlap_comm", s.overlap},
+                             {"contiguous_gradients", s.contiguous}, {"reduce_bucket_size", s.bucket}}}};
+  if (std::string(s.dtype) == "bf16") j["bf16"] = {{"enabled", true}};
+  // A start scale the small model's grads never overflow at, so the fp16
+  // run takes the same steps as fp32 (overflow skips are tested apart).
+  if (std::string(s.dtype) == "fp16") j["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
+  return Config::from_json(j);
+}
+
+std::shared_ptr<zero::comm::Group> dp_group() {
+  static auto g = world().split(world().size(), "dp");
+  return g;
+}
+// A group of this rank alone: the single-process reference runs on it.
+std::shared_ptr<zero::comm::Group> solo_group() {
+  static auto g = world().split(1, "solo");
+  return g;
+}
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<at::Tensor> params;  // fp32 copies, registration order
+};
+
+RunResult train(const RunSpec& s, std::shared_ptr<zero::comm::Group> g, int steps = 20) {
+  GptTrainer t(small_gpt(), make_config(s), corpus(), /*seed=*/7, world().comm(), g);
+  RunResult r;
+  for (int i = 0; i < steps; ++i) r.losses.push_back(t.train_step().loss);
+  for (const auto& p : t.model()->parameters()) r.params.push_back(p.detach().to(at::kFloat).clone());
+  return r;
+}
+
+// The reference: one process, the whole global batch as its micro-batch.
+RunResult reference(RunSpec s, int steps = 20) {
+  s.stage = 0;
+  s.micro *= world().size();
+  return train(s, solo_group(), steps);
+}
+
+double max_abs_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, (a[i] - b[i]).abs().max().item<double>());
+  return d;
+}
+
+double max_rel_loss_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
+  return d;
+}
+
+// fp32 tolerance: the only difference from the reference is the order of
+// float sums (per-rank partial batch means, then the average across ranks,
+// instead of one mean over the whole batch): ~1e-7 relative per step.
+// Adam normalizes updates, so over 20 steps params drift apart by far less
+// than one lr-sized step (3e-3): 2e-5 absolute bounds it with margin, while
+// any real error (a missing or doubled shard, a wrong scale) moves params
+// by ~lr and losses by >1e-3.
+constexpr double kLossRelTol = 2e-5;
+constexpr double kParamAbsTol = 2e-5;
+
+TEST(Parity, StagesMatchSingleProcess) {
+  for (int stage : {0, 1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    RunSpec s;
+    s.stage = stage;
+    auto dist = train(s, dp_group());
+    auto ref = reference(s);
+    EXPECT_LT(max_rel_loss_diff(dist.losses, ref.losses), kLossRelTol);
+    EXPECT_LT(max_abs_diff(dist.params, ref.params), kParamAbsTol);
+    EXPECT_LT(dist.losses.back(), dist.losses.front() - 0.5) << "the loss falls";
+  }
+}
+
+TEST(Parity, GradientAccumulationMatchesLargerBatch) {
+  for (int stage : {0, 1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    RunSpec s;
+    s.stage = stage;
+    s.gas = 2;
+    auto dist = train(s, dp_group());
+    RunSpec big = s;
+    big.gas = 1;
+    big.micro = s.micro * s.gas;
+    auto ref = reference(big);
+    EXPECT_LT(max_rel_loss_diff(dist.losses, ref.losses), kLossRelTol);
+    EXPECT_LT(max_abs_diff(dist.params, ref.params), kParamAbsTol);
+  }
+}
+
+TEST(Parity, StagesAgreeWithEachOtherAcrossOptions) {
+  // Same ranks, same reduction order: stages and overlap/contiguous options
+  // change where grads live and when they move, not the arithmetic.
+  RunSpec base;
+  base.clip = 0.0;  // the norm is summed per shard in stages 1/2; without clipping it is not used
+  auto s0 = train(base, dp_group(), 8);
+  for (int stage : {1, 2})
+    for (bool overlap : {false, true})
+      for (bool contiguous : {false, true}) {
+        RunSpec s = base;
+        s.stage = stage, s.overlap = overlap, s.contiguous = contiguous;
+        SCOPED_TRACE("stage " + std::to_string(stage) + " overlap " + std::to_string(overlap) + " contiguous " +
+                     std::to_string(contiguous));
+        auto r = train(s, dp_group(), 8);
+        EXPECT_EQ(r.losses, s0.losses);
+        EXPECT_EQ(max_abs_diff(r.params, s0.params), 0.0);
+      }
+}
+
+TEST(Parity, OneHugeBucketAndTinyBuckets) {
+  // A param larger than the bucket gets a group of its own; one bucket holds everything.
+  for (int64_t bucket : {int64_t{100}, int64_t{1} << 30}) {
+    SCOPED_TRACE("bucket " + std::to_string(bucket));
+    RunSpec s;
+    s.stage = 2;
+    s.bucket = bucket;
+    auto dist = train(s, dp_group(), 10);
+    auto ref = reference(s, 10);
+    EXPECT_LT(max_rel_loss_diff(dist.losses, ref.losses), kLossRelTol);
+    EXPECT_LT(max_abs_diff(dist.params, ref.params), kParamAbsTol);
+  }
+}
+
+TEST(MixedPrecision, Bf16AndFp16TrackFp32) {
+  RunSpec s;
+  s.stage = 2;
+  auto fp32 = train(s, dp_group());
+  for (const char* dt : {"bf16", "fp16"}) {
+    SCOPED_TRACE(dt);
+    RunSpec m = s;
+    m.dtype = dt;
+    GptTrainer t(small_gpt(), make_config(m), corpus(), 7, world().comm(), dp_group());
+    RunResult r;
+    for (int i = 0; i < 20; ++i) r.losses.push_back(t.train_step().loss);
+    EXPECT_EQ(t.engine().skipped_steps(), 0);
+    // 16-bit params round each update to 8 (bf16) or 11 (fp16) mantissa bits;
+    // the loss curve stays within a few hundredths of fp32's over 20 steps.
+    double worst = 0;
+    for (size_t i = 0; i < r.losses.size(); ++i) worst = std::max(worst, std::fabs(r.losses[i] - fp32.losses[i]));
+    EXPECT_LT(worst, 0.05);
+    EXPECT_LT(r.losses.back(), r.losses.front() - 0.5);
+  }
+}
+
+// Formulas in Ψ (unpadded params); padding to 16·N elements per group stays
+// well under the 1% tolerance.
+TEST(Memory, ModelStateBytesMatchTheStageFormula) {
+  const double N = world().size();
+  for (const char* dt : {"fp32", "bf16"})
+    for (int stage : {0, 1, 2}) {
+      SCOPED_TRACE(std::string(dt) + " stage " + std::to_string(stage));
+      RunSpec s;
+      s.stage = stage;
+      s.dtype = dt;
+      GptTrainer t(small_gpt(), make_config(s), corpus(), 7, world().comm(), dp_group());
+      t.train_step();
+      const double psi = static_cast<double>(t.engine().num_params());
+      const double p = std::string(dt) == "fp32" ? 4 : 2;  // param and grad bytes
+      // fp32 master weights are the params themselves when training in fp32.
+      const double master = p == 4 ? 0 : 4;
+      double expect = 0;
+      switch (stage) {
+        case 0: expect = p * psi + p * psi + master * psi + 8 * psi; break;
+        case 1: expect = p * psi + p * psi + (p == 4 ? 0 : 4 * psi / N) + (master + 8) * psi / N; break;
+        case 2: expect = p * psi + 4 * psi / N + (master + 8) * psi / N; break;
+      }
+      const double got = static_cast<double>(t.engine().state_bytes().total());
+      EXPECT_NEAR(got / expect, 1.0, 0.01) << "got " << got << " expected " << expect;
+    }
+}
+
+TEST(Communication, BytesPerStepMatchTheFormula) {
+  for (const char* dt : {"fp32", "bf16"})
+    for (int stage : {0, 1, 2}) {
+      SCOPED_TRACE(std::string(dt) + " stage " + std::to_string(stage));
+      RunSpec s;
+      s.stage = stage;
+      s.dtype = dt;
+      GptTrainer t(small_gpt(), make_config(s), corpus(), 7, world().comm(), dp_group());
+      t.train_step();
+      auto r = t.train_step();
+      const double psi = static_cast<double>(t.engine().num_params());
+      const double e = std::string(dt) == "fp32" ? 4 : 2;
+      auto near = [&](const char* op, double want) {
+        const double got = static_cast<double>(r.comm[op].bytes);
+        EXPECT_NEAR(got / want, 1.0, 0.01) << op << ": " << got << " bytes, formula " << want;
+      };
+      if (stage == 0) {
+        near("all_reduce", e * psi);  // the grads, once
+        EXPECT_EQ(r.comm.count("reduce_scatter"), 0u);
+      } else {
+        near("reduce_scatter", e * psi);  // grads in
+        near("allgather", e * psi);       // updated params out
+        EXPECT_EQ(r.comm["reduce_scatter"].calls, r.comm["allgather"].calls);
+      }
+    }
+}
+
+// A module with a param that no forward uses, and an odd total size.
+struct WithUnused : torch::nn::Module {
+  WithUnused() {
+    at::manual_seed(3);
+    used = register_parameter("used", at::randn({13, 7}));
+    unused = register_parameter("unused", at::randn({5}));
+    bias = register_parameter("bias", at::randn({7}));
+  }
+  at::Tensor loss(const at::Tensor& x) {
+    return (at::matmul(x, zero::compute(used)) + zero::compute(bias)).pow(2).mean();
+  }
+  at::Tensor used, unused, bias;
+};
+
+TEST(Robustness, UnusedParamsAndOddSizesTrain) {
+  for (int stage : {0, 1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                  {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
+                                  {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 6}}}});
+    WithUnused m, ref;
+    zero::Engine e(m, cfg, world().comm(), dp_group());
+    zero::Engine er(ref, cfg, world().comm(), solo_group());  // reference: the whole batch here
+    const auto unused_before = m.unused.clone();
+    for (int step = 0; step < 5; ++step) {
+      at::manual_seed(100 + step);
+      auto x = at::randn({4 * world().size(), 13});
+      e.backward(m.loss(x.narrow(0, 4 * dp_group()->rank(), 4)));
+      e.step();
+      er.backward(ref.loss(x));
+      er.step();
+    }
+    EXPECT_TRUE(at::allclose(m.used, ref.used, 0, 1e-5));
+    EXPECT_TRUE(at::allclose(m.bias, ref.bias, 0, 1e-5));
+    // No grad ever reached it: Adam with zero grads and no weight decay leaves it.
+    EXPECT_TRUE(m.unused.equal(unused_before));
+  }
+}
+
+TEST(MixedPrecision, Fp16OverflowSkipsTheStepOnAllRanks) {
+  for (int stage : {0, 1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                  {"fp16", {{"enabled", true}, {"initial_scale_power", 8}, {"hysteresis", 1}}},
+                                  {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                                  {"zero_optimization", {{"stage", stage}}}});
+    WithUnused m;
+    zero::Engine e(m, cfg, world().comm(), dp_group());
+    auto x = at::randn({4, 13});
+    e.backward(m.loss(x));
+    EXPECT_TRUE(e.step());
+    const auto before = m.used.clone();
+    // Only rank 0's grads overflow; every rank must skip.
+    auto loss = m.loss(x);
+    if (dp_group()->rank() == 0) loss = loss * std::numeric_limits<float>::infinity();
+    e.backward(loss);
+    EXPECT_FALSE(e.step());
+    EXPECT_EQ(e.skipped_steps(), 1);
+    EXPECT_EQ(e.loss_scale(), 128.0);  // 2^8 halved
+    EXPECT_TRUE(m.used.equal(before));
+    e.backward(m.loss(x));
+    EXPECT_TRUE(e.step());
+    EXPECT_EQ(e.global_steps(), 2);
+  }
+}
+
+TEST(BadInput, ClearErrors) {
+  auto expect_msg = [](auto&& fn, const std::string& part) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  WithUnused m;
+  auto opt = nlohmann::json{{"type", "AdamW"}};
+  expect_msg([&] {
+    zero::Engine(m, Config::from_json({{"train_batch_size", world().size() + 1}, {"optimizer", opt}}), world().comm(),
+                 dp_group());
+  }, "not divisible by the data-parallel size");
+  expect_msg([&] {
+    zero::Engine(m, Config::from_json({{"train_batch_size", 8}, {"optimizer", opt}, {"zero_optimization", {{"stage", 3}}}}),
+                 world().comm(), dp_group());
+  }, "stage = 3 is not available yet");
+  expect_msg([&] {
+    torch::nn::Module empty;
+    zero::Engine(empty, Config::from_json({{"train_batch_size", 8}, {"optimizer", opt}}), world().comm(), dp_group());
+  }, "no trainable parameters");
+  expect_msg([&] { zero::Engine(m, Config::from_json({{"train_batch_size", 8}}), world().comm(), dp_group()); },
+             "\"optimizer\" block is required");
+}
+
+}  // namespace
