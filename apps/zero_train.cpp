@@ -10,6 +10,7 @@
 // "step" record per optimizer step. Their field names are stable.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -131,6 +132,8 @@ int main(int argc, char** argv) {
           {"config", config.to_json()}});
 
     const auto start = std::chrono::steady_clock::now();
+    std::vector<double> step_ms;
+    double last_loss = 0.0;
     const int64_t print_every = std::max<int64_t>(1, std::min<int64_t>(config.steps_per_print, 10));
     for (int64_t s = 1; s <= args.steps; ++s) {
       auto r = trainer.train_step();
@@ -146,6 +149,8 @@ int main(int argc, char** argv) {
             {"peak_rss_bytes", peak_rss_bytes()},
             {"model_state_bytes", r.model_state_bytes},
             {"comm", comm_json(r.comm)}});
+      step_ms.push_back(r.step_ms);
+      last_loss = r.loss;
       if (lead && (s % print_every == 0 || s == 1 || s == args.steps)) {
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         std::fprintf(stderr, "step %5lld/%lld  loss %.4f  lr %.2e  %s%.0f tok/s  %.0f ms/step  ETA %.0f s\n",
@@ -154,6 +159,20 @@ int main(int argc, char** argv) {
                      elapsed / s * (args.steps - s));
       }
     }
+    // One closing record for scripts and benchmarks: the median step time
+    // leaves out the first two steps (allocation and warm-up).
+    std::vector<double> steady(step_ms.begin() + std::min<size_t>(2, step_ms.size() / 2), step_ms.end());
+    std::sort(steady.begin(), steady.end());
+    const double median_ms = steady.empty() ? 0.0 : steady[steady.size() / 2];
+    const auto& b = engine.batch();
+    emit({{"event", "summary"},
+          {"steps", args.steps},
+          {"final_loss", last_loss},
+          {"median_step_ms", median_ms},
+          {"tokens_per_s", median_ms > 0 ? b.train_batch_size * args.model.seq_len / (median_ms / 1000.0) : 0.0},
+          {"peak_rss_bytes", peak_rss_bytes()},
+          {"model_state_bytes", engine.state_bytes().total()},
+          {"skipped_steps", engine.skipped_steps()}});
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero-train: %s\n", e.what());

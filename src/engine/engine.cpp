@@ -8,6 +8,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/module.h>
@@ -77,6 +78,7 @@ struct Engine::Impl {
         grad_dtype(to_scalar_type(c.grad_accum_dtype.value_or(c.param_dtype()))),
         scaler(c.fp16) {
     validate();
+    optim::set_kernel_threads(at::get_num_threads());
     batch = config.resolve_batch(dp.size());
     build_groups(model);
     reducer = std::make_shared<GradReducer>(

@@ -13,6 +13,8 @@ namespace {
 // to balance. Multiple of 64 so chunks stay vector-aligned.
 constexpr int64_t kChunk = 1 << 16;
 
+int g_threads = 0;  // 0: OpenMP's default
+
 inline uint32_t bits_of(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -111,7 +113,8 @@ void parallel_chunks(int64_t n, F&& fn) {
     fn(0, n);
     return;
   }
-#pragma omp parallel for schedule(static)
+  const int threads = g_threads > 0 ? g_threads : omp_get_max_threads();
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t lo = c * kChunk;
     fn(lo, std::min(n, lo + kChunk) - lo);
@@ -146,6 +149,8 @@ void downcast(const float* src, void* dst, int64_t n, Out16 kind) {
   auto* o = static_cast<uint16_t*>(dst);
   parallel_chunks(n, [&](int64_t lo, int64_t len) { downcast_chunk(src + lo, o + lo, len, kind); });
 }
+
+void set_kernel_threads(int n) { g_threads = n; }
 
 const char* kernel_isa() {
   __builtin_cpu_init();

@@ -47,6 +47,10 @@ void sgd_update(float* p, const float* grad, float* momentum_buf, int64_t n, con
 // Casts n fp32 values to bf16/fp16 (round to nearest even), as the kernels do.
 void downcast(const float* src, void* dst, int64_t n, Out16 kind);
 
+// Threads the kernels use (default: OpenMP's). The engine sets libtorch's
+// intra-op thread count, so the optimizer and the model's math share one setting.
+void set_kernel_threads(int n);
+
 // Which instruction set the kernels run with on this CPU ("avx512f", "avx2", "baseline").
 const char* kernel_isa();
 

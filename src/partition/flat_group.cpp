@@ -15,7 +15,9 @@ at::Tensor param_view(const at::Tensor& flat, const ParamSlot& s, const at::Tens
 
 void flatten_into_group(FlatGroup& g, at::ScalarType dtype) {
   at::NoGradGuard no_grad;
-  g.param_flat = at::zeros({g.layout.padded_numel}, g.params.front().options().dtype(dtype));
+  // Every element is written below except the padding tail: zero only that.
+  g.param_flat = at::empty({g.layout.padded_numel}, g.params.front().options().dtype(dtype));
+  g.param_flat.narrow(0, g.layout.numel, g.layout.padded_numel - g.layout.numel).zero_();
   for (size_t i = 0; i < g.params.size(); ++i) {
     at::Tensor& p = g.params[i];
     at::Tensor view = param_view(g.param_flat, g.layout.params[i], p);
