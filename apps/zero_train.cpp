@@ -99,6 +99,13 @@ int main(int argc, char** argv) {
   Args args = parse(argc, argv);
   try {
     auto config = zero::Config::from_file(args.config);
+    // A DeepSpeed config may leave the optimizer to the training script;
+    // this script's choice is AdamW at DeepSpeed's default hyperparameters.
+    const bool default_optimizer = !config.optimizer.given;
+    if (default_optimizer) {
+      config.optimizer.given = true;
+      config.optimizer.type = zero::OptimizerType::AdamW;
+    }
     auto world = zero::init_distributed();
     const bool lead = world->rank() == 0;
     auto corpus = zero::data::ByteCorpus::load(args.data);
@@ -116,6 +123,9 @@ int main(int argc, char** argv) {
       if (log) *log << j.dump() << "\n" << std::flush;
     };
     if (lead) {
+      if (default_optimizer)
+        std::fprintf(stderr, "no \"optimizer\" in %s: using AdamW (lr %.0e, DeepSpeed's defaults)\n",
+                     args.config.c_str(), config.optimizer.lr);
       std::fprintf(stderr, "%s\n%s\ndata: %s (%lld bytes)\n", args.model.describe().c_str(),
                    engine.describe().c_str(), corpus.source().c_str(), static_cast<long long>(corpus.size()));
     }

@@ -70,6 +70,7 @@ struct Engine::Impl {
   int64_t optimizer_steps = 0;   // updates applied (bias correction / momentum start)
   int64_t scheduler_iter = -1;   // DeepSpeed's last_batch_iteration
   double last_grad_norm = 0.0;
+  int64_t largest_group_bytes = 0;  // the flatten's extra peak over the model itself
 
   Impl(torch::nn::Module& model, const Config& c, comm::Comm& cm, std::shared_ptr<comm::Group> owner,
        const comm::Group& group)
@@ -135,6 +136,7 @@ struct Engine::Impl {
       }
       g.layout = partition::make_group_layout(numels, bucket, dp.size(), kAlignElements);
       partition::flatten_into_group(g, at::kFloat);
+      largest_group_bytes = std::max(largest_group_bytes, g.layout.padded_numel * 4);
       // Every rank starts from rank 0's weights (as DeepSpeed's engine does).
       comm.broadcast(dp, g.param_flat, 0)->wait();
       setup_precision_and_state(g);
@@ -311,7 +313,9 @@ std::string Engine::describe() const {
      << m.groups.size() << " flat groups (" << padded << " padded), params " << c10::toString(m.param_dtype)
      << ", grads " << c10::toString(m.grad_dtype) << ", " << to_string(m.config.optimizer.type)
      << " kernel " << optim::kernel_isa() << ", micro-batch " << m.batch.micro_batch_per_gpu
-     << " x accumulation " << m.batch.gradient_accumulation_steps << " x dp " << m.dp.size();
+     << " x accumulation " << m.batch.gradient_accumulation_steps << " x dp " << m.dp.size()
+     << "; init flattened params in place, group by group (peak over the model: largest group, "
+     << m.largest_group_bytes / (1 << 20) << " MiB)";
   return os.str();
 }
 
