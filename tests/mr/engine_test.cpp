@@ -197,58 +197,58 @@ TEST(MixedPrecision, Bf16AndFp16TrackFp32) {
   }
 }
 
+// Trains the small GPT for two steps at fp32 and bf16, stages 0/1/2, and
+// hands `check` the trainer, the last step's record and the 16/32-bit width.
+template <typename Check>
+void for_each_dtype_and_stage(Check&& check) {
+  for (const char* dt : {"fp32", "bf16"})
+    for (int stage : {0, 1, 2}) {
+      SCOPED_TRACE(std::string(dt) + " stage " + std::to_string(stage));
+      RunSpec s;
+      s.stage = stage;
+      s.dtype = dt;
+      GptTrainer t(small_gpt(), make_config(s), corpus(), 7, world().comm(), dp_group());
+      t.train_step();
+      const auto last = t.train_step();
+      check(t, last, stage, std::string(dt) == "fp32" ? 4.0 : 2.0);
+    }
+}
+
 // Formulas in Ψ (unpadded params); padding to 16·N elements per group stays
 // well under the 1% tolerance.
 TEST(Memory, ModelStateBytesMatchTheStageFormula) {
   const double N = world().size();
-  for (const char* dt : {"fp32", "bf16"})
-    for (int stage : {0, 1, 2}) {
-      SCOPED_TRACE(std::string(dt) + " stage " + std::to_string(stage));
-      RunSpec s;
-      s.stage = stage;
-      s.dtype = dt;
-      GptTrainer t(small_gpt(), make_config(s), corpus(), 7, world().comm(), dp_group());
-      t.train_step();
-      const double psi = static_cast<double>(t.engine().num_params());
-      const double p = std::string(dt) == "fp32" ? 4 : 2;  // param and grad bytes
-      // fp32 master weights are the params themselves when training in fp32.
-      const double master = p == 4 ? 0 : 4;
-      double expect = 0;
-      switch (stage) {
-        case 0: expect = p * psi + p * psi + master * psi + 8 * psi; break;
-        case 1: expect = p * psi + p * psi + (p == 4 ? 0 : 4 * psi / N) + (master + 8) * psi / N; break;
-        case 2: expect = p * psi + 4 * psi / N + (master + 8) * psi / N; break;
-      }
-      const double got = static_cast<double>(t.engine().state_bytes().total());
-      EXPECT_NEAR(got / expect, 1.0, 0.01) << "got " << got << " expected " << expect;
+  for_each_dtype_and_stage([&](GptTrainer& t, const zero::train::StepRecord&, int stage, double p) {
+    const double psi = static_cast<double>(t.engine().num_params());
+    // p: param and grad bytes. In fp32 the master weights are the params themselves.
+    const double master = p == 4 ? 0 : 4;
+    double expect = 0;
+    switch (stage) {
+      case 0: expect = p * psi + p * psi + master * psi + 8 * psi; break;
+      case 1: expect = p * psi + p * psi + (p == 4 ? 0 : 4 * psi / N) + (master + 8) * psi / N; break;
+      case 2: expect = p * psi + 4 * psi / N + (master + 8) * psi / N; break;
     }
+    const double got = static_cast<double>(t.engine().state_bytes().total());
+    EXPECT_NEAR(got / expect, 1.0, 0.01) << "got " << got << " expected " << expect;
+  });
 }
 
 TEST(Communication, BytesPerStepMatchTheFormula) {
-  for (const char* dt : {"fp32", "bf16"})
-    for (int stage : {0, 1, 2}) {
-      SCOPED_TRACE(std::string(dt) + " stage " + std::to_string(stage));
-      RunSpec s;
-      s.stage = stage;
-      s.dtype = dt;
-      GptTrainer t(small_gpt(), make_config(s), corpus(), 7, world().comm(), dp_group());
-      t.train_step();
-      auto r = t.train_step();
-      const double psi = static_cast<double>(t.engine().num_params());
-      const double e = std::string(dt) == "fp32" ? 4 : 2;
-      auto near = [&](const char* op, double want) {
-        const double got = static_cast<double>(r.comm[op].bytes);
-        EXPECT_NEAR(got / want, 1.0, 0.01) << op << ": " << got << " bytes, formula " << want;
-      };
-      if (stage == 0) {
-        near("all_reduce", e * psi);  // the grads, once
-        EXPECT_EQ(r.comm.count("reduce_scatter"), 0u);
-      } else {
-        near("reduce_scatter", e * psi);  // grads in
-        near("allgather", e * psi);       // updated params out
-        EXPECT_EQ(r.comm["reduce_scatter"].calls, r.comm["allgather"].calls);
-      }
+  for_each_dtype_and_stage([&](GptTrainer& t, const zero::train::StepRecord& r, int stage, double e) {
+    const double psi = static_cast<double>(t.engine().num_params());
+    auto near = [&](const char* op, double want) {
+      const double got = r.comm.count(op) ? static_cast<double>(r.comm.at(op).bytes) : 0.0;
+      EXPECT_NEAR(got / want, 1.0, 0.01) << op << ": " << got << " bytes, formula " << want;
+    };
+    if (stage == 0) {
+      near("all_reduce", e * psi);  // the grads, once
+      EXPECT_EQ(r.comm.count("reduce_scatter"), 0u);
+    } else {
+      near("reduce_scatter", e * psi);  // grads in
+      near("allgather", e * psi);       // updated params out
+      EXPECT_EQ(r.comm.at("reduce_scatter").calls, r.comm.at("allgather").calls);
     }
+  });
 }
 
 // A module with a param that no forward uses, and an odd total size.
