@@ -16,10 +16,13 @@
 // master weights sharded, grads reduce-scattered at the boundary. Stage 2:
 // also grads sharded, reduce-scattered per group as soon as the group's grads
 // are ready during backward. After a step the updated shards are all-gathered
-// into the params. With bf16/fp16 the params, grads and communication are
-// 16-bit and the master weights and optimizer state fp32.
+// into the params. Stage 3: params sharded too, gathered per zero::Unit
+// around its forward and backward (see zero/unit.h). With bf16/fp16 the
+// params, grads and communication are 16-bit and the master weights and
+// optimizer state fp32.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -80,6 +83,15 @@ class Engine {
   int64_t num_params() const;     // trainable elements (unpadded)
   StateBytes state_bytes() const; // what this rank holds now
   std::string describe() const;   // groups, sizes, stage, dtypes (one paragraph)
+  // Stage 3: the most param elements of non-persistent units gathered at
+  // once so far (what stage3_max_live_parameters bounds); 0 otherwise.
+  int64_t peak_live_params() const;
+  // Stage 3: padded elements of the groups that stay gathered (root unit and
+  // units under stage3_param_persistence_threshold); 0 otherwise.
+  int64_t persistent_params() const;
+  // Every trainable param in fp32 by name (a copy). Under stage 3 this
+  // gathers each unit in turn: every rank must call it.
+  std::map<std::string, at::Tensor> full_parameters();
 
   struct Impl;
 

@@ -3,9 +3,11 @@
 // update, all-gather). Backward-time reduction lives in zero/grad_reducer.
 #include "zero/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <ATen/Parallel.h>
@@ -18,6 +20,8 @@
 #include "optim/lr_schedule.h"
 #include "partition/flat_group.h"
 #include "zero/grad_reducer.h"
+#include "zero/stage3.h"
+#include "zero/unit.h"
 
 namespace zero {
 
@@ -62,6 +66,9 @@ struct Engine::Impl {
   at::ScalarType grad_dtype;
   std::vector<partition::FlatGroup> groups;
   std::shared_ptr<GradReducer> reducer;
+  std::unique_ptr<Stage3Runtime> stage3;   // stage 3 only
+  std::vector<UnitBase*> units;            // stage 3: the model's units, attached to `stage3`
+  std::string init_note;                   // what init did, for describe()
   optim::LossScaler scaler;
   int64_t num_params = 0;
   int64_t micro_steps = 0;
@@ -81,31 +88,35 @@ struct Engine::Impl {
     validate();
     optim::set_kernel_threads(at::get_num_threads());
     batch = config.resolve_batch(dp.size());
-    build_groups(model);
-    reducer = std::make_shared<GradReducer>(
-        groups, comm, dp,
-        ReducerOptions{stage, config.zero.overlap_comm(), config.zero.contiguous_gradients, grad_dtype});
+    ReducerOptions ro{stage, config.zero.overlap_comm(), config.zero.contiguous_gradients, grad_dtype, nullptr};
+    if (stage == 3) {
+      build_unit_groups(model);
+      ro.on_group_complete = [this](size_t g) { stage3->on_grads_complete(g); };
+    } else {
+      build_groups(model);
+    }
+    reducer = std::make_shared<GradReducer>(groups, comm, dp, ro);
     reducer->install_hooks();
   }
 
+  ~Impl() {
+    for (auto* u : units) u->attach(nullptr, 0);  // the model may outlive the engine
+  }
+
   void validate() const {
-    if (stage == 3)
-      throw ConfigError("ds_config: zero_optimization.stage = 3 is not available yet in zero-cpp (stages 0, 1, 2 are)");
     if (!config.optimizer.given)
       throw ConfigError("ds_config: an \"optimizer\" block is required (Adam, AdamW or SGD)");
     if (to_scalar_type(config.comm_dtype()) != grad_dtype)
       throw ConfigError(std::string("ds_config: communication_data_type = ") + to_string(config.comm_dtype()) +
                         " differs from the grad dtype (" + c10::toString(grad_dtype) +
                         "); zero-cpp communicates grads in their accumulation dtype");
-    if (config.zero.offload_param.device != OffloadDevice::None)
-      throw ConfigError("ds_config: zero_optimization.offload_param needs stage 3");
   }
 
   // Params in reverse registration order (about the order backward produces
   // their grads), bucketed by reduce_bucket_size, each bucket flattened in place.
-  void build_groups(torch::nn::Module& model) {
-    std::vector<at::Tensor> params;
-    std::vector<std::string> names;
+  // The model's trainable params in registration order (shared ones once).
+  static void trainable_params(torch::nn::Module& model, std::vector<at::Tensor>& params,
+                               std::vector<std::string>& names) {
     std::unordered_set<const void*> seen;
     for (const auto& item : model.named_parameters(/*recurse=*/true)) {
       const at::Tensor& p = item.value();
@@ -119,6 +130,103 @@ struct Engine::Impl {
       names.push_back(item.key());
     }
     if (params.empty()) throw std::invalid_argument("zero::Engine: the model has no trainable parameters");
+  }
+
+  // Flattens one group (params given by index) in place, syncs it from rank
+  // 0 and sets up its precision and optimizer state.
+  partition::FlatGroup make_group(const std::vector<at::Tensor>& params, const std::vector<std::string>& names,
+                                  const std::vector<int64_t>& members) {
+    partition::FlatGroup g;
+    std::vector<int64_t> numels;
+    for (int64_t i : members) {
+      numels.push_back(params[i].numel());
+      g.params.push_back(params[i]);
+      g.names.push_back(names[i]);
+    }
+    g.layout = partition::make_group_layout(numels, members, dp.size(), kAlignElements);
+    partition::flatten_into_group(g, at::kFloat);
+    largest_group_bytes = std::max(largest_group_bytes, g.layout.padded_numel * 4);
+    // Every rank starts from rank 0's weights (as DeepSpeed's engine does).
+    comm.broadcast(dp, g.param_flat, 0)->wait();
+    setup_precision_and_state(g);
+    return g;
+  }
+
+  // Stage 3: one group per zero::Unit, in reverse registration order (about
+  // backward order), then the root unit: params outside every unit or
+  // shared by several. The root, and units under the persistence
+  // threshold, stay gathered.
+  void build_unit_groups(torch::nn::Module& model) {
+    std::vector<at::Tensor> params;
+    std::vector<std::string> names;
+    trainable_params(model, params, names);
+    std::unordered_map<const void*, int64_t> index_of;
+    for (size_t i = 0; i < params.size(); ++i) index_of[params[i].unsafeGetTensorImpl()] = static_cast<int64_t>(i);
+
+    for (const auto& m : model.modules(/*include_self=*/false))
+      if (auto* u = dynamic_cast<UnitBase*>(m.get())) units.push_back(u);
+    if (dynamic_cast<UnitBase*>(&model))
+      throw std::invalid_argument("zero::Engine: the root model is itself a zero::Unit; wrap its blocks instead");
+    std::vector<std::vector<int64_t>> unit_params(units.size());
+    std::vector<int> owners(params.size(), 0);
+    for (size_t u = 0; u < units.size(); ++u) {
+      for (const auto& sub : units[u]->modules(/*include_self=*/false))
+        if (dynamic_cast<UnitBase*>(sub.get()))
+          throw std::invalid_argument("zero::Engine: nested zero::Unit inside a unit is not supported");
+      std::unordered_set<int64_t> mine;
+      for (const auto& p : units[u]->parameters(/*recurse=*/true)) {
+        auto it = index_of.find(p.unsafeGetTensorImpl());
+        if (it != index_of.end() && mine.insert(it->second).second) {
+          unit_params[u].push_back(it->second);
+          ++owners[it->second];
+        }
+      }
+    }
+    std::vector<int64_t> root;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (owners[i] != 1) root.push_back(static_cast<int64_t>(i));
+
+    std::vector<size_t> unit_to_group(units.size(), 0);
+    std::vector<bool> persistent;
+    for (size_t k = units.size(); k-- > 0;) {
+      std::vector<int64_t> members;
+      for (int64_t i : unit_params[k])
+        if (owners[i] == 1) members.push_back(i);
+      if (members.empty()) continue;  // all its params are shared: they live in the root
+      int64_t numel = 0;
+      for (int64_t i : members) numel += params[i].numel();
+      unit_to_group[k] = groups.size();
+      persistent.push_back(numel < config.zero.param_persistence_threshold);
+      groups.push_back(make_group(params, names, members));
+      if (!persistent.back()) Stage3Runtime::release_storage(groups.back());
+      num_params += numel;
+    }
+    const size_t root_group = groups.size();
+    if (!root.empty()) {
+      for (int64_t i : root) num_params += params[i].numel();
+      persistent.push_back(true);
+      groups.push_back(make_group(params, names, root));
+    }
+    // Units whose params all live in the root use the root's group.
+    for (size_t k = 0; k < units.size(); ++k)
+      if (unit_params[k].empty() || std::none_of(unit_params[k].begin(), unit_params[k].end(),
+                                                 [&](int64_t i) { return owners[i] == 1; }))
+        unit_to_group[k] = root_group;
+    stage3 = std::make_unique<Stage3Runtime>(groups, persistent, unit_to_group, comm, dp);
+    for (size_t k = 0; k < units.size(); ++k) units[k]->attach(stage3.get(), k);
+    int persistent_groups = 0;
+    for (bool p : persistent) persistent_groups += p;
+    init_note = units.empty()
+                    ? "no zero::Unit in the model: all params form the root unit and stay gathered "
+                      "(stage 3 then shards grads and optimizer state only)"
+                    : std::to_string(units.size()) + " units; " + std::to_string(persistent_groups) +
+                          " persistent groups (root + units under stage3_param_persistence_threshold)";
+  }
+
+  void build_groups(torch::nn::Module& model) {
+    std::vector<at::Tensor> params;
+    std::vector<std::string> names;
+    trainable_params(model, params, names);
 
     std::vector<int64_t> order_numels, order_indices;
     for (int64_t i = static_cast<int64_t>(params.size()) - 1; i >= 0; --i) {
@@ -126,22 +234,8 @@ struct Engine::Impl {
       order_indices.push_back(i);
       num_params += params[i].numel();
     }
-    for (const auto& bucket : partition::bucket_params(order_numels, order_indices, config.zero.reduce_bucket_size)) {
-      partition::FlatGroup g;
-      std::vector<int64_t> numels;
-      for (int64_t i : bucket) {
-        numels.push_back(params[i].numel());
-        g.params.push_back(params[i]);
-        g.names.push_back(names[i]);
-      }
-      g.layout = partition::make_group_layout(numels, bucket, dp.size(), kAlignElements);
-      partition::flatten_into_group(g, at::kFloat);
-      largest_group_bytes = std::max(largest_group_bytes, g.layout.padded_numel * 4);
-      // Every rank starts from rank 0's weights (as DeepSpeed's engine does).
-      comm.broadcast(dp, g.param_flat, 0)->wait();
-      setup_precision_and_state(g);
-      groups.push_back(std::move(g));
-    }
+    for (const auto& bucket : partition::bucket_params(order_numels, order_indices, config.zero.reduce_bucket_size))
+      groups.push_back(make_group(params, names, bucket));
   }
 
   void setup_precision_and_state(partition::FlatGroup& g) {
@@ -149,7 +243,10 @@ struct Engine::Impl {
     const bool sharded = stage >= 1;
     at::Tensor fp32_view = sharded ? g.own_slot(g.param_flat, dp.rank()) : g.param_flat;
     if (param_dtype == at::kFloat) {
-      g.master = fp32_view;  // the optimizer updates the params in place
+      // The optimizer updates the params in place: the flat buffer itself,
+      // or in stage 3 the shard a rank keeps at rest.
+      if (stage == 3) g.param_shard = fp32_view.clone();
+      g.master = stage == 3 ? g.param_shard : fp32_view;
     } else {
       g.master = fp32_view.clone();
       at::Tensor low = g.param_flat.to(param_dtype);
@@ -158,6 +255,7 @@ struct Engine::Impl {
         g.params[i].set_data(low.narrow(0, s.offset, s.numel).view(g.params[i].sizes()));
       }
       g.param_flat = low;  // the fp32 flat buffer is released here
+      if (stage == 3) g.param_shard = g.own_slot(low, dp.rank()).clone();
     }
     g.exp_avg = at::zeros_like(g.master);
     if (config.optimizer.type != OptimizerType::SGD) g.exp_avg_sq = at::zeros_like(g.master);
@@ -208,7 +306,9 @@ struct Engine::Impl {
     const double lr = current_lr();
     ++optimizer_steps;
     for (size_t i = 0; i < groups.size(); ++i) update_group(groups[i], grads[i], lr, grad_scale);
-    if (stage >= 1) {
+    if (stage == 3) {
+      stage3->after_step();  // the rest is gathered when next used
+    } else if (stage >= 1) {
       std::vector<comm::WorkHandle> works;
       for (auto& g : groups) works.push_back(comm.all_gather(dp, g.param_flat, g.own_slot(g.param_flat, dp.rank())));
       for (auto& w : works) w->wait();
@@ -225,7 +325,7 @@ struct Engine::Impl {
     void* out16 = nullptr;
     const auto kind = out16_kind(param_dtype);
     if (kind != optim::Out16::None)
-      out16 = (stage == 0 ? g.param_flat : g.own_slot(g.param_flat, dp.rank())).data_ptr();
+      out16 = (stage == 0 ? g.param_flat : stage == 3 ? g.param_shard : g.own_slot(g.param_flat, dp.rank())).data_ptr();
     const auto& o = config.optimizer;
     if (o.type == OptimizerType::SGD) {
       optim::SgdHyper h{static_cast<float>(lr), static_cast<float>(o.momentum), static_cast<float>(o.dampening),
@@ -251,10 +351,11 @@ struct Engine::Impl {
   StateBytes state_bytes() const {
     StateBytes b;
     for (const auto& g : groups) {
-      b.params += storage_bytes(g.param_flat);
+      b.params += storage_bytes(g.param_flat) + storage_bytes(g.param_shard);
       b.grads += storage_bytes(g.grad_flat);
       if (!same_storage(g.grad_shard, g.grad_flat)) b.grads += storage_bytes(g.grad_shard);
-      if (!same_storage(g.master, g.param_flat)) b.master += storage_bytes(g.master);
+      if (!same_storage(g.master, g.param_flat) && !same_storage(g.master, g.param_shard))
+        b.master += storage_bytes(g.master);
       b.optimizer += storage_bytes(g.exp_avg) + storage_bytes(g.exp_avg_sq);
     }
     return b;
@@ -285,6 +386,7 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
     throw;
   }
   m.reducer->end_backward();
+  if (m.stage3) m.stage3->after_backward();
   return loss.detach() / gas;
 }
 
@@ -304,6 +406,28 @@ comm::Comm& Engine::comm() { return impl_->comm; }
 int64_t Engine::num_params() const { return impl_->num_params; }
 StateBytes Engine::state_bytes() const { return impl_->state_bytes(); }
 
+int64_t Engine::persistent_params() const {
+  int64_t n = 0;
+  for (size_t gi = 0; gi < impl_->groups.size(); ++gi)
+    if (impl_->stage3 && impl_->stage3->persistent(gi)) n += impl_->groups[gi].layout.padded_numel;
+  return n;
+}
+
+int64_t Engine::peak_live_params() const { return impl_->stage3 ? impl_->stage3->peak_live_elements() : 0; }
+
+std::map<std::string, at::Tensor> Engine::full_parameters() {
+  auto& m = *impl_;
+  std::map<std::string, at::Tensor> out;
+  for (size_t gi = 0; gi < m.groups.size(); ++gi) {
+    const bool gather = m.stage3 && !m.stage3->gathered(gi);
+    if (gather) m.stage3->gather(gi);
+    const auto& g = m.groups[gi];
+    for (size_t i = 0; i < g.params.size(); ++i) out[g.names[i]] = g.params[i].detach().to(at::kFloat).clone();
+    if (gather) m.stage3->release(gi);
+  }
+  return out;
+}
+
 std::string Engine::describe() const {
   const auto& m = *impl_;
   int64_t padded = 0;
@@ -314,6 +438,7 @@ std::string Engine::describe() const {
      << ", grads " << c10::toString(m.grad_dtype) << ", " << to_string(m.config.optimizer.type)
      << " kernel " << optim::kernel_isa() << ", micro-batch " << m.batch.micro_batch_per_gpu
      << " x accumulation " << m.batch.gradient_accumulation_steps << " x dp " << m.dp.size()
+     << (m.init_note.empty() ? "" : "; " + m.init_note)
      << "; init flattened params in place, group by group (peak over the model: largest group, "
      << m.largest_group_bytes / (1 << 20) << " MiB)";
   return os.str();

@@ -74,7 +74,7 @@ GPTImpl::GPTImpl(const GPTConfig& c) : cfg_(c) {
   if (c.d_model % c.n_head) throw std::invalid_argument("GPT: d_model must be divisible by n_head");
   wte_ = register_parameter("wte", normal({c.vocab, c.d_model}, 0.02));
   wpe_ = register_parameter("wpe", normal({c.seq_len, c.d_model}, 0.01));
-  for (int64_t i = 0; i < c.n_layer; ++i) blocks_.push_back(register_module("h" + std::to_string(i), Block(c)));
+  for (int64_t i = 0; i < c.n_layer; ++i) blocks_.push_back(register_module("h" + std::to_string(i), zero::Unit<Block>(c)));
   lnf_w_ = register_parameter("ln_f_weight", at::ones({c.d_model}));
   lnf_b_ = register_parameter("ln_f_bias", at::zeros({c.d_model}));
   if (!c.tied_head) head_w_ = register_parameter("head_weight", normal({c.vocab, c.d_model}, 0.02));

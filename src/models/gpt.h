@@ -1,6 +1,6 @@
 // The bundled GPT: a pre-LN decoder (token + position embeddings, causal
 // self-attention, GELU MLP, tied or untied head) over byte tokens, so no
-// tokenizer is needed. Params are used through zero::compute(), so the model
+// tokenizer is needed. Each block is a zero::Unit. Params are used through zero::compute(), so the model
 // trains with 16-bit storage and fp32 compute under bf16/fp16 configs.
 #pragma once
 
@@ -10,6 +10,8 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
+
+#include "zero/unit.h"
 
 namespace zero::models {
 
@@ -49,7 +51,7 @@ class GPTImpl : public torch::nn::Module {
  private:
   GPTConfig cfg_;
   at::Tensor wte_, wpe_, lnf_w_, lnf_b_, head_w_;
-  std::vector<Block> blocks_;
+  std::vector<zero::Unit<Block>> blocks_;  // stage 3 gathers and releases each block as a unit
 };
 TORCH_MODULE(GPT);
 

@@ -1,7 +1,5 @@
 #include "partition/flat_group.h"
 
-#include <set>
-
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -36,16 +34,6 @@ void FlatGroup::attach_grads() const {
 
 void FlatGroup::detach_grads() const {
   for (const auto& p : params) p.mutable_grad() = at::Tensor();
-}
-
-int64_t resident_bytes(const FlatGroup& g) {
-  std::set<const void*> seen;
-  int64_t total = 0;
-  for (const at::Tensor* t : {&g.param_flat, &g.grad_flat, &g.grad_shard, &g.master, &g.exp_avg, &g.exp_avg_sq}) {
-    if (!t->defined() || t->storage().nbytes() == 0) continue;
-    if (seen.insert(t->storage().unsafeGetStorageImpl()).second) total += static_cast<int64_t>(t->storage().nbytes());
-  }
-  return total;
 }
 
 }  // namespace zero::partition

@@ -19,6 +19,7 @@ struct FlatGroup {
   std::vector<std::string> names;
 
   at::Tensor param_flat;  // [padded_numel], param dtype; params are views into it
+  at::Tensor param_shard; // stage 3: [shard_numel], param dtype, this rank's params at rest
   at::Tensor grad_flat;   // [padded_numel], grad dtype; resident or transient by stage
   at::Tensor grad_shard;  // [shard_numel] fp32 reduced grads (stages 1/2); may alias grad_flat
   at::Tensor master;      // fp32 weights the optimizer updates: this rank's shard, or all (stage 0)
@@ -40,8 +41,5 @@ struct FlatGroup {
 // one param at a time, each original freed as soon as it is copied: the
 // peak is the model plus this one group, never a second model.
 void flatten_into_group(FlatGroup& g, at::ScalarType dtype);
-
-// Bytes of every tensor the group holds now (shared storages counted once).
-int64_t resident_bytes(const FlatGroup& g);
 
 }  // namespace zero::partition

@@ -59,7 +59,7 @@ void GradReducer::install_hooks() {
   for (size_t gi = 0; gi < groups_.size(); ++gi)
     for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
       auto acc = torch::autograd::impl::grad_accumulator(groups_[gi].params[pi]);
-      if (opts_.stage == 2 && opts_.contiguous_gradients)
+      if (opts_.stage >= 2 && opts_.contiguous_gradients)
         acc->add_pre_hook(std::make_unique<BeforeAccumulate>(self, gi));
       acc->add_post_hook(std::make_unique<AfterAccumulate>(self, gi, pi));
       grad_accumulators_.push_back(std::move(acc));
@@ -89,7 +89,7 @@ void GradReducer::on_grad_about_to_accumulate(size_t group) {
 void GradReducer::on_grad_accumulated(size_t group, size_t param) {
   if (!active_) return;
   auto& g = groups_[group];
-  if (opts_.stage == 2 && !opts_.contiguous_gradients) {
+  if (opts_.stage >= 2 && !opts_.contiguous_gradients) {
     // The grad arrived as its own tensor: copy it into the group buffer and drop it.
     ensure_grad_buffer(g);
     const auto& slot = g.layout.params[param];
@@ -97,7 +97,10 @@ void GradReducer::on_grad_accumulated(size_t group, size_t param) {
     g.grad_flat.narrow(0, slot.offset, slot.numel).copy_(grad.reshape(-1));
     grad = at::Tensor();
   }
-  if (--state_[group].pending == 0 && opts_.overlap_comm && reduce_) launch_ready_in_order();
+  if (--state_[group].pending == 0) {
+    if (opts_.on_group_complete) opts_.on_group_complete(group);
+    if (opts_.overlap_comm && reduce_) launch_ready_in_order();
+  }
 }
 
 void GradReducer::launch_ready_in_order() {
@@ -129,7 +132,7 @@ void GradReducer::finish(size_t i) {
   auto& s = state_[i];
   s.work->wait();
   s.work = nullptr;
-  if (opts_.stage == 2) {
+  if (opts_.stage >= 2) {
     if (s.partial.defined()) g.grad_shard.add_(s.partial);
     s.partial = at::Tensor();
     // Only the shard survives the backward: release the full grads.
@@ -144,7 +147,7 @@ void GradReducer::end_backward() {
     for (size_t i = next_launch_; i < groups_.size(); ++i) launch(i);
     next_launch_ = groups_.size();
     for (size_t i = 0; i < groups_.size(); ++i) finish(i);
-    if (opts_.stage == 2) shard_fresh_ = false;
+    if (opts_.stage >= 2) shard_fresh_ = false;
   }
 }
 

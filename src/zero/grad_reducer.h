@@ -1,4 +1,5 @@
-// Backward-time gradient reduction for stages 0/1/2.
+// Backward-time gradient reduction for stages 0/1/2 (and 3, which reduces
+// as stage 2 does).
 //
 // Hooks on each param's AccumulateGrad node count, per flat group, the
 // params whose grads are complete in this backward. A group whose count
@@ -9,6 +10,7 @@
 // is left (groups with unused params), waits, and folds the results.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -26,6 +28,9 @@ struct ReducerOptions {
   bool overlap_comm = false;          // launch groups during backward, not after it
   bool contiguous_gradients = true;   // stage 2: grads land directly in the group buffer
   at::ScalarType grad_dtype = at::kFloat;
+  // Stage 3: called when all of a group's grads are accumulated in this
+  // backward (its params are no longer needed for it).
+  std::function<void(size_t group)> on_group_complete;
 };
 
 class GradReducer : public std::enable_shared_from_this<GradReducer> {

@@ -74,14 +74,14 @@ std::shared_ptr<zero::comm::Group> solo_group() {
 
 struct RunResult {
   std::vector<double> losses;
-  std::vector<at::Tensor> params;  // fp32 copies, registration order
+  std::map<std::string, at::Tensor> params;  // fp32 copies by name
 };
 
 RunResult train(const RunSpec& s, std::shared_ptr<zero::comm::Group> g, int steps = 20) {
   GptTrainer t(small_gpt(), make_config(s), corpus(), /*seed=*/7, world().comm(), g);
   RunResult r;
   for (int i = 0; i < steps; ++i) r.losses.push_back(t.train_step().loss);
-  for (const auto& p : t.model()->parameters()) r.params.push_back(p.detach().to(at::kFloat).clone());
+  r.params = t.engine().full_parameters();
   return r;
 }
 
@@ -92,9 +92,10 @@ RunResult reference(RunSpec s, int steps = 20) {
   return train(s, solo_group(), steps);
 }
 
-double max_abs_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+double max_abs_diff(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
   double d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, (a[i] - b[i]).abs().max().item<double>());
+  for (const auto& [name, t] : a) d = std::max(d, (t - b.at(name)).abs().max().item<double>());
   return d;
 }
 
@@ -115,7 +116,7 @@ constexpr double kLossRelTol = 2e-5;
 constexpr double kParamAbsTol = 2e-5;
 
 TEST(Parity, StagesMatchSingleProcess) {
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     RunSpec s;
     s.stage = stage;
@@ -128,7 +129,7 @@ TEST(Parity, StagesMatchSingleProcess) {
 }
 
 TEST(Parity, GradientAccumulationMatchesLargerBatch) {
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     RunSpec s;
     s.stage = stage;
@@ -149,7 +150,7 @@ TEST(Parity, StagesAgreeWithEachOtherAcrossOptions) {
   RunSpec base;
   base.clip = 0.0;  // the norm is summed per shard in stages 1/2; without clipping it is not used
   auto s0 = train(base, dp_group(), 8);
-  for (int stage : {1, 2})
+  for (int stage : {1, 2, 3})
     for (bool overlap : {false, true})
       for (bool contiguous : {false, true}) {
         RunSpec s = base;
@@ -202,7 +203,7 @@ TEST(MixedPrecision, Bf16AndFp16TrackFp32) {
 template <typename Check>
 void for_each_dtype_and_stage(Check&& check) {
   for (const char* dt : {"fp32", "bf16"})
-    for (int stage : {0, 1, 2}) {
+    for (int stage : {0, 1, 2, 3}) {
       SCOPED_TRACE(std::string(dt) + " stage " + std::to_string(stage));
       RunSpec s;
       s.stage = stage;
@@ -227,6 +228,9 @@ TEST(Memory, ModelStateBytesMatchTheStageFormula) {
       case 0: expect = p * psi + p * psi + master * psi + 8 * psi; break;
       case 1: expect = p * psi + p * psi + (p == 4 ? 0 : 4 * psi / N) + (master + 8) * psi / N; break;
       case 2: expect = p * psi + 4 * psi / N + (master + 8) * psi / N; break;
+      // Stage 3: everything sharded, but the persistent groups (root unit)
+      // also keep their full params.
+      case 3: expect = (p + 4 + master + 8) * psi / N + p * t.engine().persistent_params(); break;
     }
     const double got = static_cast<double>(t.engine().state_bytes().total());
     EXPECT_NEAR(got / expect, 1.0, 0.01) << "got " << got << " expected " << expect;
@@ -243,6 +247,12 @@ TEST(Communication, BytesPerStepMatchTheFormula) {
     if (stage == 0) {
       near("all_reduce", e * psi);  // the grads, once
       EXPECT_EQ(r.comm.count("reduce_scatter"), 0u);
+    } else if (stage == 3) {
+      // Units: gathered for forward and again for backward; the persistent
+      // root is refreshed once after the step. Grads reduce-scattered once: ≈3Ψ.
+      const double persistent = static_cast<double>(t.engine().persistent_params());
+      near("allgather", e * (2 * (psi - persistent) + persistent));
+      near("reduce_scatter", e * psi);
     } else {
       near("reduce_scatter", e * psi);  // grads in
       near("allgather", e * psi);       // updated params out
@@ -266,7 +276,7 @@ struct WithUnused : torch::nn::Module {
 };
 
 TEST(Robustness, UnusedParamsAndOddSizesTrain) {
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {  // at stage 3 this unit-less model is one root unit
     SCOPED_TRACE("stage " + std::to_string(stage));
     auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
                                   {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
@@ -290,8 +300,74 @@ TEST(Robustness, UnusedParamsAndOddSizesTrain) {
   }
 }
 
+// Stage-3 unit cases: a unit called twice in one forward, a param shared by
+// two units (it moves to the root), a unit with an unused param, and a
+// persistent (small) unit.
+struct LinImpl : torch::nn::Module {
+  LinImpl(at::Tensor weight, bool with_unused) {
+    w = register_parameter("w", weight);
+    if (with_unused) register_parameter("unused", at::randn({3}));
+  }
+  at::Tensor forward(const at::Tensor& x) { return at::tanh(at::matmul(x, zero::compute(w))); }
+  at::Tensor w;
+};
+TORCH_MODULE(Lin);
+
+struct ScaleImpl : torch::nn::Module {
+  ScaleImpl() { s = register_parameter("s", at::ones({8})); }
+  at::Tensor forward(const at::Tensor& x) { return x * zero::compute(s); }
+  at::Tensor s;
+};
+TORCH_MODULE(Scale);
+
+struct UnitNet : torch::nn::Module {
+  UnitNet() {
+    at::manual_seed(5);
+    auto shared = at::randn({8, 8}) * 0.5;
+    a = register_module("a", zero::Unit<Lin>(at::randn({8, 8}) * 0.5, true));
+    b = register_module("b", zero::Unit<Lin>(shared, false));
+    c = register_module("c", zero::Unit<Lin>(shared, false));
+    d = register_module("d", zero::Unit<Scale>());
+    head = register_parameter("head", at::randn({8, 1}));
+  }
+  at::Tensor loss(const at::Tensor& x) {
+    auto h = a->forward(a->forward(x));  // called twice
+    h = d->forward(c->forward(b->forward(h)));
+    return at::matmul(h, zero::compute(head)).pow(2).mean();
+  }
+  zero::Unit<Lin> a{nullptr}, b{nullptr}, c{nullptr};
+  zero::Unit<Scale> d{nullptr};
+  at::Tensor head;
+};
+
+TEST(Stage3, UnitCasesTrainWithParity) {
+  auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                                {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 20}}}});
+  auto ref_cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4 * world().size()},
+                                    {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}}});
+  UnitNet m, ref;
+  zero::Engine e(m, cfg, world().comm(), dp_group());
+  zero::Engine er(ref, ref_cfg, world().comm(), solo_group());
+  // a (64 + 3 unused) is its own group; b and c share w (root); d (8 elements) is persistent.
+  EXPECT_GT(e.persistent_params(), 64 + 8);
+  for (int step = 0; step < 6; ++step) {
+    at::manual_seed(200 + step);
+    auto x = at::randn({4 * world().size(), 8});
+    e.backward(m.loss(x.narrow(0, 4 * dp_group()->rank(), 4)));
+    e.step();
+    er.backward(ref.loss(x));
+    er.step();
+  }
+  auto got = e.full_parameters(), want = er.full_parameters();
+  EXPECT_LT(max_abs_diff(got, want), 1e-5);
+  EXPECT_GT(e.peak_live_params(), 0);
+  // Only unit a is ever gathered and released: at most its group is live.
+  EXPECT_LE(e.peak_live_params(), 96);
+}
+
 TEST(MixedPrecision, Fp16OverflowSkipsTheStepOnAllRanks) {
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
                                   {"fp16", {{"enabled", true}, {"initial_scale_power", 8}, {"hysteresis", 1}}},
@@ -332,10 +408,6 @@ TEST(BadInput, ClearErrors) {
     zero::Engine(m, Config::from_json({{"train_batch_size", world().size() + 1}, {"optimizer", opt}}), world().comm(),
                  dp_group());
   }, "not divisible by the data-parallel size");
-  expect_msg([&] {
-    zero::Engine(m, Config::from_json({{"train_batch_size", 8}, {"optimizer", opt}, {"zero_optimization", {{"stage", 3}}}}),
-                 world().comm(), dp_group());
-  }, "stage = 3 is not available yet");
   expect_msg([&] {
     torch::nn::Module empty;
     zero::Engine(empty, Config::from_json({{"train_batch_size", 8}, {"optimizer", opt}}), world().comm(), dp_group());
