@@ -84,8 +84,10 @@ class Engine {
   StateBytes state_bytes() const; // what this rank holds now
   std::string describe() const;   // groups, sizes, stage, dtypes (one paragraph)
   // Stage 3: the most param elements of non-persistent units gathered at
-  // once so far (what stage3_max_live_parameters bounds); 0 otherwise.
+  // once during forward since the last reset (what stage3_max_live_parameters
+  // bounds; a single unit larger than it is still gathered); 0 otherwise.
   int64_t peak_live_params() const;
+  void reset_peak_live_params();
   // Stage 3: padded elements of the groups that stay gathered (root unit and
   // units under stage3_param_persistence_threshold); 0 otherwise.
   int64_t persistent_params() const;

@@ -163,8 +163,12 @@ struct Engine::Impl {
     std::unordered_map<const void*, int64_t> index_of;
     for (size_t i = 0; i < params.size(); ++i) index_of[params[i].unsafeGetTensorImpl()] = static_cast<int64_t>(i);
 
-    for (const auto& m : model.modules(/*include_self=*/false))
-      if (auto* u = dynamic_cast<UnitBase*>(m.get())) units.push_back(u);
+    std::vector<std::string> unit_names;
+    for (const auto& item : model.named_modules("", /*include_self=*/false))
+      if (auto* u = dynamic_cast<UnitBase*>(item.value().get())) {
+        units.push_back(u);
+        unit_names.push_back(item.key());
+      }
     if (dynamic_cast<UnitBase*>(&model))
       throw std::invalid_argument("zero::Engine: the root model is itself a zero::Unit; wrap its blocks instead");
     std::vector<std::vector<int64_t>> unit_params(units.size());
@@ -212,7 +216,10 @@ struct Engine::Impl {
       if (unit_params[k].empty() || std::none_of(unit_params[k].begin(), unit_params[k].end(),
                                                  [&](int64_t i) { return owners[i] == 1; }))
         unit_to_group[k] = root_group;
-    stage3 = std::make_unique<Stage3Runtime>(groups, persistent, unit_to_group, comm, dp);
+    const auto& z = config.zero;
+    stage3 = std::make_unique<Stage3Runtime>(groups, persistent, unit_to_group, unit_names, comm, dp,
+                                             Stage3Options{z.prefetch_bucket_size, z.max_live_parameters,
+                                                           z.max_reuse_distance});
     for (size_t k = 0; k < units.size(); ++k) units[k]->attach(stage3.get(), k);
     int persistent_groups = 0;
     for (bool p : persistent) persistent_groups += p;
@@ -413,7 +420,11 @@ int64_t Engine::persistent_params() const {
   return n;
 }
 
-int64_t Engine::peak_live_params() const { return impl_->stage3 ? impl_->stage3->peak_live_elements() : 0; }
+int64_t Engine::peak_live_params() const { return impl_->stage3 ? impl_->stage3->peak_live_in_forward() : 0; }
+
+void Engine::reset_peak_live_params() {
+  if (impl_->stage3) impl_->stage3->reset_peak();
+}
 
 std::map<std::string, at::Tensor> Engine::full_parameters() {
   auto& m = *impl_;

@@ -32,47 +32,143 @@ void resize_storage(const at::Tensor& t, size_t bytes) {
 }  // namespace
 
 Stage3Runtime::Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vector<bool> persistent,
-                             std::vector<size_t> unit_to_group, comm::Comm& comm, const comm::Group& dp)
+                             std::vector<size_t> unit_to_group, std::vector<std::string> unit_names,
+                             comm::Comm& comm, const comm::Group& dp, Stage3Options opts)
     : groups_(groups), persistent_(std::move(persistent)), unit_to_group_(std::move(unit_to_group)),
-      comm_(comm), dp_(dp), gathered_(persistent_) {}
+      unit_names_(std::move(unit_names)), comm_(comm), dp_(dp), opts_(opts), gathered_(persistent_),
+      inflight_(groups.size()), in_forward_(groups.size(), 0), awaiting_grads_(groups.size(), false),
+      prefetched_(groups.size(), false) {}
 
 void Stage3Runtime::release_storage(partition::FlatGroup& g) { resize_storage(g.param_flat, 0); }
 
-void Stage3Runtime::materialize(size_t i) {
+void Stage3Runtime::start_gather(size_t i) {
   auto& g = groups_[i];
   resize_storage(g.param_flat, g.layout.padded_numel * g.param_flat.element_size());
-  comm_.all_gather(dp_, g.param_flat, g.param_shard)->wait();
+  inflight_[i] = comm_.all_gather(dp_, g.param_flat, g.param_shard);
+  gathered_[i] = true;
+  live_ += g.layout.padded_numel;
+  if (!in_backward_) peak_live_forward_ = std::max(peak_live_forward_, live_);
+}
+
+void Stage3Runtime::evict_for(int64_t need) {
+  for (size_t i = 0; i < groups_.size() && live_ + need > opts_.max_live_parameters; ++i)
+    if (gathered_[i] && !persistent_[i] && in_forward_[i] == 0 && !awaiting_grads_[i] && !prefetched_[i])
+      release(i);
 }
 
 void Stage3Runtime::gather(size_t i) {
-  if (gathered_[i]) return;
-  materialize(i);
-  gathered_[i] = true;
-  live_ += groups_[i].layout.padded_numel;
-  peak_live_ = std::max(peak_live_, live_);
+  if (!gathered_[i]) {
+    evict_for(groups_[i].layout.padded_numel);
+    start_gather(i);
+  }
+  prefetched_[i] = false;
+  if (inflight_[i]) {
+    auto w = std::move(inflight_[i]);
+    inflight_[i] = nullptr;
+    w->wait();
+  }
 }
 
 void Stage3Runtime::release(size_t i) {
   if (!gathered_[i] || persistent_[i]) return;
+  if (inflight_[i]) gather(i);  // never free a buffer a collective is writing
   release_storage(groups_[i]);
   gathered_[i] = false;
   live_ -= groups_[i].layout.padded_numel;
 }
 
-void Stage3Runtime::before_forward(size_t unit) { gather(unit_to_group_[unit]); }
+void Stage3Runtime::check_same_unit_on_all_ranks(size_t unit, Phase phase) {
+  // Before each gather of the first step: every rank says which unit it is
+  // about to gather; any difference is an error on all ranks at once.
+  auto mine = at::tensor({static_cast<int64_t>(unit), static_cast<int64_t>(phase)}, at::kLong);
+  auto all = at::empty({2 * dp_.size()}, at::kLong);
+  comm_.all_gather(dp_, all, mine)->wait();
+  auto a = all.accessor<int64_t, 1>();
+  for (int r = 0; r < dp_.size(); ++r) {
+    if (a[2 * r] == a[0] && a[2 * r + 1] == a[1]) continue;
+    auto describe = [&](int rank) {
+      const char* ph = a[2 * rank + 1] == static_cast<int64_t>(Phase::Forward) ? "forward" : "backward";
+      return "rank " + std::to_string(dp_.global_ranks()[rank]) + " runs unit '" +
+             unit_names_[static_cast<size_t>(a[2 * rank])] + "' (" + ph + ")";
+    };
+    throw comm::CommError("stage 3: the ranks of " + dp_.describe() + " run their units in different orders; at use #" +
+                          std::to_string(position_ + 1) + " of the first step " + describe(0) + " but " +
+                          describe(r) + ". Every rank must call the same units in the same order.");
+  }
+}
+
+void Stage3Runtime::use(size_t unit, Phase phase) {
+  const size_t g = group_of(unit);
+  if (recording_) {
+    check_same_unit_on_all_ranks(unit, phase);
+    trace_.push_back({unit, phase});
+  } else if (on_trace_ && (position_ >= trace_.size() || trace_[position_].unit != unit ||
+                           trace_[position_].phase != phase)) {
+    on_trace_ = false;  // the order changed this step: gather on demand only
+  }
+  gather(g);
+  ++position_;
+  if (!recording_ && on_trace_) prefetch_after(position_);
+}
+
+void Stage3Runtime::prefetch_after(size_t position) {
+  int64_t in_flight = 0;
+  for (size_t i = 0; i < groups_.size(); ++i)
+    if (inflight_[i]) in_flight += groups_[i].layout.padded_numel;
+  for (size_t p = position; p < trace_.size(); ++p) {
+    const size_t g = group_of(trace_[p].unit);
+    if (gathered_[g]) continue;
+    const int64_t n = groups_[g].layout.padded_numel;
+    if (in_flight + n > opts_.prefetch_bucket_size || live_ + n > opts_.max_live_parameters) break;
+    start_gather(g);
+    prefetched_[g] = true;
+    in_flight += n;
+  }
+}
+
+bool Stage3Runtime::reused_soon(size_t unit, size_t position) const {
+  // Elements gathered between now and this unit's next use in the trace.
+  int64_t distance = 0;
+  for (size_t p = position; p < trace_.size(); ++p) {
+    if (trace_[p].unit == unit) return distance < opts_.max_reuse_distance;
+    distance += numel_of_unit(trace_[p].unit);
+  }
+  return false;
+}
+
+void Stage3Runtime::before_forward(size_t unit) {
+  use(unit, Phase::Forward);
+  ++in_forward_[group_of(unit)];
+}
 
 at::Tensor Stage3Runtime::after_forward(size_t unit, const at::Tensor& out) {
-  release(unit_to_group_[unit]);
+  const size_t g = group_of(unit);
+  --in_forward_[g];
+  const bool keep = !recording_ && on_trace_ && live_ <= opts_.max_live_parameters && reused_soon(unit, position_);
+  if (!keep) release(g);
   if (!out.requires_grad()) return out;  // no backward will come (e.g. evaluation)
   return RegatherBeforeBackward::apply(out, this, static_cast<int64_t>(unit));
 }
 
-void Stage3Runtime::before_backward(size_t unit) { gather(unit_to_group_[unit]); }
+void Stage3Runtime::before_backward(size_t unit) {
+  in_backward_ = true;
+  use(unit, Phase::Backward);
+  awaiting_grads_[group_of(unit)] = true;
+}
 
-void Stage3Runtime::on_grads_complete(size_t group) { release(group); }
+void Stage3Runtime::on_grads_complete(size_t group) {
+  awaiting_grads_[group] = false;
+  release(group);
+}
 
 void Stage3Runtime::after_backward() {
+  std::fill(awaiting_grads_.begin(), awaiting_grads_.end(), false);
+  std::fill(prefetched_.begin(), prefetched_.end(), false);
   for (size_t i = 0; i < groups_.size(); ++i) release(i);
+  recording_ = false;
+  in_backward_ = false;
+  position_ = 0;
+  on_trace_ = true;
 }
 
 void Stage3Runtime::after_step() {

@@ -13,8 +13,18 @@
 // that). Persistent groups -- the root unit (params outside every unit, or
 // shared between units) and units under stage3_param_persistence_threshold
 // -- stay gathered and are refreshed from their shards after each step.
+//
+// Schedule. The first step records the order units run in (forward and
+// backward) and, before each of its gathers, checks with the other ranks
+// that they are about to gather the same unit, so a rank whose order differs
+// gets an error naming the unit on every rank instead of a hang. From the
+// second step on, gathers run ahead of use along the recorded order: at most
+// stage3_prefetch_bucket_size elements in flight and stage3_max_live_parameters
+// gathered; a unit whose next use is within stage3_max_reuse_distance
+// elements stays gathered after its forward.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "partition/flat_group.h"
@@ -23,11 +33,18 @@
 
 namespace zero {
 
+struct Stage3Options {
+  int64_t prefetch_bucket_size = 50'000'000;
+  int64_t max_live_parameters = 1'000'000'000;
+  int64_t max_reuse_distance = 1'000'000'000;
+};
+
 class Stage3Runtime : public detail::UnitRuntime {
  public:
   // Non-persistent groups must already be released (release_storage).
   Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vector<bool> persistent,
-                std::vector<size_t> unit_to_group, comm::Comm& comm, const comm::Group& dp);
+                std::vector<size_t> unit_to_group, std::vector<std::string> unit_names, comm::Comm& comm,
+                const comm::Group& dp, Stage3Options opts);
 
   // Frees a group's full param buffer (its storage keeps its identity).
   static void release_storage(partition::FlatGroup& g);
@@ -38,31 +55,61 @@ class Stage3Runtime : public detail::UnitRuntime {
 
   // The reducer saw all of the group's grads: its params can go.
   void on_grads_complete(size_t group);
-  // End of backward: release what unused params kept gathered.
+  // End of backward: release what is still gathered (unused params, prefetch
+  // ahead of an order change) and close the first step's recording.
   void after_backward();
   // After an optimizer step: persistent groups take their updated shards.
   void after_step();
 
-  void gather(size_t group);   // synchronous; no-op when gathered
+  void gather(size_t group);   // synchronous; waits for a prefetch in flight
   void release(size_t group);  // no-op for persistent groups
   bool gathered(size_t group) const { return gathered_[group]; }
   bool persistent(size_t group) const { return persistent_[group]; }
 
   int64_t live_elements() const { return live_; }
-  int64_t peak_live_elements() const { return peak_live_; }  // since construction (or reset)
-  void reset_peak() { peak_live_ = live_; }
+  // The most elements gathered at once during forward passes since the last
+  // reset (what stage3_max_live_parameters bounds).
+  int64_t peak_live_in_forward() const { return peak_live_forward_; }
+  void reset_peak() { peak_live_forward_ = live_; }
 
  private:
-  void materialize(size_t group);  // reallocate the storage and allgather into it
+  enum class Phase { Forward, Backward };
+  struct Use {
+    size_t unit;
+    Phase phase;
+  };
+
+  void start_gather(size_t group);  // reallocate the storage and launch the allgather
+  // Releases units kept for reuse (gathered, not in use) until `need` more
+  // elements fit under stage3_max_live_parameters, or none is left.
+  void evict_for(int64_t need);
+  void use(size_t unit, Phase phase);
+  void check_same_unit_on_all_ranks(size_t unit, Phase phase);
+  void prefetch_after(size_t position);
+  bool reused_soon(size_t unit, size_t position) const;
+  size_t group_of(size_t unit) const { return unit_to_group_[unit]; }
+  int64_t numel_of_unit(size_t unit) const { return groups_[group_of(unit)].layout.padded_numel; }
 
   std::vector<partition::FlatGroup>& groups_;
   std::vector<bool> persistent_;
   std::vector<size_t> unit_to_group_;
+  std::vector<std::string> unit_names_;
   comm::Comm& comm_;
   const comm::Group& dp_;
-  std::vector<bool> gathered_;
-  int64_t live_ = 0;       // elements of non-persistent groups now gathered
-  int64_t peak_live_ = 0;
+  Stage3Options opts_;
+  std::vector<bool> gathered_;           // storage allocated (gather done or in flight)
+  std::vector<comm::WorkHandle> inflight_;
+  std::vector<int> in_forward_;           // forward calls of the group running now
+  std::vector<bool> awaiting_grads_;      // gathered for backward, grads not all in yet
+  std::vector<bool> prefetched_;          // gathered ahead of use, not used yet
+  int64_t live_ = 0;       // elements of non-persistent groups gathered or in flight
+  int64_t peak_live_forward_ = 0;
+  bool in_backward_ = false;
+
+  bool recording_ = true;  // the first step: learn the order, check it across ranks
+  std::vector<Use> trace_; // the recorded uses, forward then backward
+  size_t position_ = 0;    // uses seen this step
+  bool on_trace_ = true;   // this step follows the recorded order so far
 };
 
 }  // namespace zero

@@ -43,6 +43,12 @@ struct RunSpec {
   bool overlap = true;
   bool contiguous = true;
   int64_t bucket = 20000;  // small, so the small GPT spans several groups
+  // Stage 3: small enough that the GPT's blocks are sharded units, and
+  // release after every forward (the classic gather-twice schedule).
+  int64_t persistence = 1000;
+  int64_t reuse_distance = 0;
+  int64_t max_live = 1'000'000'000;
+  int64_t prefetch = 50'000'000;
 };
 
 Config make_config(const RunSpec& s) {
@@ -54,7 +60,11 @@ Config make_config(const RunSpec& s) {
       {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 5}, {"warmup_type", "linear"},
                                                       {"warmup_min_lr", 1e-4}}}}},
       {"zero_optimization", {{"stage", s.stage}, {"overlap_comm", s.overlap},
-                             {"contiguous_gradients", s.contiguous}, {"reduce_bucket_size", s.bucket}}}};
+                             {"contiguous_gradients", s.contiguous}, {"reduce_bucket_size", s.bucket},
+                             {"stage3_param_persistence_threshold", s.persistence},
+                             {"stage3_max_reuse_distance", s.reuse_distance},
+                             {"stage3_max_live_parameters", s.max_live},
+                             {"stage3_prefetch_bucket_size", s.prefetch}}}};
   if (std::string(s.dtype) == "bf16") j["bf16"] = {{"enabled", true}};
   // A start scale the small model's grads never overflow at, so the fp16
   // run takes the same steps as fp32 (overflow skips are tested apart).
@@ -364,6 +374,61 @@ TEST(Stage3, UnitCasesTrainWithParity) {
   EXPECT_GT(e.peak_live_params(), 0);
   // Only unit a is ever gathered and released: at most its group is live.
   EXPECT_LE(e.peak_live_params(), 96);
+}
+
+// The schedule from the second step on: prefetch and reuse stay within
+// stage3_max_live_parameters in forward, change no result (bit for bit), and
+// reuse saves the backward regather.
+TEST(Stage3, ScheduleRespectsLimitsAndKeepsParity) {
+  RunSpec classic;
+  classic.stage = 3;
+  auto base = train(classic, dp_group(), 6);
+  GptTrainer probe(small_gpt(), make_config(classic), corpus(), 7, world().comm(), dp_group());
+  const int64_t unit = (probe.engine().num_params() - probe.engine().persistent_params()) / small_gpt().n_layer;
+  for (int64_t max_live : {unit, 2 * unit + 64, int64_t{1} << 30})
+    for (int64_t reuse : {int64_t{0}, int64_t{1} << 30}) {
+      SCOPED_TRACE("max_live " + std::to_string(max_live) + " reuse " + std::to_string(reuse));
+      RunSpec s = classic;
+      s.max_live = max_live;
+      s.reuse_distance = reuse;
+      s.prefetch = 2 * unit + 64;
+      GptTrainer t(small_gpt(), make_config(s), corpus(), 7, world().comm(), dp_group());
+      for (int i = 0; i < 6; ++i) {
+        t.engine().reset_peak_live_params();
+        auto r = t.train_step();
+        EXPECT_EQ(r.loss, base.losses[i]) << "step " << i;
+        EXPECT_LE(t.engine().peak_live_params(), std::max(max_live, unit + 64)) << "step " << i;
+        if (i >= 1 && reuse > 0 && max_live > 2 * unit + 64) {
+          // Units kept from forward through backward: gathered once per step, not twice.
+          const double persistent = static_cast<double>(t.engine().persistent_params());
+          const double units = static_cast<double>(t.engine().num_params()) - persistent;
+          EXPECT_NEAR(r.comm.at("allgather").bytes, 4 * (units + persistent), 4 * 64 * 4.0);
+        }
+      }
+      EXPECT_EQ(max_abs_diff(t.engine().full_parameters(), base.params), 0.0);
+    }
+}
+
+// DeepSpeed users' most common hang: ranks running units in different
+// orders. Here it is an error on every rank, naming the units.
+TEST(Stage3, DivergentUnitOrderIsAnErrorOnAllRanks) {
+  auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                {"optimizer", {{"type", "AdamW"}}},
+                                {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0}}}});
+  UnitNet m;
+  zero::Engine e(m, cfg, world().comm(), dp_group());
+  auto x = at::randn({4, 8});
+  try {
+    // Rank 1 runs b before a; everyone else a before b.
+    auto h = dp_group()->rank() == 1 ? m.a->forward(m.b->forward(x)) : m.b->forward(m.a->forward(x));
+    e.backward(h.sum());
+    ADD_FAILURE() << "no error";
+  } catch (const zero::comm::CommError& err) {
+    const std::string msg = err.what();
+    EXPECT_NE(msg.find("different orders"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("unit 'a'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("unit 'b'"), std::string::npos) << msg;
+  }
 }
 
 TEST(MixedPrecision, Fp16OverflowSkipsTheStepOnAllRanks) {
