@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -22,7 +23,16 @@
 
 namespace zero {
 
+namespace partition {
+struct FlatGroup;
+}
+
+class UnitBase;
+
 namespace detail {
+// Shards a just-built unit when a zero::Init scope is active (zero/init.h).
+void on_unit_constructed(UnitBase& unit);
+
 // Implemented by the stage-3 runtime.
 class UnitRuntime {
  public:
@@ -43,6 +53,10 @@ class UnitBase : public torch::nn::Module {
     index_ = index;
   }
 
+  // Set when the unit was sharded at construction (inside zero::Init): its
+  // flat group, holding only this rank's shard. The engine adopts it.
+  std::shared_ptr<partition::FlatGroup> sharded_at_init;
+
  protected:
   detail::UnitRuntime* runtime_ = nullptr;
   size_t index_ = 0;
@@ -52,7 +66,9 @@ template <typename Holder>
 class UnitImpl : public UnitBase {
  public:
   template <typename... Args>
-  explicit UnitImpl(Args&&... args) : inner(register_module("inner", Holder(std::forward<Args>(args)...))) {}
+  explicit UnitImpl(Args&&... args) : inner(register_module("inner", Holder(std::forward<Args>(args)...))) {
+    detail::on_unit_constructed(*this);
+  }
 
   template <typename... Args>
   at::Tensor forward(Args&&... args) {

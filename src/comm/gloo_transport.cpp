@@ -6,6 +6,7 @@
 
 #include "comm/group_impl.h"
 #include "comm/work.h"
+#include "memory/page_buffer.h"
 
 namespace zero::comm {
 
@@ -76,7 +77,7 @@ WorkHandle GlooTransport::reduce_scatter(const Group& g, at::Tensor out_shard, a
     reduce_into_out(in_flat.view({1, n}));
     return completed_work();
   }
-  at::Tensor recv = at::empty({size * n}, in_flat.options());
+  at::Tensor recv = memory::zeros_flat(size * n, in_flat.scalar_type());  // pages freed with it
   at::Tensor recv_view = gloo_view(recv);
   at::Tensor send_view = gloo_view(in_flat);
   std::vector<int64_t> equal_splits;

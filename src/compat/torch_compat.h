@@ -7,6 +7,16 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+// c10::Allocator::allocate lost its const, and gained a pure copy_data(),
+// in libtorch 2.3.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define ZERO_ALLOCATOR_CONST
+#define ZERO_ALLOCATOR_NEEDS_COPY_DATA 1
+#else
+#define ZERO_ALLOCATOR_CONST const
+#define ZERO_ALLOCATOR_NEEDS_COPY_DATA 0
+#endif
+
 namespace zero::compat {
 
 #if TORCH_VERSION_MAJOR >= 2

@@ -15,6 +15,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/module.h>
 
+#include "memory/page_buffer.h"
 #include "optim/kernels.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
@@ -26,10 +27,6 @@
 namespace zero {
 
 namespace {
-
-// Shards start on 64-byte boundaries for fp32 (16 elements), so the
-// optimizer's vector loops never straddle a shard edge.
-constexpr int64_t kAlignElements = 16;
 
 at::ScalarType to_scalar_type(DType d) {
   switch (d) {
@@ -143,7 +140,7 @@ struct Engine::Impl {
       g.params.push_back(params[i]);
       g.names.push_back(names[i]);
     }
-    g.layout = partition::make_group_layout(numels, members, dp.size(), kAlignElements);
+    g.layout = partition::make_group_layout(numels, members, dp.size(), partition::kShardAlignElements);
     partition::flatten_into_group(g, at::kFloat);
     largest_group_bytes = std::max(largest_group_bytes, g.layout.padded_numel * 4);
     // Every rank starts from rank 0's weights (as DeepSpeed's engine does).
@@ -193,6 +190,15 @@ struct Engine::Impl {
     std::vector<size_t> unit_to_group(units.size(), 0);
     std::vector<bool> persistent;
     for (size_t k = units.size(); k-- > 0;) {
+      if (auto pre = std::move(units[k]->sharded_at_init)) {  // built inside zero::Init
+        adopt_sharded_at_init(*pre, unit_names[k], index_of, owners, names);
+        unit_to_group[k] = groups.size();
+        persistent.push_back(pre->layout.numel < config.zero.param_persistence_threshold);
+        if (persistent.back()) Stage3Runtime::fill_from_shards(*pre, comm, dp);
+        num_params += pre->layout.numel;
+        groups.push_back(std::move(*pre));
+        continue;
+      }
       std::vector<int64_t> members;
       for (int64_t i : unit_params[k])
         if (owners[i] == 1) members.push_back(i);
@@ -230,6 +236,45 @@ struct Engine::Impl {
                           " persistent groups (root + units under stage3_param_persistence_threshold)";
   }
 
+  // A unit sharded at construction by zero::Init: its group already holds
+  // this rank's fp32 shard only; set up precision and optimizer state.
+  void adopt_sharded_at_init(partition::FlatGroup& g, const std::string& unit_name,
+                             const std::unordered_map<const void*, int64_t>& index_of, const std::vector<int>& owners,
+                             const std::vector<std::string>& names) {
+    if (g.layout.dp_size != dp.size())
+      throw std::invalid_argument("zero::Engine: unit '" + unit_name + "' was sharded by zero::Init over " +
+                                  std::to_string(g.layout.dp_size) + " ranks, but the data-parallel group has " +
+                                  std::to_string(dp.size()));
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      const int64_t idx = index_of.at(g.params[i].unsafeGetTensorImpl());
+      if (owners[idx] != 1)
+        throw std::invalid_argument("zero::Engine: param " + names[idx] + " of unit '" + unit_name +
+                                    "' is shared with another unit or the root; build shared params outside "
+                                    "zero::Init (they belong to the root unit)");
+      g.layout.params[i].param_index = idx;
+      g.names.push_back(names[idx]);
+    }
+    at::NoGradGuard no_grad;
+    g.master = g.param_shard;  // fp32, as zero::Init kept it
+    if (param_dtype != at::kFloat) {
+      g.param_shard = g.master.to(param_dtype);
+      at::Tensor low = memory::zeros_flat(g.layout.padded_numel, param_dtype);
+      for (size_t i = 0; i < g.params.size(); ++i) {
+        const auto& s = g.layout.params[i];
+        g.params[i].set_data(low.narrow(0, s.offset, s.numel).view(g.params[i].sizes()));
+      }
+      g.param_flat = low;
+      Stage3Runtime::release_storage(g);
+    }
+    init_optimizer_state(g);
+  }
+
+  void init_optimizer_state(partition::FlatGroup& g) {
+    g.exp_avg = at::zeros_like(g.master);
+    if (config.optimizer.type != OptimizerType::SGD) g.exp_avg_sq = at::zeros_like(g.master);
+    else if (config.optimizer.momentum == 0.0) g.exp_avg = at::Tensor();
+  }
+
   void build_groups(torch::nn::Module& model) {
     std::vector<at::Tensor> params;
     std::vector<std::string> names;
@@ -256,7 +301,8 @@ struct Engine::Impl {
       g.master = stage == 3 ? g.param_shard : fp32_view;
     } else {
       g.master = fp32_view.clone();
-      at::Tensor low = g.param_flat.to(param_dtype);
+      at::Tensor low = memory::zeros_flat(g.layout.padded_numel, param_dtype);
+      low.copy_(g.param_flat);
       for (size_t i = 0; i < g.params.size(); ++i) {
         const auto& s = g.layout.params[i];
         g.params[i].set_data(low.narrow(0, s.offset, s.numel).view(g.params[i].sizes()));
@@ -264,9 +310,7 @@ struct Engine::Impl {
       g.param_flat = low;  // the fp32 flat buffer is released here
       if (stage == 3) g.param_shard = g.own_slot(low, dp.rank()).clone();
     }
-    g.exp_avg = at::zeros_like(g.master);
-    if (config.optimizer.type != OptimizerType::SGD) g.exp_avg_sq = at::zeros_like(g.master);
-    else if (config.optimizer.momentum == 0.0) g.exp_avg = at::Tensor();
+    init_optimizer_state(g);
   }
 
   bool boundary() const { return (micro_steps + 1) % batch.gradient_accumulation_steps == 0; }

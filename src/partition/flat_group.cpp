@@ -1,5 +1,7 @@
 #include "partition/flat_group.h"
 
+#include "memory/page_buffer.h"
+
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -13,9 +15,8 @@ at::Tensor param_view(const at::Tensor& flat, const ParamSlot& s, const at::Tens
 
 void flatten_into_group(FlatGroup& g, at::ScalarType dtype) {
   at::NoGradGuard no_grad;
-  // Every element is written below except the padding tail: zero only that.
-  g.param_flat = at::empty({g.layout.padded_numel}, g.params.front().options().dtype(dtype));
-  g.param_flat.narrow(0, g.layout.numel, g.layout.padded_numel - g.layout.numel).zero_();
+  // Page-backed (see memory/page_buffer.h); the padding arrives zeroed.
+  g.param_flat = memory::zeros_flat(g.layout.padded_numel, dtype);
   for (size_t i = 0; i < g.params.size(); ++i) {
     at::Tensor& p = g.params[i];
     at::Tensor view = param_view(g.param_flat, g.layout.params[i], p);

@@ -13,6 +13,10 @@
 
 namespace zero::partition {
 
+// Shards start on 64-byte boundaries for fp32 (16 elements), so vector
+// loops over a shard never straddle its edge.
+constexpr int64_t kShardAlignElements = 16;
+
 struct ParamSlot {
   int64_t param_index = 0;  // index into the caller's param list
   int64_t offset = 0;       // element offset in the flat group

@@ -4,20 +4,26 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include "zero/init.h"
+
 namespace zero::train {
 
 namespace {
 
-models::GPT build_model(const models::GPTConfig& c, uint64_t seed) {
+models::GPT build_model(const models::GPTConfig& c, uint64_t seed, const Config& config, comm::Comm& comm,
+                        std::shared_ptr<comm::Group> dp, bool zero_init) {
   at::manual_seed(seed);
+  if (config.zero.stage != 3 || !zero_init) return models::GPT(c);
+  Init init(comm, dp, config);  // each block is sharded as soon as it is built
   return models::GPT(c);
 }
 
 }  // namespace
 
 GptTrainer::GptTrainer(const models::GPTConfig& model_config, const Config& config, const data::ByteCorpus& corpus,
-                       uint64_t seed, comm::Comm& comm, std::shared_ptr<comm::Group> dp)
-    : corpus_(corpus), seed_(seed), comm_(comm), dp_(dp), model_(build_model(model_config, seed)) {
+                       uint64_t seed, comm::Comm& comm, std::shared_ptr<comm::Group> dp, bool zero_init)
+    : corpus_(corpus), seed_(seed), comm_(comm), dp_(dp),
+      model_(build_model(model_config, seed, config, comm, dp, zero_init)) {
   engine_ = std::make_unique<Engine>(*model_, config, comm, dp);
 }
 

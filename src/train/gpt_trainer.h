@@ -26,9 +26,10 @@ struct StepRecord {
 class GptTrainer {
  public:
   // Seeds the global RNG with `seed` before building the model, so every
-  // rank (and every world size) starts from the same weights.
+  // rank (and every world size) starts from the same weights. At stage 3 the
+  // model is built inside zero::Init unless `zero_init` is false.
   GptTrainer(const models::GPTConfig& model_config, const Config& config, const data::ByteCorpus& corpus,
-             uint64_t seed, comm::Comm& comm, std::shared_ptr<comm::Group> dp);
+             uint64_t seed, comm::Comm& comm, std::shared_ptr<comm::Group> dp, bool zero_init = true);
 
   StepRecord train_step();
 

@@ -4,6 +4,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "memory/page_buffer.h"
+
 namespace zero {
 
 namespace {
@@ -41,7 +43,7 @@ GradReducer::GradReducer(std::vector<partition::FlatGroup>& groups, comm::Comm& 
     : groups_(groups), comm_(comm), dp_(dp), opts_(opts), state_(groups.size()) {
   for (auto& g : groups_) {
     if (opts_.stage <= 1) {
-      g.grad_flat = at::zeros({g.layout.padded_numel}, g.param_flat.options().dtype(opts_.grad_dtype));
+      g.grad_flat = memory::zeros_flat(g.layout.padded_numel, opts_.grad_dtype);
       g.attach_grads();
       if (opts_.stage == 1)
         // fp32 grads reduce in place into this rank's slot; 16-bit ones widen into an fp32 shard.
@@ -78,7 +80,7 @@ void GradReducer::begin_backward(bool reduce) {
 
 void GradReducer::ensure_grad_buffer(partition::FlatGroup& g) {
   if (g.grad_flat.defined()) return;
-  g.grad_flat = at::zeros({g.layout.padded_numel}, g.param_flat.options().dtype(opts_.grad_dtype));
+  g.grad_flat = memory::zeros_flat(g.layout.padded_numel, opts_.grad_dtype);
   if (opts_.contiguous_gradients) g.attach_grads();
 }
 

@@ -41,6 +41,11 @@ Stage3Runtime::Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vec
 
 void Stage3Runtime::release_storage(partition::FlatGroup& g) { resize_storage(g.param_flat, 0); }
 
+void Stage3Runtime::fill_from_shards(partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp) {
+  resize_storage(g.param_flat, g.layout.padded_numel * g.param_flat.element_size());
+  comm.all_gather(dp, g.param_flat, g.param_shard)->wait();
+}
+
 void Stage3Runtime::start_gather(size_t i) {
   auto& g = groups_[i];
   resize_storage(g.param_flat, g.layout.padded_numel * g.param_flat.element_size());

@@ -48,6 +48,8 @@ class Stage3Runtime : public detail::UnitRuntime {
 
   // Frees a group's full param buffer (its storage keeps its identity).
   static void release_storage(partition::FlatGroup& g);
+  // Reallocates it and fills it from every rank's param_shard (blocking).
+  static void fill_from_shards(partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp);
 
   void before_forward(size_t unit) override;
   at::Tensor after_forward(size_t unit, const at::Tensor& out) override;

@@ -1,0 +1,48 @@
+// zero::Init: build a model that never exists whole on one rank (as
+// DeepSpeed's zero.Init). Inside the scope, each zero::Unit is sharded the
+// moment it is constructed: its params are flattened, synced from rank 0
+// (so all ranks start identical whatever their seeds), and only this rank's
+// shard is kept. Building a model then peaks at about one unit's full params
+// plus the shards, not the model. Params outside units (the root) are built
+// normally. Pass the model to a stage-3 zero::Engine on the same group.
+//
+//   {
+//     zero::Init init(*world, config);
+//     model = GPT(cfg);
+//   }
+//   zero::Engine engine(*model, config, *world);
+#pragma once
+
+#include <memory>
+
+#include "zero/comm.h"
+#include "zero/config.h"
+#include "zero/unit.h"
+
+namespace zero {
+
+class Init {
+ public:
+  // Throws ConfigError unless the config is stage 3.
+  Init(World& world, const Config& config);
+  Init(comm::Comm& comm, std::shared_ptr<comm::Group> dp, const Config& config);
+  ~Init();
+  Init(const Init&) = delete;
+  Init& operator=(const Init&) = delete;
+
+  int64_t units_sharded() const { return units_sharded_; }
+
+ private:
+  friend void detail::on_unit_constructed(UnitBase&);
+  Init(comm::Comm& comm, std::shared_ptr<comm::Group> owner, const comm::Group& dp, const Config& config);
+  void shard(UnitBase& unit);
+
+  comm::Comm& comm_;
+  std::shared_ptr<comm::Group> dp_owner_;
+  const comm::Group& dp_;
+  Init* previous_;
+  std::shared_ptr<void> page_backed_;  // memory::PageBackedScope for the scope's lifetime
+  int64_t units_sharded_ = 0;
+};
+
+}  // namespace zero

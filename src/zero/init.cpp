@@ -1,0 +1,70 @@
+#include "zero/init.h"
+
+#include <unordered_set>
+
+#include <ATen/core/grad_mode.h>
+
+#include "memory/page_buffer.h"
+#include "partition/flat_group.h"
+#include "zero/stage3.h"
+
+namespace zero {
+
+namespace {
+thread_local Init* g_active = nullptr;
+}
+
+namespace detail {
+void on_unit_constructed(UnitBase& unit) {
+  if (g_active) g_active->shard(unit);
+}
+}  // namespace detail
+
+Init::Init(World& world, const Config& config) : Init(world.comm(), nullptr, world.group(), config) {}
+
+Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> dp, const Config& config)
+    : Init(comm, dp, dp ? *dp : throw std::invalid_argument("zero::Init: the data-parallel group is null"), config) {}
+
+Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> owner, const comm::Group& dp, const Config& config)
+    : comm_(comm), dp_owner_(std::move(owner)), dp_(dp), previous_(g_active) {
+  if (config.zero.stage != 3)
+    throw ConfigError("zero::Init shards params at construction, which needs zero_optimization.stage = 3 (got " +
+                      std::to_string(config.zero.stage) + ")");
+  g_active = this;
+  page_backed_ = std::make_shared<memory::PageBackedScope>();
+}
+
+Init::~Init() {
+  page_backed_.reset();
+  g_active = previous_;
+}
+
+void Init::shard(UnitBase& unit) {
+  at::NoGradGuard no_grad;
+  auto g = std::make_shared<partition::FlatGroup>();
+  std::unordered_set<const void*> seen;
+  std::vector<int64_t> numels, indices;
+  for (const auto& p : unit.parameters(/*recurse=*/true)) {
+    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    if (p.scalar_type() != at::kFloat)
+      throw std::invalid_argument("zero::Init: unit params must be built in fp32, got " +
+                                  std::string(c10::toString(p.scalar_type())));
+    indices.push_back(static_cast<int64_t>(g->params.size()));
+    numels.push_back(p.numel());
+    g->params.push_back(p);
+  }
+  if (g->params.empty()) return;
+  g->layout = partition::make_group_layout(numels, indices, dp_.size(), partition::kShardAlignElements);
+  partition::flatten_into_group(*g, at::kFloat);
+  // Whatever each rank's RNG did, all start from rank 0's weights.
+  comm_.broadcast(dp_, g->param_flat, 0)->wait();
+  // The shard lives in its own pages, so the unit's freed originals leave
+  // reusable holes in the heap for the next unit instead of fragments.
+  g->param_shard = memory::zeros_flat(g->layout.shard_numel, at::kFloat);
+  g->param_shard.copy_(g->own_slot(g->param_flat, dp_.rank()));
+  Stage3Runtime::release_storage(*g);
+  unit.sharded_at_init = std::move(g);
+  ++units_sharded_;
+}
+
+}  // namespace zero
