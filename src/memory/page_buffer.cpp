@@ -54,7 +54,7 @@ class HybridAllocator final : public c10::Allocator {
 #endif
 
  private:
-  static constexpr size_t kPageBackedMin = 1 << 20;
+  static constexpr size_t kPageBackedMin = 64 << 10;
   c10::Allocator* small_;
 };
 

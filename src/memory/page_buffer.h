@@ -17,7 +17,7 @@ namespace zero::memory {
 // A 1-D tensor of `numel` zeros of `dtype` on page-backed storage.
 at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype);
 
-// While alive, CPU tensors of at least 1 MiB are page-backed too (smaller
+// While alive, CPU tensors of at least 64 KiB are page-backed too (smaller
 // ones keep libtorch's allocator). zero::Init uses it so the params of each
 // unit, built by the user's constructors and freed once sharded, return
 // their memory instead of fragmenting the heap. Scopes nest; not for use

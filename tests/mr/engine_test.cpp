@@ -485,8 +485,8 @@ TEST(Stage3, ZeroInitNeverHoldsTheWholeModel) {
   s.stage = 3;
   const auto cfg = make_config(s);
   zero::models::GPTConfig big = small_gpt();
-  big.n_layer = 24;
-  big.d_model = 256;  // 24 units of 0.79M params: 76 MB of fp32 in all
+  big.n_layer = 48;
+  big.d_model = 256;  // 48 units of 0.79M params: 151 MB of fp32 in all
   const double model_bytes = 4.0 * big.num_params();
   const double unit_bytes = 4.0 * 12 * 256 * 256;
   const int64_t plain = build_peak_growth([&] { zero::models::GPT m(big); });
@@ -495,8 +495,9 @@ TEST(Stage3, ZeroInitNeverHoldsTheWholeModel) {
     zero::models::GPT m(big);
   });
   EXPECT_GE(plain, 0.8 * model_bytes);  // (less: the heap reuses what earlier tests freed)
-  // This rank's shards, plus about one unit being built and flattened.
-  EXPECT_LT(sharded, model_bytes / world().size() + 3 * unit_bytes + (8 << 20))
+  // This rank's shards, plus about one unit being built and flattened (and
+  // the small root and allocator slack).
+  EXPECT_LT(sharded, model_bytes / world().size() + 4 * unit_bytes + (12 << 20))
       << "plain build grew " << plain << " bytes";
 }
 
