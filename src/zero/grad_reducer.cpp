@@ -107,6 +107,15 @@ void GradReducer::on_grad_accumulated(size_t group, size_t param) {
 
 void GradReducer::launch_ready_in_order() {
   while (next_launch_ < groups_.size() && state_[next_launch_].pending == 0) launch(next_launch_++);
+  retire(false);
+}
+
+void GradReducer::retire(bool all) {
+  while (!in_flight_.empty() &&
+         (all || in_flight_.size() > kMaxInFlight || state_[in_flight_.front()].work->is_completed())) {
+    finish(in_flight_.front());
+    in_flight_.pop_front();
+  }
 }
 
 void GradReducer::launch(size_t i) {
@@ -127,6 +136,7 @@ void GradReducer::launch(size_t i) {
       s.work = comm_.reduce_scatter(dp_, out, g.grad_flat, comm::ReduceOp::Avg);
     }
   }
+  in_flight_.push_back(i);
 }
 
 void GradReducer::finish(size_t i) {
@@ -146,9 +156,12 @@ void GradReducer::finish(size_t i) {
 void GradReducer::end_backward() {
   active_ = false;
   if (reduce_) {
-    for (size_t i = next_launch_; i < groups_.size(); ++i) launch(i);
+    for (size_t i = next_launch_; i < groups_.size(); ++i) {
+      launch(i);
+      retire(false);
+    }
     next_launch_ = groups_.size();
-    for (size_t i = 0; i < groups_.size(); ++i) finish(i);
+    retire(true);
     if (opts_.stage >= 2) shard_fresh_ = false;
   }
 }

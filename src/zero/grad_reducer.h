@@ -10,6 +10,7 @@
 // is left (groups with unused params), waits, and folds the results.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -56,6 +57,11 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   void launch_ready_in_order();
   void launch(size_t group);
   void finish(size_t group);
+  // Finishes reductions that are done, and the oldest ones beyond
+  // kMaxInFlight, so at most that many groups' full grad buffers and
+  // reduce-scatter scratch are alive at once.
+  void retire(bool all);
+  static constexpr size_t kMaxInFlight = 2;
 
   std::vector<partition::FlatGroup>& groups_;
   comm::Comm& comm_;
@@ -74,6 +80,7 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   bool reduce_ = false;
   bool shard_fresh_ = true;  // stage 2: grad_shard holds nothing yet (reduce straight into it)
   size_t next_launch_ = 0;
+  std::deque<size_t> in_flight_;  // launched, not finished, in launch order
 };
 
 }  // namespace zero
