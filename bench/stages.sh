@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Step time, tokens/s, peak RSS and model-state bytes of stages 0/1/2 on 2
+# Step time, tokens/s, peak RSS and model-state bytes of stages 0/1/2/3 on 2
 # local ranks, for the standard GPT (4 layers, d_model 256, seq 128,
 # micro-batch 4) and a ~100M-param GPT (8 layers, d_model 1024). Stages run
 # back to back in one invocation, so compare them as ratios.
@@ -19,7 +19,9 @@ run() {  # name stage dtype steps zero-train-args...
   cat > "$tmp/c.json" <<JSON
 { "train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0, $prec
   "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}},
-  "zero_optimization": {"stage": $stage, "overlap_comm": true, "reduce_bucket_size": 5e7} }
+  "zero_optimization": {"stage": $stage, "overlap_comm": true, "reduce_bucket_size": 5e7,
+                        "stage3_prefetch_bucket_size": 2e7, "stage3_max_live_parameters": 4e7,
+                        "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 1e4} }
 JSON
   "$B/zero-run" -n 2 -- "$B/zero-train" --config "$tmp/c.json" --steps "$steps" --log-json "$tmp/log.jsonl" "$@" \
     > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
@@ -34,7 +36,7 @@ for model in small big; do
   if [ $model = small ]; then args=(--layers 4 --d-model 256 --heads 4 --seq 128); steps=$STEPS_SMALL
   else args=(--layers 8 --d-model 1024 --heads 16 --seq 128); steps=$STEPS_BIG; fi
   for dtype in fp32 bf16; do
-    for stage in 0 1 2; do
+    for stage in 0 1 2 3; do
       [ $first = 1 ] || echo ','
       first=0
       run "gpt_$model" $stage $dtype $steps "${args[@]}"

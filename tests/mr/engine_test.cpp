@@ -364,6 +364,7 @@ TEST(Stage3, UnitCasesTrainWithParity) {
   zero::Engine er(ref, ref_cfg, world().comm(), solo_group());
   // a (64 + 3 unused) is its own group; b and c share w (root); d (8 elements) is persistent.
   EXPECT_GT(e.persistent_params(), 64 + 8);
+  const auto version = m.a->inner->w._version();
   for (int step = 0; step < 6; ++step) {
     at::manual_seed(200 + step);
     auto x = at::randn({4 * world().size(), 8});
@@ -375,6 +376,8 @@ TEST(Stage3, UnitCasesTrainWithParity) {
   auto got = e.full_parameters(), want = er.full_parameters();
   EXPECT_LT(max_abs_diff(got, want), 1e-5);
   EXPECT_GT(e.peak_live_params(), 0);
+  // Gathers and updates write the flat buffers, never through the param.
+  EXPECT_EQ(m.a->inner->w._version(), version);
   // Only unit a is ever gathered and released: at most its group is live.
   EXPECT_LE(e.peak_live_params(), 96);
 }

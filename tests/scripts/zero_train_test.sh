@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# zero-train end to end on 2 ranks: DeepSpeed's own stage-1/2 doc configs run
+# zero-train end to end on 2 ranks: DeepSpeed's own stage-1/2/3 doc configs run
 # unchanged, the JSON log has its stable fields, and bad input is a clear
 # error. Usage: zero_train_test.sh ZERO_RUN ZERO_TRAIN DATA_DIR
 set -u
@@ -11,7 +11,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 tiny=(--layers 1 --d-model 32 --heads 2 --seq 16 --steps 3)
 
-for cfg in zero_tutorial_stage1.json zero_tutorial_stage2.json moe_deprecated_cpu_offload.json cifar10_stage0.json; do
+for cfg in zero_tutorial_stage1.json zero_tutorial_stage2.json moe_deprecated_cpu_offload.json \
+           zero_tutorial_infinity_cpu.json zero3_fp16_adamw.json zero3_offload_optimizer.json cifar10_stage0.json; do
   out=$("$ZR" -n 2 --timeout 120 -- "$ZT" --config "$DATA/ds_configs/ok/$cfg" "${tiny[@]}" --log-json "$tmp/log.jsonl" 2>&1)
   rc=$?
   check "DeepSpeed doc config $cfg trains" [ $rc -eq 0 ]
