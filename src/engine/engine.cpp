@@ -75,6 +75,7 @@ struct Engine::Impl {
   int64_t scheduler_iter = -1;   // DeepSpeed's last_batch_iteration
   double last_grad_norm = 0.0;
   int64_t largest_group_bytes = 0;  // the flatten's extra peak over the model itself
+  int64_t sharded_at_init_units = 0;  // stage 3: units zero::Init already sharded
 
   Impl(torch::nn::Module& model, const Config& c, comm::Comm& cm, std::shared_ptr<comm::Group> owner,
        const comm::Group& group)
@@ -192,6 +193,7 @@ struct Engine::Impl {
     for (size_t k = units.size(); k-- > 0;) {
       if (auto pre = std::move(units[k]->sharded_at_init)) {  // built inside zero::Init
         adopt_sharded_at_init(*pre, unit_names[k], index_of, owners, names);
+        sharded_at_init_units += 1;
         unit_to_group[k] = groups.size();
         persistent.push_back(pre->layout.numel < config.zero.param_persistence_threshold);
         if (persistent.back()) Stage3Runtime::fill_from_shards(*pre, comm, dp);
@@ -495,7 +497,10 @@ std::string Engine::describe() const {
      << " x accumulation " << m.batch.gradient_accumulation_steps << " x dp " << m.dp.size()
      << (m.init_note.empty() ? "" : "; " + m.init_note)
      << "; init flattened params in place, group by group (peak over the model: largest group, "
-     << m.largest_group_bytes / (1 << 20) << " MiB)";
+     << m.largest_group_bytes / (1 << 20) << " MiB)"
+     << (m.sharded_at_init_units ? "; " + std::to_string(m.sharded_at_init_units) +
+                                       " units were sharded at construction by zero::Init"
+                                 : std::string());
   return os.str();
 }
 
