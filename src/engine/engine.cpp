@@ -110,8 +110,6 @@ struct Engine::Impl {
                         "); zero-cpp communicates grads in their accumulation dtype");
   }
 
-  // Params in reverse registration order (about the order backward produces
-  // their grads), bucketed by reduce_bucket_size, each bucket flattened in place.
   // The model's trainable params in registration order (shared ones once).
   static void trainable_params(torch::nn::Module& model, std::vector<at::Tensor>& params,
                                std::vector<std::string>& names) {
@@ -277,6 +275,8 @@ struct Engine::Impl {
     else if (config.optimizer.momentum == 0.0) g.exp_avg = at::Tensor();
   }
 
+  // Stages 0-2: params in reverse registration order (about the order
+  // backward produces their grads), bucketed by reduce_bucket_size.
   void build_groups(torch::nn::Module& model) {
     std::vector<at::Tensor> params;
     std::vector<std::string> names;
