@@ -8,7 +8,8 @@
 //
 // Under a stage-3 engine a unit gathers its params before its forward (or
 // waits for their prefetch), releases them after, and gathers them again
-// before its backward. Under stages 0-2, or with no engine, it is a plain
+// before its backward (a hook on its output, so the unit's forward must
+// return the one tensor its backward starts from). Under stages 0-2, or with no engine, it is a plain
 // pass-through to the wrapped module. Params outside every unit (embeddings,
 // final norm, head) form the root unit, which stays gathered.
 #pragma once
@@ -40,6 +41,8 @@ class UnitRuntime {
   virtual void before_forward(size_t unit) = 0;
   // Returns `out`, with a hook that regathers the unit before its backward.
   virtual at::Tensor after_forward(size_t unit, const at::Tensor& out) = 0;
+  // The wrapped forward threw: undo before_forward.
+  virtual void forward_failed(size_t unit) = 0;
 };
 }  // namespace detail
 
@@ -74,7 +77,13 @@ class UnitImpl : public UnitBase {
   at::Tensor forward(Args&&... args) {
     if (!runtime_) return inner->forward(std::forward<Args>(args)...);
     runtime_->before_forward(index_);
-    at::Tensor out = inner->forward(std::forward<Args>(args)...);
+    at::Tensor out;
+    try {
+      out = inner->forward(std::forward<Args>(args)...);
+    } catch (...) {
+      runtime_->forward_failed(index_);
+      throw;
+    }
     return runtime_->after_forward(index_, out);
   }
 

@@ -219,14 +219,16 @@ struct Engine::Impl {
     }
     // Units whose params all live in the root use the root's group.
     for (size_t k = 0; k < units.size(); ++k)
-      if (unit_params[k].empty() || std::none_of(unit_params[k].begin(), unit_params[k].end(),
-                                                 [&](int64_t i) { return owners[i] == 1; }))
+      if (!unit_params[k].empty() && std::none_of(unit_params[k].begin(), unit_params[k].end(),
+                                                  [&](int64_t i) { return owners[i] == 1; }))
         unit_to_group[k] = root_group;
     const auto& z = config.zero;
     stage3 = std::make_unique<Stage3Runtime>(groups, persistent, unit_to_group, unit_names, comm, dp,
                                              Stage3Options{z.prefetch_bucket_size, z.max_live_parameters,
                                                            z.max_reuse_distance});
-    for (size_t k = 0; k < units.size(); ++k) units[k]->attach(stage3.get(), k);
+    // A unit without trainable params has nothing to gather: it stays a pass-through.
+    for (size_t k = 0; k < units.size(); ++k)
+      units[k]->attach(unit_params[k].empty() ? nullptr : stage3.get(), k);
     int persistent_groups = 0;
     for (bool p : persistent) persistent_groups += p;
     init_note = units.empty()
@@ -431,11 +433,15 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
     throw std::invalid_argument("zero::Engine::backward: the loss does not require grad (computed under no_grad?)");
   auto& m = *impl_;
   const double gas = static_cast<double>(m.batch.gradient_accumulation_steps);
-  m.reducer->begin_backward(m.stage == 2 || m.boundary());
+  // Stages 2/3 keep only shards of the grads: every backward is reduced.
+  m.reducer->begin_backward(m.stage >= 2 || m.boundary());
   try {
     torch::autograd::backward({loss * (m.scaler.scale() / gas)});
   } catch (...) {
-    m.reducer->end_backward();
+    // Issue no further collectives (the peers may not be in this backward);
+    // drop this backward's grads and unit state so the engine stays usable.
+    m.reducer->abort_backward();
+    if (m.stage3) m.stage3->reset_after_error();
     throw;
   }
   m.reducer->end_backward();
@@ -477,7 +483,7 @@ std::map<std::string, at::Tensor> Engine::full_parameters() {
   std::map<std::string, at::Tensor> out;
   for (size_t gi = 0; gi < m.groups.size(); ++gi) {
     const bool gather = m.stage3 && !m.stage3->gathered(gi);
-    if (gather) m.stage3->gather(gi);
+    if (m.stage3) m.stage3->gather(gi);  // also waits for a prefetch in flight
     const auto& g = m.groups[gi];
     for (size_t i = 0; i < g.params.size(); ++i) out[g.names[i]] = g.params[i].detach().to(at::kFloat).clone();
     if (gather) m.stage3->release(gi);

@@ -96,7 +96,7 @@ void GradReducer::on_grad_accumulated(size_t group, size_t param) {
     ensure_grad_buffer(g);
     const auto& slot = g.layout.params[param];
     at::Tensor& grad = g.params[param].mutable_grad();
-    g.grad_flat.narrow(0, slot.offset, slot.numel).copy_(grad.reshape(-1));
+    g.grad_flat.narrow(0, slot.offset, slot.numel).add_(grad.reshape(-1));
     grad = at::Tensor();
   }
   if (--state_[group].pending == 0) {
@@ -106,15 +106,18 @@ void GradReducer::on_grad_accumulated(size_t group, size_t param) {
 }
 
 void GradReducer::launch_ready_in_order() {
-  while (next_launch_ < groups_.size() && state_[next_launch_].pending == 0) launch(next_launch_++);
-  retire(false);
+  while (next_launch_ < groups_.size() && state_[next_launch_].pending == 0) {
+    launch(next_launch_++);
+    retire(false);  // bound the full buffers alive even when many groups become ready at once
+  }
 }
 
 void GradReducer::retire(bool all) {
   while (!in_flight_.empty() &&
          (all || in_flight_.size() > kMaxInFlight || state_[in_flight_.front()].work->is_completed())) {
-    finish(in_flight_.front());
-    in_flight_.pop_front();
+    const size_t i = in_flight_.front();
+    in_flight_.pop_front();  // before finish(), which may throw
+    finish(i);
   }
 }
 
@@ -166,13 +169,28 @@ void GradReducer::end_backward() {
   }
 }
 
+void GradReducer::abort_backward() {
+  active_ = false;
+  in_flight_.clear();
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    state_[i] = {};
+    if (opts_.stage >= 2) {
+      if (opts_.contiguous_gradients) groups_[i].detach_grads();
+      groups_[i].grad_flat = at::Tensor();
+    }
+  }
+}
+
 void GradReducer::zero_grads() {
   for (auto& g : groups_) {
     if (opts_.stage <= 1) g.grad_flat.zero_();
     // A separate (widened fp32) stage-1 shard; an fp32 one aliases grad_flat.
     if (opts_.stage == 1 && opts_.grad_dtype != at::kFloat) g.grad_shard.zero_();
   }
-  // Stage 2: the next reduction overwrites the shard instead of adding to it.
+  // Stages 2/3: the next reduction overwrites the shard instead of adding
+  // to it; zeroed too, so a step with no backward in between applies nothing.
+  if (opts_.stage >= 2)
+    for (auto& g : groups_) g.grad_shard.zero_();
   shard_fresh_ = true;
 }
 

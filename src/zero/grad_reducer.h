@@ -45,6 +45,9 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   // stage 2; at the accumulation boundary in stages 0/1).
   void begin_backward(bool reduce);
   void end_backward();
+  // After an exception in backward: no further collectives; this backward's
+  // grads are dropped (stages 2/3) and in-flight work abandoned.
+  void abort_backward();
   // After an optimizer step: grads start from zero again.
   void zero_grads();
 

@@ -49,6 +49,10 @@ void Init::shard(UnitBase& unit) {
     if (p.scalar_type() != at::kFloat)
       throw std::invalid_argument("zero::Init: unit params must be built in fp32, got " +
                                   std::string(c10::toString(p.scalar_type())));
+    if (p.numel() > 0 && p.storage().nbytes() == 0)
+      throw std::invalid_argument("zero::Init: a param of this unit was already sharded by another unit (shared "
+                                  "between units, or a nested unit); build shared params outside zero::Init, "
+                                  "where they belong to the root unit");
     indices.push_back(static_cast<int64_t>(g->params.size()));
     numels.push_back(p.numel());
     g->params.push_back(p);

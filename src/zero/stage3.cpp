@@ -1,29 +1,11 @@
 #include "zero/stage3.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/native/Resize.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 namespace zero {
 
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-// Identity in forward; in backward, regathers the unit before the grads flow
-// into it (its own backward ops need its params).
-struct RegatherBeforeBackward : torch::autograd::Function<RegatherBeforeBackward> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Stage3Runtime* rt, int64_t unit) {
-    ctx->saved_data["runtime"] = reinterpret_cast<int64_t>(rt);
-    ctx->saved_data["unit"] = unit;
-    return x.view_as(x);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto* rt = reinterpret_cast<Stage3Runtime*>(ctx->saved_data["runtime"].toInt());
-    rt->before_backward(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
-    return {grads[0], at::Tensor(), at::Tensor()};
-  }
-};
 
 void resize_storage(const at::Tensor& t, size_t bytes) {
   at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), bytes);
@@ -68,9 +50,8 @@ void Stage3Runtime::gather(size_t i) {
   }
   prefetched_[i] = false;
   if (inflight_[i]) {
-    auto w = std::move(inflight_[i]);
+    inflight_[i]->wait();  // on failure the handle stays: release() will not free a buffer still written
     inflight_[i] = nullptr;
-    w->wait();
   }
 }
 
@@ -104,6 +85,7 @@ void Stage3Runtime::check_same_unit_on_all_ranks(size_t unit, Phase phase) {
 
 void Stage3Runtime::use(size_t unit, Phase phase) {
   const size_t g = group_of(unit);
+  step_hash_ = step_hash_ * 1000003u + 2 * unit + static_cast<uint64_t>(phase) + 1;
   if (recording_) {
     check_same_unit_on_all_ranks(unit, phase);
     trace_.push_back({unit, phase});
@@ -142,17 +124,34 @@ bool Stage3Runtime::reused_soon(size_t unit, size_t position) const {
 }
 
 void Stage3Runtime::before_forward(size_t unit) {
-  use(unit, Phase::Forward);
+  if (!at::GradMode::is_enabled()) {
+    // Evaluation: gather on demand, outside the recorded training schedule.
+    gather(group_of(unit));
+  } else {
+    use(unit, Phase::Forward);
+  }
   ++in_forward_[group_of(unit)];
+}
+
+void Stage3Runtime::forward_failed(size_t unit) {
+  --in_forward_[group_of(unit)];
+  release(group_of(unit));
 }
 
 at::Tensor Stage3Runtime::after_forward(size_t unit, const at::Tensor& out) {
   const size_t g = group_of(unit);
   --in_forward_[g];
-  const bool keep = !recording_ && on_trace_ && live_ <= opts_.max_live_parameters && reused_soon(unit, position_);
+  const bool keep = at::GradMode::is_enabled() && !recording_ && on_trace_ &&
+                    live_ <= opts_.max_live_parameters && reused_soon(unit, position_);
   if (!keep) release(g);
   if (!out.requires_grad()) return out;  // no backward will come (e.g. evaluation)
-  return RegatherBeforeBackward::apply(out, this, static_cast<int64_t>(unit));
+  // A grad hook on the output runs before the grad flows into the unit's
+  // own backward ops, which need its params. (A hook, not a wrapping
+  // autograd function: the output stays a plain tensor, in-place ops on it
+  // included.)
+  at::Tensor hooked = out;
+  hooked.register_hook([this, unit](const at::Tensor&) { before_backward(unit); });
+  return hooked;
 }
 
 void Stage3Runtime::before_backward(size_t unit) {
@@ -170,13 +169,43 @@ void Stage3Runtime::after_backward() {
   std::fill(awaiting_grads_.begin(), awaiting_grads_.end(), false);
   std::fill(prefetched_.begin(), prefetched_.end(), false);
   for (size_t i = 0; i < groups_.size(); ++i) release(i);
+  if (!recording_) {
+    // A rank whose order changed after the first step would pair its
+    // gathers with other units' on its peers; say so instead of training on.
+    const uint64_t h = step_hash_;
+    auto mine = at::tensor({static_cast<int64_t>(h & 0xffffffffu), static_cast<int64_t>(h >> 32),
+                            static_cast<int64_t>(position_)}, at::kLong);
+    auto all = at::empty({3 * dp_.size()}, at::kLong);
+    comm_.all_gather(dp_, all, mine)->wait();
+    for (int r = 1; r < dp_.size(); ++r)
+      if (!all.narrow(0, 3 * r, 3).equal(all.narrow(0, 0, 3)))
+        throw comm::CommError("stage 3: the ranks of " + dp_.describe() +
+                              " ran their units in different orders in this step (rank " +
+                              std::to_string(dp_.global_ranks()[r]) + " differs from rank " +
+                              std::to_string(dp_.global_ranks()[0]) +
+                              "); every rank must call the same units in the same order");
+  }
   recording_ = false;
   in_backward_ = false;
   position_ = 0;
   on_trace_ = true;
+  step_hash_ = 0;
+}
+
+void Stage3Runtime::reset_after_error() {
+  std::fill(awaiting_grads_.begin(), awaiting_grads_.end(), false);
+  std::fill(prefetched_.begin(), prefetched_.end(), false);
+  std::fill(in_forward_.begin(), in_forward_.end(), 0);
+  for (size_t i = 0; i < groups_.size(); ++i)
+    if (!inflight_[i]) release(i);  // a gather still in flight keeps its buffer
+  in_backward_ = false;
+  position_ = 0;
+  on_trace_ = true;
+  step_hash_ = 0;
 }
 
 void Stage3Runtime::after_step() {
+  for (size_t i = 0; i < groups_.size(); ++i) release(i);  // no-op for persistent groups
   std::vector<comm::WorkHandle> works;
   for (size_t i = 0; i < groups_.size(); ++i)
     if (persistent_[i]) works.push_back(comm_.all_gather(dp_, groups_[i].param_flat, groups_[i].param_shard));

@@ -53,6 +53,7 @@ class Stage3Runtime : public detail::UnitRuntime {
 
   void before_forward(size_t unit) override;
   at::Tensor after_forward(size_t unit, const at::Tensor& out) override;
+  void forward_failed(size_t unit) override;
   void before_backward(size_t unit);
 
   // The reducer saw all of the group's grads: its params can go.
@@ -60,8 +61,12 @@ class Stage3Runtime : public detail::UnitRuntime {
   // End of backward: release what is still gathered (unused params, prefetch
   // ahead of an order change) and close the first step's recording.
   void after_backward();
-  // After an optimizer step: persistent groups take their updated shards.
+  // After an optimizer step: persistent groups take their updated shards;
+  // every other group is released (its gathered copy is stale now).
   void after_step();
+  // After an exception in forward/backward: release what is gathered and
+  // forget this step's position (no collectives are issued).
+  void reset_after_error();
 
   void gather(size_t group);   // synchronous; waits for a prefetch in flight
   void release(size_t group);  // no-op for persistent groups
@@ -112,6 +117,7 @@ class Stage3Runtime : public detail::UnitRuntime {
   std::vector<Use> trace_; // the recorded uses, forward then backward
   size_t position_ = 0;    // uses seen this step
   bool on_trace_ = true;   // this step follows the recorded order so far
+  uint64_t step_hash_ = 0; // this step's uses, checked across ranks at the end of backward
 };
 
 }  // namespace zero

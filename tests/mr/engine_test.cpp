@@ -142,11 +142,13 @@ TEST(Parity, StagesMatchSingleProcess) {
 }
 
 TEST(Parity, GradientAccumulationMatchesLargerBatch) {
-  for (int stage : {0, 1, 2, 3}) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
+  for (int stage : {0, 1, 2, 3})
+    for (bool contiguous : {true, false}) {
+    SCOPED_TRACE("stage " + std::to_string(stage) + " contiguous " + std::to_string(contiguous));
     RunSpec s;
     s.stage = stage;
     s.gas = 2;
+    s.contiguous = contiguous;
     auto dist = train(s, dp_group());
     RunSpec big = s;
     big.gas = 1;
@@ -483,6 +485,78 @@ int64_t build_peak_growth(const std::function<void()>& build) {
   const int64_t before = hwm();
   build();
   return hwm() - before;
+}
+
+// Evaluation forwards (no grad) between steps, in-place ops on unit
+// outputs, and a param-less unit change nothing at stage 3.
+struct PlusOneImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) { return x + 1; }
+};
+TORCH_MODULE(PlusOne);
+
+// No activation: matmul's backward does not need its output, so the
+// output may be changed in place.
+struct LinearImpl : torch::nn::Module {
+  explicit LinearImpl(at::Tensor weight) { w = register_parameter("w", weight); }
+  at::Tensor forward(const at::Tensor& x) { return at::matmul(x, zero::compute(w)); }
+  at::Tensor w;
+};
+TORCH_MODULE(Linear);
+
+struct InPlaceNet : torch::nn::Module {
+  InPlaceNet() {
+    at::manual_seed(9);
+    a = register_module("a", zero::Unit<Lin>(at::randn({8, 8}) * 0.5, false));
+    b = register_module("b", zero::Unit<Linear>(at::randn({8, 8}) * 0.5));
+    p = register_module("p", zero::Unit<PlusOne>());
+    head = register_parameter("head", at::randn({8, 1}));
+  }
+  at::Tensor loss(const at::Tensor& x) {
+    auto h = b->forward(a->forward(x));
+    h.mul_(0.5);  // in place on a unit's (hooked) output
+    h = p->forward(h);
+    return at::matmul(h, zero::compute(head)).pow(2).mean();
+  }
+  zero::Unit<Lin> a{nullptr};
+  zero::Unit<Linear> b{nullptr};
+  zero::Unit<PlusOne> p{nullptr};
+  at::Tensor head;
+};
+
+TEST(Stage3, EvalForwardsInPlaceOpsAndParamlessUnits) {
+  auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                                {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0}}}});
+  auto ref_cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4 * world().size()},
+                                    {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}}});
+  InPlaceNet m, ref;
+  zero::Engine e(m, cfg, world().comm(), dp_group());
+  zero::Engine er(ref, ref_cfg, world().comm(), solo_group());
+  for (int step = 0; step < 5; ++step) {
+    at::manual_seed(300 + step);
+    auto x = at::randn({4 * world().size(), 8});
+    {
+      at::NoGradGuard eval;
+      EXPECT_NEAR(m.loss(x).item<double>(), ref.loss(x).item<double>(), 1e-5);
+    }
+    e.backward(m.loss(x.narrow(0, 4 * dp_group()->rank(), 4)));
+    e.step();
+    er.backward(ref.loss(x));
+    er.step();
+  }
+  EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
+}
+
+TEST(Stage3, ZeroInitRejectsParamsSharedBetweenUnits) {
+  RunSpec s;
+  s.stage = 3;
+  try {
+    zero::Init init(world().comm(), dp_group(), make_config(s));
+    UnitNet m;  // b and c share one weight
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("already sharded by another unit"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Stage3, ZeroInitNeverHoldsTheWholeModel) {
