@@ -355,12 +355,18 @@ struct UnitNet : torch::nn::Module {
   at::Tensor head;
 };
 
+// AdamW at lr 0.01 for the toy modules; the reference runs stage 0 with
+// the whole global batch as its micro-batch.
+Config toy_config(int stage, int64_t micro, int64_t persistence = 100000) {
+  return Config::from_json({{"train_micro_batch_size_per_gpu", micro},
+                            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                            {"zero_optimization", {{"stage", stage},
+                                                   {"stage3_param_persistence_threshold", persistence}}}});
+}
+
 TEST(Stage3, UnitCasesTrainWithParity) {
-  auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
-                                {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
-                                {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 20}}}});
-  auto ref_cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4 * world().size()},
-                                    {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}}});
+  auto cfg = toy_config(3, 4, 20);
+  auto ref_cfg = toy_config(0, 4 * world().size());
   UnitNet m, ref;
   zero::Engine e(m, cfg, world().comm(), dp_group());
   zero::Engine er(ref, ref_cfg, world().comm(), solo_group());
@@ -524,11 +530,8 @@ struct InPlaceNet : torch::nn::Module {
 };
 
 TEST(Stage3, EvalForwardsInPlaceOpsAndParamlessUnits) {
-  auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
-                                {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
-                                {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0}}}});
-  auto ref_cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4 * world().size()},
-                                    {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}}});
+  auto cfg = toy_config(3, 4, 0);
+  auto ref_cfg = toy_config(0, 4 * world().size());
   InPlaceNet m, ref;
   zero::Engine e(m, cfg, world().comm(), dp_group());
   zero::Engine er(ref, ref_cfg, world().comm(), solo_group());
