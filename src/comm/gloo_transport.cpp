@@ -81,7 +81,7 @@ WorkHandle GlooTransport::reduce_scatter(const Group& g, at::Tensor out_shard, a
   at::Tensor recv_view = gloo_view(recv);
   at::Tensor send_view = gloo_view(in_flat);
   std::vector<int64_t> equal_splits;
-  auto w = g.impl().backend->alltoall_base(recv_view, send_view, equal_splits, equal_splits);
+  auto w = g.impl().reduce_backend->alltoall_base(recv_view, send_view, equal_splits, equal_splits);
   return std::make_shared<BackendWork>(
       w, [=] { reduce_into_out(recv.view({size, n})); }, op_name("reduce_scatter", g), g.impl().timeout);
 }

@@ -10,8 +10,15 @@
 
 namespace zero::comm {
 
+// Two lanes (two Gloo groups over the same ranks): reduce-scatters run on
+// their own. Their order is set by autograd's grad hooks while gathers
+// follow the stage-3 unit schedule; on one shared lane the two orders could
+// interleave differently on different ranks (e.g. a param unused on one
+// rank only) and pair the wrong collectives. Each lane's own order is the
+// same on every rank.
 struct Group::Impl {
-  c10::intrusive_ptr<compat::CollectiveBackend> backend;
+  c10::intrusive_ptr<compat::CollectiveBackend> backend;         // everything else
+  c10::intrusive_ptr<compat::CollectiveBackend> reduce_backend;  // reduce-scatter
   std::chrono::milliseconds timeout;
 };
 

@@ -71,13 +71,16 @@ struct World::Impl {
     auto it = std::find(ranks.begin(), ranks.end(), env.rank);
     if (it == ranks.end()) return nullptr;
     const int group_rank = static_cast<int>(it - ranks.begin());
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zero_group_" + std::to_string(id), store);
     auto opts = c10d::ProcessGroupGloo::Options::create(collective_timeout);
     opts->devices.push_back(device);
+    auto lane = [&](const std::string& suffix) {
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zero_group_" + std::to_string(id) + suffix, store);
+      return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, group_rank, static_cast<int>(ranks.size()), opts);
+    };
     auto impl = std::make_shared<Group::Impl>();
     try {
-      impl->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          prefixed, group_rank, static_cast<int>(ranks.size()), opts);
+      impl->backend = lane("");
+      impl->reduce_backend = lane("_reduce");
     } catch (const std::exception& e) {
       throw CommError("creating " + Group(name, ranks, group_rank, nullptr).describe() +
                       " failed: " + first_line(e.what()));

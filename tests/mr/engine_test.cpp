@@ -357,11 +357,12 @@ struct UnitNet : torch::nn::Module {
 
 // AdamW at lr 0.01 for the toy modules; the reference runs stage 0 with
 // the whole global batch as its micro-batch.
-Config toy_config(int stage, int64_t micro, int64_t persistence = 100000) {
+Config toy_config(int stage, int64_t micro, int64_t persistence = 100000, int64_t prefetch = 50000000) {
   return Config::from_json({{"train_micro_batch_size_per_gpu", micro},
                             {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
                             {"zero_optimization", {{"stage", stage},
-                                                   {"stage3_param_persistence_threshold", persistence}}}});
+                                                   {"stage3_param_persistence_threshold", persistence},
+                                                   {"stage3_prefetch_bucket_size", prefetch}}}});
 }
 
 TEST(Stage3, UnitCasesTrainWithParity) {
@@ -545,6 +546,63 @@ TEST(Stage3, EvalForwardsInPlaceOpsAndParamlessUnits) {
     e.backward(m.loss(x.narrow(0, 4 * dp_group()->rank(), 4)));
     e.step();
     er.backward(ref.loss(x));
+    er.step();
+  }
+  EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
+}
+
+// A param one rank uses and another does not: its unit's grads complete at
+// different moments on the two ranks, so its reduce-scatter is launched at
+// a different point among the backward regathers (reductions run on their
+// own lane for this). It must train with parity. (This run also passes with
+// one shared lane, so it guards the behaviour, not the lane itself.)
+struct GatedImpl : torch::nn::Module {
+  explicit GatedImpl(at::Tensor weight) {
+    w = register_parameter("w", weight);
+    gate = register_parameter("gate", at::ones({8}) * 0.9);
+  }
+  at::Tensor forward(const at::Tensor& x, bool use_gate) {
+    auto h = at::tanh(at::matmul(x, zero::compute(w)));
+    return use_gate ? h * zero::compute(gate) : h;
+  }
+  at::Tensor w, gate;
+};
+TORCH_MODULE(Gated);
+
+struct GatedNet : torch::nn::Module {
+  GatedNet() {
+    at::manual_seed(11);
+    for (int i = 0; i < 4; ++i)
+      units.push_back(register_module("u" + std::to_string(i), zero::Unit<Gated>(at::randn({8, 8}) * 0.5)));
+    head = register_parameter("head", at::randn({8, 1}));
+  }
+  at::Tensor loss(const at::Tensor& x, bool use_gate) {
+    auto h = x;
+    for (size_t i = 0; i < units.size(); ++i) h = units[i]->forward(h, use_gate && i == 1);
+    return at::matmul(h, zero::compute(head)).pow(2).mean();
+  }
+  std::vector<zero::Unit<Gated>> units;
+  at::Tensor head;
+};
+
+TEST(Stage3, ParamUnusedOnSomeRanksOnly) {
+  const int N = world().size();
+  // No prefetch: each backward gather is issued when its unit is reached,
+  // between the reduce-scatters the grad hooks launch.
+  auto cfg = toy_config(3, 4, 0, /*prefetch=*/1);
+  GatedNet m, ref;
+  zero::Engine e(m, cfg, world().comm(), dp_group());
+  zero::Engine er(ref, toy_config(0, 4 * N), world().comm(), solo_group());
+  for (int step = 0; step < 5; ++step) {
+    at::manual_seed(400 + step);
+    auto x = at::randn({4 * N, 8});
+    const int r = dp_group()->rank();
+    e.backward(m.loss(x.narrow(0, 4 * r, 4), /*use_gate=*/r == 0));
+    e.step();
+    // The same math in one process: rank 0's rows use the gate, the rest do not.
+    at::Tensor total = ref.loss(x.narrow(0, 0, 4), true);
+    for (int k = 1; k < N; ++k) total = total + ref.loss(x.narrow(0, 4 * k, 4), false);
+    er.backward(total / N);
     er.step();
   }
   EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
