@@ -69,6 +69,27 @@ class Engine {
   void zero_grad();
 
   bool is_gradient_accumulation_boundary() const;
+  // As DeepSpeed's: overrides the computed boundary for the backward and
+  // step calls that follow (set it before each backward; the last one of an
+  // accumulation window must be true). clear_... returns to counting.
+  void set_gradient_accumulation_boundary(bool is_boundary);
+  void clear_gradient_accumulation_boundary();
+
+  // While the returned guard lives, backward accumulates grads locally with
+  // no communication (as DDP's no_sync); the first backward after it, at the
+  // boundary, reduces everything accumulated. Stages 0 and 1 only: stages 2
+  // and 3 keep only grad shards, so they cannot defer reduction this way.
+  class NoSync {
+   public:
+    explicit NoSync(Engine& e);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    Engine& engine_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
   int64_t global_steps() const;   // optimizer steps taken (skipped ones excluded)
   int64_t skipped_steps() const;  // steps skipped for fp16/bf16 overflow
   int64_t micro_steps() const;

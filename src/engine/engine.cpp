@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -76,6 +77,8 @@ struct Engine::Impl {
   double last_grad_norm = 0.0;
   int64_t largest_group_bytes = 0;  // the flatten's extra peak over the model itself
   int64_t sharded_at_init_units = 0;  // stage 3: units zero::Init already sharded
+  std::optional<bool> boundary_override;  // set_gradient_accumulation_boundary
+  bool no_sync = false;
 
   Impl(torch::nn::Module& model, const Config& c, comm::Comm& cm, std::shared_ptr<comm::Group> owner,
        const comm::Group& group)
@@ -317,7 +320,9 @@ struct Engine::Impl {
     init_optimizer_state(g);
   }
 
-  bool boundary() const { return (micro_steps + 1) % batch.gradient_accumulation_steps == 0; }
+  bool boundary() const {
+    return boundary_override.value_or((micro_steps + 1) % batch.gradient_accumulation_steps == 0);
+  }
 
   // The fp32 grads the optimizer reads for group g (a shard, or all of it in stage 0).
   at::Tensor optimizer_grads(const partition::FlatGroup& g) const {
@@ -434,7 +439,7 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
   auto& m = *impl_;
   const double gas = static_cast<double>(m.batch.gradient_accumulation_steps);
   // Stages 2/3 keep only shards of the grads: every backward is reduced.
-  m.reducer->begin_backward(m.stage >= 2 || m.boundary());
+  m.reducer->begin_backward(m.stage >= 2 || (m.boundary() && !m.no_sync));
   try {
     torch::autograd::backward({loss * (m.scaler.scale() / gas)});
   } catch (...) {
@@ -449,7 +454,27 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
   return loss.detach() / gas;
 }
 
-bool Engine::step() { return impl_->step(); }
+bool Engine::step() {
+  if (impl_->no_sync && impl_->boundary())
+    throw std::logic_error("zero::Engine::step() at the accumulation boundary inside no_sync(): the grads were "
+                           "never reduced; leave the guard and run the boundary backward first");
+  return impl_->step();
+}
+
+void Engine::set_gradient_accumulation_boundary(bool is_boundary) { impl_->boundary_override = is_boundary; }
+void Engine::clear_gradient_accumulation_boundary() { impl_->boundary_override.reset(); }
+
+Engine::NoSync::NoSync(Engine& e) : engine_(e) {
+  auto& m = *e.impl_;
+  if (m.stage >= 2)
+    throw std::logic_error("zero::Engine::no_sync() is for stages 0 and 1: stage " + std::to_string(m.stage) +
+                           " keeps only grad shards, so each backward must reduce (several backward calls "
+                           "per step still work: each one reduces into the shard)");
+  if (m.no_sync) throw std::logic_error("zero::Engine::no_sync() guards cannot be nested");
+  m.no_sync = true;
+}
+
+Engine::NoSync::~NoSync() { engine_.impl_->no_sync = false; }
 void Engine::zero_grad() { impl_->reducer->zero_grads(); }
 bool Engine::is_gradient_accumulation_boundary() const { return impl_->boundary(); }
 int64_t Engine::global_steps() const { return impl_->global_steps; }

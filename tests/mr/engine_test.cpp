@@ -668,6 +668,51 @@ TEST(MixedPrecision, Fp16OverflowSkipsTheStepOnAllRanks) {
   }
 }
 
+// Several backward calls per step at stages 0/1: inside no_sync() and with
+// a manual boundary they communicate nothing until the boundary backward,
+// which reduces all of it once.
+TEST(MultipleBackward, NoSyncAndManualBoundary) {
+  const int N = world().size();
+  for (int stage : {0, 1}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    WithUnused m, ref;
+    zero::Engine e(m, toy_config(stage, 4), world().comm(), dp_group());
+    zero::Engine er(ref, toy_config(0, 4 * N * 3), world().comm(), solo_group());
+    at::manual_seed(500);
+    std::vector<at::Tensor> chunks;
+    for (int k = 0; k < 3; ++k) chunks.push_back(at::randn({4 * N, 13}));
+    const int r = dp_group()->rank();
+    const auto before = world().comm().counters().totals();
+    {
+      auto guard = e.no_sync();
+      e.set_gradient_accumulation_boundary(false);
+      for (int k = 0; k < 2; ++k) e.backward(m.loss(chunks[k].narrow(0, 4 * r, 4)) / 3);
+      EXPECT_TRUE(zero::comm::diff(world().comm().counters().totals(), before).empty()) << "no_sync communicates";
+      EXPECT_THROW(
+          {
+            e.set_gradient_accumulation_boundary(true);
+            e.step();
+          },
+          std::logic_error);
+    }
+    e.set_gradient_accumulation_boundary(true);
+    e.backward(m.loss(chunks[2].narrow(0, 4 * r, 4)) / 3);
+    EXPECT_TRUE(e.step());
+    e.clear_gradient_accumulation_boundary();
+    er.backward(ref.loss(at::cat(chunks)));
+    er.step();
+    EXPECT_TRUE(at::allclose(m.used, ref.used, 0, 1e-5));
+  }
+  WithUnused m2;
+  zero::Engine e2(m2, toy_config(2, 4), world().comm(), dp_group());
+  try {
+    auto guard = e2.no_sync();
+    ADD_FAILURE() << "no error";
+  } catch (const std::logic_error& err) {
+    EXPECT_NE(std::string(err.what()).find("stages 0 and 1"), std::string::npos) << err.what();
+  }
+}
+
 TEST(BadInput, ClearErrors) {
   auto expect_msg = [](auto&& fn, const std::string& part) {
     try {
