@@ -20,7 +20,6 @@ class LossScaler {
   void update(bool overflow);
 
   bool dynamic() const { return dynamic_; }
-  int64_t hysteresis_left() const { return cur_hysteresis_; }
 
  private:
   bool dynamic_;

@@ -73,7 +73,6 @@ class Stage3Runtime : public detail::UnitRuntime {
   bool gathered(size_t group) const { return gathered_[group]; }
   bool persistent(size_t group) const { return persistent_[group]; }
 
-  int64_t live_elements() const { return live_; }
   // The most elements gathered at once during forward passes since the last
   // reset (what stage3_max_live_parameters bounds).
   int64_t peak_live_in_forward() const { return peak_live_forward_; }

@@ -276,6 +276,18 @@ TEST(Communication, BytesPerStepMatchTheFormula) {
   });
 }
 
+// One step of a toy model: each rank trains on its 4 rows of a global batch
+// drawn from `seed`; the reference engine (on a group of one) on all of it.
+template <typename Model>
+void step_with_reference(zero::Engine& e, Model& m, zero::Engine& er, Model& ref, uint64_t seed, int64_t features) {
+  at::manual_seed(seed);
+  auto x = at::randn({4 * world().size(), features});
+  e.backward(m.loss(x.narrow(0, 4 * dp_group()->rank(), 4)));
+  e.step();
+  er.backward(ref.loss(x));
+  er.step();
+}
+
 // A module with a param that no forward uses, and an odd total size.
 struct WithUnused : torch::nn::Module {
   WithUnused() {
@@ -300,14 +312,7 @@ TEST(Robustness, UnusedParamsAndOddSizesTrain) {
     zero::Engine e(m, cfg, world().comm(), dp_group());
     zero::Engine er(ref, cfg, world().comm(), solo_group());  // reference: the whole batch here
     const auto unused_before = m.unused.clone();
-    for (int step = 0; step < 5; ++step) {
-      at::manual_seed(100 + step);
-      auto x = at::randn({4 * world().size(), 13});
-      e.backward(m.loss(x.narrow(0, 4 * dp_group()->rank(), 4)));
-      e.step();
-      er.backward(ref.loss(x));
-      er.step();
-    }
+    for (int step = 0; step < 5; ++step) step_with_reference(e, m, er, ref, 100 + step, 13);
     EXPECT_TRUE(at::allclose(m.used, ref.used, 0, 1e-5));
     EXPECT_TRUE(at::allclose(m.bias, ref.bias, 0, 1e-5));
     // No grad ever reached it: Adam with zero grads and no weight decay leaves it.
@@ -374,14 +379,7 @@ TEST(Stage3, UnitCasesTrainWithParity) {
   // a (64 + 3 unused) is its own group; b and c share w (root); d (8 elements) is persistent.
   EXPECT_GT(e.persistent_params(), 64 + 8);
   const auto version = m.a->inner->w._version();
-  for (int step = 0; step < 6; ++step) {
-    at::manual_seed(200 + step);
-    auto x = at::randn({4 * world().size(), 8});
-    e.backward(m.loss(x.narrow(0, 4 * dp_group()->rank(), 4)));
-    e.step();
-    er.backward(ref.loss(x));
-    er.step();
-  }
+  for (int step = 0; step < 6; ++step) step_with_reference(e, m, er, ref, 200 + step, 8);
   auto got = e.full_parameters(), want = er.full_parameters();
   EXPECT_LT(max_abs_diff(got, want), 1e-5);
   EXPECT_GT(e.peak_live_params(), 0);
