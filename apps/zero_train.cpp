@@ -3,7 +3,11 @@
 //
 //   zero-run -n 2 -- zero-train --config ds_config.json [--data FILE] [--steps N]
 //       [--layers L --d-model D --heads H --seq S] [--untied-head] [--seed S]
-//       [--log-json FILE | --log-json-all FILE]
+//       [--log-json FILE | --log-json-all FILE] [--backward-chunks K [--coalesce]]
+//
+// --backward-chunks K runs K forward/backward passes per micro-batch (as
+// GradCache-style losses do); --coalesce wraps them in
+// engine.coalesce_grad_reduction(), so they cost one reduction, not K.
 //
 // Progress goes to stderr (rank 0). --log-json writes JSON Lines on rank 0
 // (--log-json-all: every rank, as FILE.rankN): a "setup" record, then one
@@ -34,6 +38,8 @@ struct Args {
   uint64_t seed = 1234;
   std::string log_json;
   bool log_all = false;
+  int64_t backward_chunks = 1;
+  bool coalesce = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -41,7 +47,7 @@ struct Args {
                "zero-train: %s\n"
                "usage: zero-train --config FILE [--data FILE_OR_DIR] [--steps N] [--seed S]\n"
                "                  [--layers L] [--d-model D] [--heads H] [--seq S] [--untied-head]\n"
-               "                  [--log-json FILE | --log-json-all FILE]\n",
+               "                  [--log-json FILE | --log-json-all FILE] [--backward-chunks K [--coalesce]]\n",
                why.c_str());
   std::exit(2);
 }
@@ -72,6 +78,8 @@ Args parse(int argc, char** argv) {
     else if (f == "--untied-head") a.model.tied_head = false;
     else if (f == "--log-json") a.log_json = val();
     else if (f == "--log-json-all") a.log_json = val(), a.log_all = true;
+    else if (f == "--backward-chunks") a.backward_chunks = to_int(f, val(), 1);
+    else if (f == "--coalesce") a.coalesce = true;
     else if (f == "-h" || f == "--help") usage("train the bundled GPT");
     else usage("unknown option " + f);
   }
@@ -112,6 +120,7 @@ int main(int argc, char** argv) {
     std::shared_ptr<zero::comm::Group> dp = world->split(world->size(), "dp");
     zero::train::GptTrainer trainer(args.model, config, corpus, args.seed, world->comm(), dp);
     auto& engine = trainer.engine();
+    trainer.set_backward_chunks(args.backward_chunks, args.coalesce);
 
     std::unique_ptr<std::ofstream> log;
     if (!args.log_json.empty() && (lead || args.log_all)) {
@@ -144,6 +153,7 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     std::vector<double> step_ms;
     double last_loss = 0.0;
+    zero::comm::OpCounts last_comm;
     const int64_t print_every = std::max<int64_t>(1, std::min<int64_t>(config.steps_per_print, 10));
     for (int64_t s = 1; s <= args.steps; ++s) {
       auto r = trainer.train_step();
@@ -161,6 +171,7 @@ int main(int argc, char** argv) {
             {"comm", comm_json(r.comm)}});
       step_ms.push_back(r.step_ms);
       last_loss = r.loss;
+      last_comm = r.comm;
       if (lead && (s % print_every == 0 || s == 1 || s == args.steps)) {
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         std::fprintf(stderr, "step %5lld/%lld  loss %.4f  lr %.2e  %s%.0f tok/s  %.0f ms/step  ETA %.0f s\n",
@@ -182,7 +193,10 @@ int main(int argc, char** argv) {
           {"tokens_per_s", median_ms > 0 ? b.train_batch_size * args.model.seq_len / (median_ms / 1000.0) : 0.0},
           {"peak_rss_bytes", peak_rss_bytes()},
           {"model_state_bytes", engine.state_bytes().total()},
-          {"skipped_steps", engine.skipped_steps()}});
+          {"skipped_steps", engine.skipped_steps()},
+          {"backward_chunks", args.backward_chunks},
+          {"coalesce", args.coalesce},
+          {"last_step_comm", comm_json(last_comm)}});
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero-train: %s\n", e.what());

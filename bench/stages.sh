@@ -12,22 +12,13 @@ STEPS_BIG=${3:-6}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+. "$(dirname "$0")/lib.sh"
+
 run() {  # name stage dtype steps zero-train-args...
   local name=$1 stage=$2 dtype=$3 steps=$4; shift 4
-  local prec=""
-  [ "$dtype" = bf16 ] && prec='"bf16": {"enabled": true},'
-  cat > "$tmp/c.json" <<JSON
-{ "train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0, $prec
-  "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}},
-  "zero_optimization": {"stage": $stage, "overlap_comm": true, "reduce_bucket_size": 5e7,
-                        "stage3_prefetch_bucket_size": 2e7, "stage3_max_live_parameters": 4e7,
-                        "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 1e4} }
-JSON
-  "$B/zero-run" -n 2 -- "$B/zero-train" --config "$tmp/c.json" --steps "$steps" --log-json "$tmp/log.jsonl" "$@" \
-    > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
-  local summary
-  summary=$(grep '"event":"summary"' "$tmp/log.jsonl")
-  printf '    {"run": "%s", "stage": %s, "dtype": "%s", "summary": %s}' "$name" "$stage" "$dtype" "$summary"
+  bench_config "$stage" "$dtype"
+  printf '    {"run": "%s", "stage": %s, "dtype": "%s", "summary": %s}' "$name" "$stage" "$dtype" \
+    "$(zero_train_summary --steps "$steps" "$@")"
 }
 
 echo '{"bench": "stages", "ranks": 2, "omp_threads_per_rank": 1, "date": "'"$(date -u +%F)"'", "runs": ['

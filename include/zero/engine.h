@@ -90,6 +90,38 @@ class Engine {
     Engine& engine_;
   };
   NoSync no_sync() { return NoSync(*this); }
+
+  // While the returned guard lives, backward calls accumulate grads locally
+  // with no communication; leaving it reduces everything accumulated in one
+  // pass (one reduce-scatter per group), leaving the grads as the separate
+  // reductions would (up to float rounding: the sum is reduced once instead
+  // of each part), ready for step(). For callers that run several backward
+  // passes per step (GradCache-style chunked losses, custom autograd
+  // functions); DeepSpeed's engine.coalesce_grad_reduction().
+  //
+  // Stages 1-3. The cost is memory: stages 2/3 hold every group's full grad
+  // buffer (one full grad per rank) until the guard ends, instead of one or
+  // two groups at a time. At stage 1 the guard ends with the boundary
+  // backward's reduction (none before the accumulation boundary, where stage 1
+  // does not reduce anyway). Errors: stage 0 (use no_sync()), nesting, a
+  // no_sync() guard alive, and step() inside the guard. The reduction runs
+  // in the destructor, which therefore may throw (a collective error); when
+  // the scope is left by an exception it is skipped (the peers may not be
+  // there) and the next step() reduces instead. An exception inside a
+  // backward drops the grads accumulated since the last reduction at stages
+  // 2/3 (they cannot be told apart from the failed backward's).
+  class CoalesceGradReduction {
+   public:
+    explicit CoalesceGradReduction(Engine& e);
+    ~CoalesceGradReduction() noexcept(false);
+    CoalesceGradReduction(const CoalesceGradReduction&) = delete;
+    CoalesceGradReduction& operator=(const CoalesceGradReduction&) = delete;
+
+   private:
+    Engine& engine_;
+    int uncaught_at_entry_;
+  };
+  CoalesceGradReduction coalesce_grad_reduction() { return CoalesceGradReduction(*this); }
   int64_t global_steps() const;   // optimizer steps taken (skipped ones excluded)
   int64_t skipped_steps() const;  // steps skipped for fp16/bf16 overflow
   int64_t micro_steps() const;

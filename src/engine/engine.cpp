@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -79,6 +80,7 @@ struct Engine::Impl {
   int64_t sharded_at_init_units = 0;  // stage 3: units zero::Init already sharded
   std::optional<bool> boundary_override;  // set_gradient_accumulation_boundary
   bool no_sync = false;
+  bool coalescing = false;  // inside coalesce_grad_reduction()
 
   Impl(torch::nn::Module& model, const Config& c, comm::Comm& cm, std::shared_ptr<comm::Group> owner,
        const comm::Group& group)
@@ -345,6 +347,10 @@ struct Engine::Impl {
       ++micro_steps;
       return false;
     }
+    // Grads a backward left unreduced (no_sync or a coalescing scope left
+    // without its reduction, or no boundary backward) are reduced now:
+    // stepping on local grads would let the ranks drift apart silently.
+    if (reducer->has_unreduced()) reducer->flush();
     std::vector<at::Tensor> grads;
     for (const auto& g : groups) grads.push_back(optimizer_grads(g));
     const double sumsq = global_sumsq(grads);
@@ -438,8 +444,9 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
     throw std::invalid_argument("zero::Engine::backward: the loss does not require grad (computed under no_grad?)");
   auto& m = *impl_;
   const double gas = static_cast<double>(m.batch.gradient_accumulation_steps);
-  // Stages 2/3 keep only shards of the grads: every backward is reduced.
-  m.reducer->begin_backward(m.stage >= 2 || (m.boundary() && !m.no_sync));
+  // Stages 2/3 keep only shards of the grads: every backward is reduced,
+  // unless the caller coalesces several into one reduction.
+  m.reducer->begin_backward(!m.coalescing && (m.stage >= 2 || (m.boundary() && !m.no_sync)));
   try {
     torch::autograd::backward({loss * (m.scaler.scale() / gas)});
   } catch (...) {
@@ -455,6 +462,9 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
 }
 
 bool Engine::step() {
+  if (impl_->coalescing)
+    throw std::logic_error("zero::Engine::step() inside coalesce_grad_reduction(): the grads are reduced when "
+                           "the guard ends; leave its scope before stepping");
   if (impl_->no_sync && impl_->boundary())
     throw std::logic_error("zero::Engine::step() at the accumulation boundary inside no_sync(): the grads were "
                            "never reduced; leave the guard and run the boundary backward first");
@@ -471,10 +481,36 @@ Engine::NoSync::NoSync(Engine& e) : engine_(e) {
                            " keeps only grad shards, so each backward must reduce (several backward calls "
                            "per step still work: each one reduces into the shard)");
   if (m.no_sync) throw std::logic_error("zero::Engine::no_sync() guards cannot be nested");
+  if (m.coalescing)
+    throw std::logic_error("zero::Engine::no_sync() inside coalesce_grad_reduction(): the guard already defers "
+                           "the reduction; use one or the other");
   m.no_sync = true;
 }
 
 Engine::NoSync::~NoSync() { engine_.impl_->no_sync = false; }
+
+Engine::CoalesceGradReduction::CoalesceGradReduction(Engine& e)
+    : engine_(e), uncaught_at_entry_(std::uncaught_exceptions()) {
+  auto& m = *e.impl_;
+  if (m.stage == 0)
+    throw std::logic_error("zero::Engine::coalesce_grad_reduction() is for stages 1-3: stage 0 all-reduces full "
+                           "grads, so no_sync() already defers its reduction");
+  if (m.coalescing) throw std::logic_error("zero::Engine::coalesce_grad_reduction() guards cannot be nested");
+  if (m.no_sync)
+    throw std::logic_error("zero::Engine::coalesce_grad_reduction() inside no_sync(): no_sync already defers "
+                           "the reduction; use one or the other");
+  m.coalescing = true;
+}
+
+Engine::CoalesceGradReduction::~CoalesceGradReduction() noexcept(false) {
+  auto& m = *engine_.impl_;
+  m.coalescing = false;
+  // Unwinding: the peers may not reach a collective here; step() reduces
+  // what is left unreduced instead.
+  if (std::uncaught_exceptions() > uncaught_at_entry_) return;
+  // Stage 1 reduces at the boundary only, as it would without the guard.
+  if (m.stage >= 2 || m.boundary()) m.reducer->flush();
+}
 void Engine::zero_grad() { impl_->reducer->zero_grads(); }
 bool Engine::is_gradient_accumulation_boundary() const { return impl_->boundary(); }
 int64_t Engine::global_steps() const { return impl_->global_steps; }

@@ -1,6 +1,8 @@
 #include "train/gpt_trainer.h"
 
 #include <chrono>
+#include <optional>
+#include <stdexcept>
 
 #include <ATen/core/grad_mode.h>
 
@@ -27,6 +29,15 @@ GptTrainer::GptTrainer(const models::GPTConfig& model_config, const Config& conf
   engine_ = std::make_unique<Engine>(*model_, config, comm, dp);
 }
 
+void GptTrainer::set_backward_chunks(int64_t chunks, bool coalesce) {
+  const int64_t micro = engine_->batch().micro_batch_per_gpu;
+  if (chunks < 1 || micro % chunks)
+    throw std::invalid_argument("backward chunks: the micro-batch (" + std::to_string(micro) +
+                                ") must divide into " + std::to_string(chunks) + " equal chunks");
+  backward_chunks_ = chunks;
+  coalesce_ = coalesce;
+}
+
 StepRecord GptTrainer::train_step() {
   const auto& b = engine_->batch();
   const int64_t seq = model_->config().seq_len;
@@ -46,8 +57,17 @@ StepRecord GptTrainer::train_step() {
     std::vector<int64_t> mine(offsets.begin() + begin, offsets.begin() + begin + b.micro_batch_per_gpu);
     auto tokens = at::tensor(corpus_.windows(mine, seq), at::kLong).view({b.micro_batch_per_gpu, seq + 1});
     auto x = tokens.narrow(1, 0, seq), y = tokens.narrow(1, 1, seq);
-    auto loss = model_->loss(x, y);
-    loss_sum += engine_->backward(loss).detach();  // loss / gas
+    const int64_t rows = b.micro_batch_per_gpu / backward_chunks_;
+    {
+      std::optional<Engine::CoalesceGradReduction> coalesced;
+      if (coalesce_) coalesced.emplace(*engine_);
+      for (int64_t c = 0; c < backward_chunks_; ++c) {
+        // Equal chunks: the mean of chunk means is the micro-batch mean.
+        auto loss = model_->loss(x.narrow(0, c * rows, rows), y.narrow(0, c * rows, rows)) /
+                    static_cast<double>(backward_chunks_);
+        loss_sum += engine_->backward(loss).detach();  // loss / gas
+      }
+    }
     engine_->step();
   }
   r.stepped = engine_->skipped_steps() == skipped_before;

@@ -33,6 +33,12 @@ class GptTrainer {
 
   StepRecord train_step();
 
+  // Splits each micro-batch into `chunks` equal parts, one forward and
+  // backward each (as GradCache-style losses do), inside
+  // engine.coalesce_grad_reduction() when `coalesce`. The micro-batch must
+  // divide by `chunks`.
+  void set_backward_chunks(int64_t chunks, bool coalesce);
+
   Engine& engine() { return *engine_; }
   models::GPT& model() { return model_; }
   int64_t steps_done() const { return step_; }
@@ -45,6 +51,8 @@ class GptTrainer {
   models::GPT model_;
   std::unique_ptr<Engine> engine_;
   int64_t step_ = 0;
+  int64_t backward_chunks_ = 1;
+  bool coalesce_ = false;
 };
 
 }  // namespace zero::train

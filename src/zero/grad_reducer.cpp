@@ -1,5 +1,7 @@
 #include "zero/grad_reducer.h"
 
+#include <stdexcept>
+
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -69,6 +71,7 @@ void GradReducer::install_hooks() {
 }
 
 void GradReducer::begin_backward(bool reduce) {
+  if (flat_reduced_) restart_after_reduction();
   active_ = true;
   reduce_ = reduce;
   next_launch_ = 0;
@@ -76,6 +79,16 @@ void GradReducer::begin_backward(bool reduce) {
   if (opts_.stage <= 1)  // re-point .grad at the buffers in case user code cleared them
     for (auto& g : groups_)
       if (!g.params.front().grad().defined()) g.attach_grads();
+}
+
+void GradReducer::restart_after_reduction() {
+  // Rare (several reductions in one step), so the fp32 in-place shard is
+  // only copied out here, never on the common one-reduction path.
+  for (auto& g : groups_) {
+    if (g.grad_shard.is_alias_of(g.grad_flat)) g.grad_shard = g.grad_shard.clone();
+    g.grad_flat.zero_();
+  }
+  flat_reduced_ = false;
 }
 
 void GradReducer::ensure_grad_buffer(partition::FlatGroup& g) {
@@ -129,11 +142,9 @@ void GradReducer::launch(size_t i) {
     case 0:
       s.work = comm_.all_reduce(dp_, g.grad_flat, comm::ReduceOp::Avg);
       break;
-    case 1:
-      s.work = comm_.reduce_scatter(dp_, g.grad_shard, g.grad_flat, comm::ReduceOp::Avg);
-      break;
     default: {
-      ensure_grad_buffer(g);  // a group none of whose params got a grad still takes part
+      ensure_grad_buffer(g);  // stages 2/3: a group none of whose params got a grad still takes part
+      // A later reduction in the same step lands apart and is added in finish().
       if (!shard_fresh_) s.partial = at::empty_like(g.grad_shard);
       at::Tensor out = shard_fresh_ ? g.grad_shard : s.partial;
       s.work = comm_.reduce_scatter(dp_, out, g.grad_flat, comm::ReduceOp::Avg);
@@ -147,9 +158,9 @@ void GradReducer::finish(size_t i) {
   auto& s = state_[i];
   s.work->wait();
   s.work = nullptr;
+  if (s.partial.defined()) g.grad_shard.add_(s.partial);
+  s.partial = at::Tensor();
   if (opts_.stage >= 2) {
-    if (s.partial.defined()) g.grad_shard.add_(s.partial);
-    s.partial = at::Tensor();
     // Only the shard survives the backward: release the full grads.
     if (opts_.contiguous_gradients) g.detach_grads();
     g.grad_flat = at::Tensor();
@@ -158,20 +169,34 @@ void GradReducer::finish(size_t i) {
 
 void GradReducer::end_backward() {
   active_ = false;
-  if (reduce_) {
-    for (size_t i = next_launch_; i < groups_.size(); ++i) {
-      launch(i);
-      retire(false);
-    }
-    next_launch_ = groups_.size();
-    retire(true);
-    if (opts_.stage >= 2) shard_fresh_ = false;
+  if (reduce_) reduce_remaining();
+  else unreduced_ = true;
+}
+
+void GradReducer::flush() {
+  if (active_) throw std::logic_error("GradReducer::flush() during a backward");
+  if (flat_reduced_) return;  // stage 1: nothing accumulated since the last reduction
+  for (auto& s : state_) s = {};
+  next_launch_ = 0;
+  reduce_remaining();
+}
+
+void GradReducer::reduce_remaining() {
+  for (size_t i = next_launch_; i < groups_.size(); ++i) {
+    launch(i);
+    retire(false);
   }
+  next_launch_ = groups_.size();
+  retire(true);
+  shard_fresh_ = false;
+  unreduced_ = false;
+  if (opts_.stage == 1) flat_reduced_ = true;
 }
 
 void GradReducer::abort_backward() {
   active_ = false;
   in_flight_.clear();
+  if (opts_.stage >= 2) unreduced_ = false;  // the grad buffers go below
   for (size_t i = 0; i < groups_.size(); ++i) {
     state_[i] = {};
     if (opts_.stage >= 2) {
@@ -184,14 +209,20 @@ void GradReducer::abort_backward() {
 void GradReducer::zero_grads() {
   for (auto& g : groups_) {
     if (opts_.stage <= 1) g.grad_flat.zero_();
-    // A separate (widened fp32) stage-1 shard; an fp32 one aliases grad_flat.
-    if (opts_.stage == 1 && opts_.grad_dtype != at::kFloat) g.grad_shard.zero_();
+    if (opts_.stage == 1) {
+      // fp32 reduces in place into this rank's slot again (restart_after_reduction
+      // may have copied it out); 16-bit grads widen into a separate fp32 shard.
+      if (opts_.grad_dtype == at::kFloat) g.grad_shard = g.own_slot(g.grad_flat, dp_.rank());
+      else g.grad_shard.zero_();
+    }
   }
   // Stages 2/3: the next reduction overwrites the shard instead of adding
   // to it; zeroed too, so a step with no backward in between applies nothing.
   if (opts_.stage >= 2)
     for (auto& g : groups_) g.grad_shard.zero_();
   shard_fresh_ = true;
+  flat_reduced_ = false;
+  unreduced_ = false;
 }
 
 }  // namespace zero

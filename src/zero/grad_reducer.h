@@ -8,6 +8,13 @@
 // so every rank issues the same collectives in the same order even when a
 // rank's unused params make a group ready late. end_backward() launches what
 // is left (groups with unused params), waits, and folds the results.
+//
+// A backward that does not reduce (stages 0/1 before the boundary or under
+// no_sync; any stage under coalesce_grad_reduction) leaves its grads in the
+// full grad buffers, where the next backward adds to them; flush() then
+// reduces everything accumulated in one pass. Reductions add into the
+// shard, so several of them before a step (several backward calls at the
+// boundary) sum as they should.
 #pragma once
 
 #include <deque>
@@ -45,6 +52,11 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   // stage 2; at the accumulation boundary in stages 0/1).
   void begin_backward(bool reduce);
   void end_backward();
+  // Reduces every group's accumulated grads now, outside a backward: the
+  // one reduction pass at the end of a coalesce_grad_reduction() scope.
+  void flush();
+  // Grads accumulated by a backward that did not reduce, not reduced since.
+  bool has_unreduced() const { return unreduced_; }
   // After an exception in backward: no further collectives; this backward's
   // grads are dropped (stages 2/3) and in-flight work abandoned.
   void abort_backward();
@@ -57,6 +69,11 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
 
  private:
   void ensure_grad_buffer(partition::FlatGroup& g);
+  // Stage 1, before grads accumulate on top of already-reduced ones: keep
+  // the reduced shard apart and restart the full buffer from zero.
+  void restart_after_reduction();
+  // Launches the groups not launched yet, in order, and waits for all.
+  void reduce_remaining();
   void launch_ready_in_order();
   void launch(size_t group);
   void finish(size_t group);
@@ -81,7 +98,9 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   std::vector<GroupState> state_;
   bool active_ = false;
   bool reduce_ = false;
-  bool shard_fresh_ = true;  // stage 2: grad_shard holds nothing yet (reduce straight into it)
+  bool shard_fresh_ = true;   // grad_shard holds nothing yet (reduce straight into it)
+  bool unreduced_ = false;
+  bool flat_reduced_ = false;  // stage 1: grad_flat's contents are already in grad_shard
   size_t next_launch_ = 0;
   std::deque<size_t> in_flight_;  // launched, not finished, in launch order
 };

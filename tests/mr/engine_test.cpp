@@ -12,6 +12,7 @@
 #include <torch/nn/module.h>
 
 #include <fstream>
+#include <optional>
 
 #include "mr.h"
 #include "train/gpt_trainer.h"
@@ -709,6 +710,183 @@ TEST(MultipleBackward, NoSyncAndManualBoundary) {
   } catch (const std::logic_error& err) {
     EXPECT_NE(std::string(err.what()).find("stages 0 and 1"), std::string::npos) << err.what();
   }
+}
+
+// coalesce_grad_reduction(): N backward calls, one reduction pass.
+Config coalesce_config(int stage, int64_t gas, bool overlap, bool contiguous, const char* dtype = "fp32") {
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", 4},
+                      {"gradient_accumulation_steps", gas},
+                      // No clipping: the global norm is summed per group, so
+                      // with it the bits would depend on how stages group params.
+                      {"gradient_clipping", 0.0},
+                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                      {"zero_optimization", {{"stage", stage}, {"overlap_comm", overlap},
+                                             {"contiguous_gradients", contiguous}, {"reduce_bucket_size", 40},
+                                             {"stage3_param_persistence_threshold", 0}}}};
+  if (std::string(dtype) == "fp16") j["fp16"] = {{"enabled", true}, {"initial_scale_power", 8}, {"hysteresis", 1}};
+  return Config::from_json(j);
+}
+
+enum class Backwards { Coalesced, Separate, Accumulated };
+
+// Two optimizer steps of UnitNet, each over N chunks of 4 rows per rank:
+// Coalesced: N backward calls (loss / N) inside the guard, then step();
+// Separate: the same N calls without it (N reductions);
+// Accumulated: gradient_accumulation_steps = N, one backward + step() per chunk.
+// Returns the params and the reduce-scatter calls of the second step.
+std::pair<std::map<std::string, at::Tensor>, int64_t> run_chunks(int stage, int n, bool overlap, bool contiguous,
+                                                                 Backwards how) {
+  UnitNet m;
+  zero::Engine e(m, coalesce_config(stage, how == Backwards::Accumulated ? n : 1, overlap, contiguous),
+                 world().comm(), dp_group());
+  const int r = dp_group()->rank();
+  int64_t rs_calls = 0;
+  for (int step = 0; step < 2; ++step) {
+    at::manual_seed(900 + step);
+    std::vector<at::Tensor> chunks;
+    for (int k = 0; k < n; ++k) chunks.push_back(at::randn({4 * world().size(), 8}).narrow(0, 4 * r, 4));
+    const auto before = world().comm().counters().totals();
+    if (how == Backwards::Accumulated) {
+      for (auto& x : chunks) {
+        e.backward(m.loss(x));
+        e.step();
+      }
+    } else {
+      std::optional<zero::Engine::CoalesceGradReduction> guard;
+      if (how == Backwards::Coalesced) guard.emplace(e);
+      for (auto& x : chunks) {
+        e.backward(m.loss(x) / n);
+        if (guard) {
+          EXPECT_EQ(zero::comm::diff(world().comm().counters().totals(), before).count("reduce_scatter"), 0u)
+              << "a backward inside the guard reduced";
+        }
+      }
+      guard.reset();
+      EXPECT_TRUE(e.step());
+    }
+    const auto d = zero::comm::diff(world().comm().counters().totals(), before);
+    rs_calls = d.count("reduce_scatter") ? d.at("reduce_scatter").calls : 0;
+  }
+  return {e.full_parameters(), rs_calls};
+}
+
+bool bit_equal(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+  for (const auto& [name, t] : a)
+    if (!t.equal(b.at(name))) return false;
+  return a.size() == b.size();
+}
+
+TEST(MultipleBackward, CoalescedReductionMatchesSeparateOnes) {
+  for (int stage : {1, 2, 3})
+    for (bool overlap : {true, false})
+      for (bool contiguous : {true, false}) {
+        if (stage == 1 && !contiguous) continue;  // stage 1 keeps full grads: nothing to vary
+        // One backward per step: the reduce-scatters of one reduction pass.
+        const int64_t one_pass = run_chunks(stage, 1, overlap, contiguous, Backwards::Separate).second;
+        ASSERT_GT(one_pass, 0);
+        for (int n : {2, 4, 8}) {
+          SCOPED_TRACE("stage " + std::to_string(stage) + " overlap " + std::to_string(overlap) + " contiguous " +
+                       std::to_string(contiguous) + " N " + std::to_string(n));
+          auto [coalesced, coalesced_rs] = run_chunks(stage, n, overlap, contiguous, Backwards::Coalesced);
+          auto [separate, separate_rs] = run_chunks(stage, n, overlap, contiguous, Backwards::Separate);
+          EXPECT_EQ(coalesced_rs, one_pass);
+          EXPECT_EQ(separate_rs, n * one_pass);
+          // Bit-exact against stage 1's own accumulation over N micro-batches,
+          // which also sums the chunks' grads locally and reduces once. Against
+          // N separate reductions only to round-off: they average each chunk
+          // across ranks and then add the averages, another order of float sums.
+          auto accumulated = run_chunks(1, n, overlap, true, Backwards::Accumulated).first;
+          EXPECT_TRUE(bit_equal(coalesced, accumulated));
+          EXPECT_LT(max_abs_diff(coalesced, separate), 1e-6);
+        }
+      }
+}
+
+TEST(MultipleBackward, CoalescedMatchesOneBackwardOverTheWholeBatch) {
+  const int N = world().size();
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    UnitNet m, ref;
+    zero::Engine e(m, coalesce_config(stage, 1, true, true), world().comm(), dp_group());
+    zero::Engine er(ref, toy_config(0, 4 * N * 4), world().comm(), solo_group());
+    at::manual_seed(950);
+    std::vector<at::Tensor> chunks;
+    for (int k = 0; k < 4; ++k) chunks.push_back(at::randn({4 * N, 8}));
+    zero::StateBytes inside;
+    {
+      auto guard = e.coalesce_grad_reduction();
+      for (auto& x : chunks) e.backward(m.loss(x.narrow(0, 4 * dp_group()->rank(), 4)) / 4);
+      inside = e.state_bytes();
+    }
+    // The guard's cost: full grads held until it ends (stage 1 always holds them).
+    EXPECT_GE(inside.grads, e.num_params() * 4);
+    EXPECT_TRUE(e.step());
+    er.backward(ref.loss(at::cat(chunks)));
+    er.step();
+    auto got = e.full_parameters(), want = er.full_parameters();
+    EXPECT_LT(max_abs_diff(got, want), 1e-5);
+  }
+}
+
+TEST(MultipleBackward, Fp16OverflowInsideTheGuardSkipsTheStepEverywhere) {
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    UnitNet m;
+    zero::Engine e(m, coalesce_config(stage, 1, true, true, "fp16"), world().comm(), dp_group());
+    auto x = at::randn({4, 8});
+    const auto before = e.full_parameters();
+    {
+      auto guard = e.coalesce_grad_reduction();
+      e.backward(m.loss(x) / 2);
+      auto loss = m.loss(x) / 2;
+      if (dp_group()->rank() == 0) loss = loss * std::numeric_limits<float>::infinity();  // one rank overflows
+      e.backward(loss);
+    }
+    EXPECT_FALSE(e.step());
+    EXPECT_EQ(e.skipped_steps(), 1);
+    EXPECT_EQ(e.loss_scale(), 128.0);
+    EXPECT_TRUE(bit_equal(e.full_parameters(), before));
+    {
+      auto guard = e.coalesce_grad_reduction();
+      for (int k = 0; k < 2; ++k) e.backward(m.loss(x) / 2);
+    }
+    EXPECT_TRUE(e.step());
+    EXPECT_FALSE(bit_equal(e.full_parameters(), before));
+  }
+}
+
+TEST(MultipleBackward, CoalesceMisuseIsAnError) {
+  auto expect_msg = [](auto&& fn, const std::string& part) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error, expected: " << part;
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  UnitNet m0, m1;
+  zero::Engine e0(m0, coalesce_config(0, 1, true, true), world().comm(), dp_group());
+  zero::Engine e1(m1, coalesce_config(1, 1, true, true), world().comm(), dp_group());
+  expect_msg([&] { auto g = e0.coalesce_grad_reduction(); }, "stages 1-3");
+  expect_msg([&] {
+    auto g = e1.coalesce_grad_reduction();
+    auto h = e1.coalesce_grad_reduction();
+  }, "cannot be nested");
+  expect_msg([&] {
+    auto g = e1.no_sync();
+    auto h = e1.coalesce_grad_reduction();
+  }, "use one or the other");
+  expect_msg([&] {
+    auto g = e1.coalesce_grad_reduction();
+    auto h = e1.no_sync();
+  }, "use one or the other");
+  expect_msg([&] {
+    auto g = e1.coalesce_grad_reduction();
+    e1.backward(m1.loss(at::randn({4, 8})));
+    e1.step();
+  }, "inside coalesce_grad_reduction");
+  // After the misuse the engine still trains (the guard above reduced on exit).
+  EXPECT_TRUE(e1.step());
 }
 
 TEST(BadInput, ClearErrors) {

@@ -38,6 +38,26 @@ done
 check "--log-json-all: rank 0 file" [ -s "$tmp/all.rank0" ]
 check "--log-json-all: rank 1 file" [ -s "$tmp/all.rank1" ]
 
+# --backward-chunks 4: four backward passes per micro-batch; --coalesce makes
+# them one reduce-scatter per group instead of four, with the same losses.
+cat > "$tmp/s2.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2, "reduce_bucket_size": 20000}}
+JSON
+rs_calls() { grep '"event":"summary"' "$1" | grep -o '"reduce_scatter":{"bytes":[0-9]*,"calls":[0-9]*' | sed 's/.*://'; }
+final_loss() { grep '"event":"summary"' "$1" | grep -o '"final_loss":[-0-9.e]*' | sed 's/.*://'; }
+for mode in separate coalesce; do
+  flag=(); [ $mode = coalesce ] && flag=(--coalesce)
+  "$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s2.json" "${tiny[@]}" --backward-chunks 4 "${flag[@]}" \
+    --log-json "$tmp/$mode.jsonl" >/dev/null 2>&1
+  check "--backward-chunks 4 ($mode) trains" [ -s "$tmp/$mode.jsonl" ]
+done
+sep=$(rs_calls "$tmp/separate.jsonl"); coal=$(rs_calls "$tmp/coalesce.jsonl")
+check "--coalesce: one reduce-scatter per group, not four ($coal vs $sep)" [ "${coal:-0}" -gt 0 -a "$((${coal:-0} * 4))" -eq "${sep:-0}" ]
+check "--coalesce: same loss to round-off" awk -v a="$(final_loss "$tmp/separate.jsonl")" \
+  -v b="$(final_loss "$tmp/coalesce.jsonl")" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d < 1e-4 * a) }'
+out=$("$ZR" -n 2 --timeout 60 -- "$ZT" --config "$tmp/s2.json" "${tiny[@]}" --backward-chunks 3 2>&1)
+check "chunks that do not divide the micro-batch: named" contains "$out" "the micro-batch (4) must divide into 3 equal chunks"
+
 # Bad input names what is wrong, and no rank is left behind.
 echo '{"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_com": true}}' > "$tmp/bad.json"
 out=$("$ZR" -n 2 --timeout 60 -- "$ZT" --config "$tmp/bad.json" "${tiny[@]}" 2>&1)

@@ -1,0 +1,24 @@
+# Helpers shared by the shell benchmarks. Source it after setting B (the
+# build dir) and tmp (a scratch dir).
+
+# Writes a ds_config for the benchmark GPTs: stage $1, dtype $2 (fp32|bf16),
+# micro-batch $3, to $tmp/c.json.
+bench_config() {
+  local stage=$1 dtype=$2 micro=${3:-4} prec=""
+  [ "$dtype" = bf16 ] && prec='"bf16": {"enabled": true},'
+  cat > "$tmp/c.json" <<JSON
+{ "train_micro_batch_size_per_gpu": $micro, "gradient_clipping": 1.0, $prec
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}},
+  "zero_optimization": {"stage": $stage, "overlap_comm": true, "reduce_bucket_size": 5e7,
+                        "stage3_prefetch_bucket_size": 2e7, "stage3_max_live_parameters": 4e7,
+                        "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 1e4} }
+JSON
+}
+
+# Runs zero-train on 2 local ranks with $tmp/c.json and the given args;
+# prints its summary record (one JSON object).
+zero_train_summary() {
+  "$B/zero-run" -n 2 -- "$B/zero-train" --config "$tmp/c.json" --log-json "$tmp/log.jsonl" "$@" \
+    > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
+  grep '"event":"summary"' "$tmp/log.jsonl"
+}
