@@ -7,9 +7,11 @@
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus ZERO_JOB_ID, and its
 // output lines are prefixed with "[rank r] ". When any rank fails (non-zero
 // exit or a signal), the others get SIGTERM and, 3 s later, SIGKILL, and
-// zero-run exits non-zero: a dead rank never leaves the job hanging.
+// zero-run exits non-zero: a dead rank never leaves the job hanging. At the
+// end it removes any shared-memory segment of the job a killed rank left.
 // SIGINT/SIGTERM sent to zero-run are forwarded to every rank.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -26,6 +28,9 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "comm/shm/segment.h"
+#include "zero/launch_env.h"
 
 namespace {
 
@@ -121,6 +126,19 @@ std::string describe_exit(int status) {
 }
 
 }  // namespace
+
+// Ranks unlink their shared-memory segments once every rank has mapped
+// them; a rank killed during that setup window can leave one behind. The
+// job is over here, so anything with its prefix goes.
+void remove_shared_memory_of(const std::string& job_id) {
+  const std::string dir = zero::comm::shm::Segment::directory();
+  const std::string prefix = zero::comm::shm_segment_prefix(job_id);
+  DIR* d = opendir(dir.c_str());
+  if (!d) return;
+  while (dirent* e = readdir(d))
+    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) unlink((dir + "/" + e->d_name).c_str());
+  closedir(d);
+}
 
 int main(int argc, char** argv) {
   int nproc = 0;
@@ -259,5 +277,6 @@ int main(int argc, char** argv) {
       for (size_t k = 0; k < fds.size(); ++k)
         if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) owners[k]->pump();
   }
+  remove_shared_memory_of(job_id);
   return exit_code;
 }

@@ -94,6 +94,11 @@ class Comm {
 
   // Fast paths are asked in registration order.
   void add_fast_path(std::shared_ptr<Transport> t);
+  // Off: every collective goes to the backend (ZERO_COMM_FASTPATH=off
+  // decides at setup; this switches routing later, e.g. from the ds_config).
+  // Every rank must switch at the same point in its sequence of collectives.
+  void set_fast_paths_enabled(bool on) { fast_paths_enabled_ = on; }
+  bool fast_paths_enabled() const { return fast_paths_enabled_; }
 
   WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard);
   WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat,
@@ -111,6 +116,7 @@ class Comm {
 
   std::shared_ptr<Transport> backend_;
   std::vector<std::shared_ptr<Transport>> fast_paths_;
+  bool fast_paths_enabled_ = true;
   CommCounters counters_;
 };
 

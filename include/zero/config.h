@@ -128,6 +128,10 @@ struct Config {
   std::optional<DType> communication_data_type;  // default: the params' dtype
   std::optional<DType> grad_accum_dtype;         // data_types.grad_accum_dtype
   ZeroConfig zero;
+  // "zero_cpp": {"comm_fast_path": false} routes every collective to the
+  // backend (Gloo) instead of the shared-memory transport between ranks on
+  // one host (as ZERO_COMM_FASTPATH=off does).
+  bool comm_fast_path = true;
 
   // Parses and validates; throws ConfigError naming the offending key.
   static Config from_json(const nlohmann::json& j);

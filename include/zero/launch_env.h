@@ -27,4 +27,8 @@ using GetEnv = std::function<const char*(const char*)>;
 LaunchEnv read_launch_env(const GetEnv& getenv);
 LaunchEnv read_launch_env();  // from the process environment
 
+// The name prefix of this job's shared-memory segments ("zero-" + the job
+// id made file-name safe); zero-run removes files with it after the job.
+std::string shm_segment_prefix(const std::string& job_id);
+
 }  // namespace zero::comm

@@ -82,8 +82,9 @@ Comm::Comm(std::shared_ptr<Transport> backend) : backend_(std::move(backend)) {}
 void Comm::add_fast_path(std::shared_ptr<Transport> t) { fast_paths_.push_back(std::move(t)); }
 
 Transport& Comm::route(const Group& g, CollectiveOp op, const at::Tensor& t) {
-  for (auto& fp : fast_paths_)
-    if (fp->supports(g, op, t.scalar_type(), t.numel())) return *fp;
+  if (fast_paths_enabled_)
+    for (auto& fp : fast_paths_)
+      if (fp->supports(g, op, t.scalar_type(), t.numel())) return *fp;
   return *backend_;
 }
 

@@ -16,10 +16,15 @@ namespace zero::comm {
 // interleave differently on different ranks (e.g. a param unused on one
 // rank only) and pair the wrong collectives. Each lane's own order is the
 // same on every rank.
+struct ShmGroup;  // comm/shm_transport.cpp
+
 struct Group::Impl {
   c10::intrusive_ptr<compat::CollectiveBackend> backend;         // everything else
   c10::intrusive_ptr<compat::CollectiveBackend> reduce_backend;  // reduce-scatter
   std::chrono::milliseconds timeout;
+  // The shared-memory fast path's segment and lanes, when every rank of
+  // the group is on this host and could map it; null otherwise.
+  std::shared_ptr<ShmGroup> shm;
 };
 
 }  // namespace zero::comm

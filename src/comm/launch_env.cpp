@@ -1,5 +1,6 @@
 #include "zero/launch_env.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <stdexcept>
@@ -118,6 +119,13 @@ LaunchEnv read_launch_env(const GetEnv& getenv) {
 
 LaunchEnv read_launch_env() {
   return read_launch_env([](const char* name) { return std::getenv(name); });
+}
+
+std::string shm_segment_prefix(const std::string& job_id) {
+  std::string safe = job_id;
+  for (char& c : safe)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') c = '_';
+  return "zero-" + safe;
 }
 
 }  // namespace zero::comm

@@ -9,6 +9,7 @@
 
 #include "comm/gloo_transport.h"
 #include "comm/group_impl.h"
+#include "comm/shm_transport.h"
 #include "comm/work.h"
 #include "zero/comm.h"
 
@@ -66,6 +67,11 @@ struct World::Impl {
   Comm comm{std::make_shared<GlooTransport>()};
   int next_group_id = 0;
 
+  std::string host_of(int rank) {
+    auto v = store->get("zero_host_" + std::to_string(rank));
+    return std::string(v.begin(), v.end());
+  }
+
   std::shared_ptr<Group> make_group(const std::vector<int>& ranks, const std::string& name) {
     const int id = next_group_id++;  // advanced on every rank, member or not
     auto it = std::find(ranks.begin(), ranks.end(), env.rank);
@@ -86,7 +92,13 @@ struct World::Impl {
                       " failed: " + first_line(e.what()));
     }
     impl->timeout = collective_timeout;
-    return std::make_shared<Group>(name, ranks, group_rank, impl);
+    auto group = std::make_shared<Group>(name, ranks, group_rank, impl);
+    std::vector<std::string> hosts;
+    for (int r : ranks) hosts.push_back(host_of(r));
+    auto shm_store = c10::make_intrusive<c10d::PrefixStore>("zero_group_" + std::to_string(id) + "_shm", store);
+    impl->shm = try_shm_group(*shm_store, shm_segment_prefix(env.job_id) + "-g" + std::to_string(id), *group,
+                              hosts, collective_timeout);
+    return group;
   }
 };
 
@@ -158,6 +170,10 @@ std::shared_ptr<World> init_distributed(const DistributedOptions& opts) {
                       where + ")");
     wait_for_all_ranks(*impl->store, env.world_size, rendezvous_timeout, where);
   }
+  // Same-host groups use shared memory (see comm/shm_transport.h).
+  const std::string host = host_identity();
+  impl->store->set("zero_host_" + std::to_string(env.rank), std::vector<uint8_t>(host.begin(), host.end()));
+  impl->comm.add_fast_path(std::make_shared<ShmTransport>());
   impl->device = make_gloo_device(env);
   std::vector<int> all(env.world_size);
   for (int r = 0; r < env.world_size; ++r) all[r] = r;

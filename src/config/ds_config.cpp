@@ -343,6 +343,12 @@ Config Config::from_json(const json& j) {
     dt.finish();
   }
   c.zero = read_zero(top);
+  {
+    // zero-cpp's own settings (DeepSpeed has no such block).
+    ObjectReader own = top.child("zero_cpp");
+    c.comm_fast_path = own.get_bool("comm_fast_path", c.comm_fast_path);
+    own.finish();
+  }
 
   // DeepSpeed keys whose default is the only behaviour zero-cpp has.
   top.unsupported_unless("prescale_gradients", false);
@@ -462,6 +468,7 @@ json Config::to_json() const {
                {"consecutive_hysteresis", fp16.consecutive_hysteresis},
                {"min_loss_scale", fp16.min_loss_scale}};
   j["bf16"] = {{"enabled", bf16.enabled}};
+  j["zero_cpp"] = {{"comm_fast_path", comm_fast_path}};
   if (optimizer.given) {
     json p = {{"lr", optimizer.lr}, {"weight_decay", optimizer.weight_decay}};
     if (optimizer.type == OptimizerType::SGD) {

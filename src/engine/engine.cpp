@@ -89,6 +89,7 @@ struct Engine::Impl {
         grad_dtype(to_scalar_type(c.grad_accum_dtype.value_or(c.param_dtype()))),
         scaler(c.fp16) {
     validate();
+    if (!config.comm_fast_path) comm.set_fast_paths_enabled(false);  // every rank builds its engine at the same point
     optim::set_kernel_threads(at::get_num_threads());
     batch = config.resolve_batch(dp.size());
     ReducerOptions ro{stage, config.zero.overlap_comm(), config.zero.contiguous_gradients, grad_dtype, nullptr};

@@ -5,6 +5,8 @@
 
 #include <omp.h>
 
+#include "common/half_bits.h"
+
 namespace zero::optim {
 
 namespace {
@@ -15,40 +17,8 @@ constexpr int64_t kChunk = 1 << 16;
 
 int g_threads = 0;  // 0: OpenMP's default
 
-inline uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// Round to nearest even, NaN -> quiet NaN (as c10::BFloat16).
-inline uint16_t to_bf16(float f) {
-  const uint32_t u = bits_of(f);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return f != f ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
-}
-
-// IEEE fp32 -> fp16, round to nearest even, branch-free (the classic
-// scale-and-rebias method; inf/NaN preserved, overflow to inf).
-inline uint16_t to_fp16(float f) {
-  const float scale_to_inf = float_of(0x77800000u);   // 2^112
-  const float scale_to_zero = float_of(0x08800000u);  // 2^-110
-  float base = (std::fabs(f) * scale_to_inf) * scale_to_zero;
-  const uint32_t w = bits_of(f);
-  const uint32_t shl1_w = w + w;
-  const uint32_t sign = w & 0x80000000u;
-  uint32_t bias = shl1_w & 0xFF000000u;
-  bias = bias < 0x71000000u ? 0x71000000u : bias;
-  base = float_of((bias >> 1) + 0x07800000u) + base;
-  const uint32_t b = bits_of(base);
-  const uint32_t nonsign = ((b >> 13) & 0x00007C00u) + (b & 0x00000FFFu);
-  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
-}
+using bits::to_bf16;
+using bits::to_fp16;
 
 inline void store16(void* out, int64_t i, float x, Out16 kind) {
   if (kind == Out16::BF16) static_cast<uint16_t*>(out)[i] = to_bf16(x);

@@ -1,7 +1,10 @@
 // Collectives on real processes, checked against values each rank computes
 // locally: every dtype, sizes that do and don't divide by the group size,
-// sub-groups, counters, argument errors, and timeouts.
+// sub-groups, counters, argument errors, and timeouts -- each on both
+// transports: the shared-memory fast path (all ranks here share a host) and
+// Gloo, which must agree bit for bit.
 #include <chrono>
+#include <csignal>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -16,7 +19,27 @@ using zero::comm::ReduceOp;
 using zero::test::world;
 
 const at::ScalarType kDTypes[] = {at::kFloat, at::kHalf, at::kBFloat16};
-const int64_t kSizes[] = {1, 7, 1000, 65537};
+// 300001 fp32 elements span several shared-memory rounds (1 MiB slots).
+const int64_t kSizes[] = {1, 7, 1000, 65537, 300001};
+
+// Runs `body` on the shared-memory fast path, then on Gloo, and checks the
+// counters say which transport served the calls.
+template <typename F>
+void for_each_transport(F&& body) {
+  auto& comm = world().comm();
+  for (const char* transport : {"shm", "gloo"}) {
+    SCOPED_TRACE(transport);
+    comm.set_fast_paths_enabled(std::string(transport) == "shm");
+    const auto before = comm.counters().totals();
+    body();
+    for (const auto& [op, c] : zero::comm::diff(comm.counters().totals(), before)) {
+      if (op == "barrier") continue;  // always the backend's
+      const auto served = c.calls_by_transport.find(transport);
+      EXPECT_EQ(served == c.calls_by_transport.end() ? 0 : served->second, c.calls) << op;
+    }
+  }
+  comm.set_fast_paths_enabled(true);
+}
 
 // Rank r's data: small integers (exact in every dtype and in sums of a few ranks).
 at::Tensor rank_data(int rank, int64_t n, at::ScalarType dt, int salt = 0) {
@@ -24,118 +47,134 @@ at::Tensor rank_data(int rank, int64_t n, at::ScalarType dt, int salt = 0) {
 }
 
 TEST(Collectives, AllGatherIntoFlat) {
-  auto& comm = world().comm();
-  const Group& g = world().group();
-  for (auto dt : kDTypes)
-    for (int64_t n : kSizes) {
-      SCOPED_TRACE(std::string(c10::toString(dt)) + " shard " + std::to_string(n));
-      auto full = at::empty({n * g.size()}, dt);
-      comm.all_gather(g, full, rank_data(g.rank(), n, dt))->wait();
-      std::vector<at::Tensor> parts;
-      for (int r = 0; r < g.size(); ++r) parts.push_back(rank_data(r, n, dt));
-      EXPECT_TRUE(full.equal(at::cat(parts)));
-    }
+  for_each_transport([&] {
+    auto& comm = world().comm();
+    const Group& g = world().group();
+    for (auto dt : kDTypes)
+      for (int64_t n : kSizes) {
+        SCOPED_TRACE(std::string(c10::toString(dt)) + " shard " + std::to_string(n));
+        auto full = at::empty({n * g.size()}, dt);
+        comm.all_gather(g, full, rank_data(g.rank(), n, dt))->wait();
+        std::vector<at::Tensor> parts;
+        for (int r = 0; r < g.size(); ++r) parts.push_back(rank_data(r, n, dt));
+        EXPECT_TRUE(full.equal(at::cat(parts)));
+      }
+  });
 }
 
 TEST(Collectives, AllGatherInPlaceShard) {
-  // ZeRO's common case: the input shard is this rank's slot of the output.
-  auto& comm = world().comm();
-  const Group& g = world().group();
-  const int64_t n = 1001;
-  auto full = at::zeros({n * g.size()}, at::kFloat);
-  full.narrow(0, g.rank() * n, n).copy_(rank_data(g.rank(), n, at::kFloat));
-  comm.all_gather(g, full, full.narrow(0, g.rank() * n, n))->wait();
-  for (int r = 0; r < g.size(); ++r) EXPECT_TRUE(full.narrow(0, r * n, n).equal(rank_data(r, n, at::kFloat)));
+  for_each_transport([&] {
+    // ZeRO's common case: the input shard is this rank's slot of the output.
+    auto& comm = world().comm();
+    const Group& g = world().group();
+    const int64_t n = 1001;
+    auto full = at::zeros({n * g.size()}, at::kFloat);
+    full.narrow(0, g.rank() * n, n).copy_(rank_data(g.rank(), n, at::kFloat));
+    comm.all_gather(g, full, full.narrow(0, g.rank() * n, n))->wait();
+    for (int r = 0; r < g.size(); ++r) EXPECT_TRUE(full.narrow(0, r * n, n).equal(rank_data(r, n, at::kFloat)));
+  });
 }
 
 TEST(Collectives, ReduceScatterSumAndAvg) {
-  auto& comm = world().comm();
-  const Group& g = world().group();
-  for (auto dt : kDTypes)
-    for (int64_t n : kSizes)
-      for (auto op : {ReduceOp::Sum, ReduceOp::Avg})
-        for (bool widen : {false, true}) {
-          if (widen && dt == at::kFloat) continue;
-          SCOPED_TRACE(std::string(c10::toString(dt)) + " n " + std::to_string(n) +
-                       (op == ReduceOp::Avg ? " avg" : " sum") + (widen ? " -> fp32" : ""));
-          const at::ScalarType out_dt = widen ? at::kFloat : dt;
-          auto out = at::empty({n}, out_dt);
-          comm.reduce_scatter(g, out, rank_data(g.rank(), n * g.size(), dt), op)->wait();
-          // Local oracle: fp32 sum in rank order, one rounding.
-          auto acc = at::zeros({n}, at::kFloat);
-          for (int r = 0; r < g.size(); ++r)
-            acc.add_(rank_data(r, n * g.size(), dt).narrow(0, g.rank() * n, n).to(at::kFloat));
-          if (op == ReduceOp::Avg) acc.div_(g.size());
-          EXPECT_TRUE(out.equal(acc.to(out_dt)));
-        }
+  for_each_transport([&] {
+    auto& comm = world().comm();
+    const Group& g = world().group();
+    for (auto dt : kDTypes)
+      for (int64_t n : kSizes)
+        for (auto op : {ReduceOp::Sum, ReduceOp::Avg})
+          for (bool widen : {false, true}) {
+            if (widen && dt == at::kFloat) continue;
+            SCOPED_TRACE(std::string(c10::toString(dt)) + " n " + std::to_string(n) +
+                         (op == ReduceOp::Avg ? " avg" : " sum") + (widen ? " -> fp32" : ""));
+            const at::ScalarType out_dt = widen ? at::kFloat : dt;
+            auto out = at::empty({n}, out_dt);
+            comm.reduce_scatter(g, out, rank_data(g.rank(), n * g.size(), dt), op)->wait();
+            // Local oracle: fp32 sum in rank order, one rounding.
+            auto acc = at::zeros({n}, at::kFloat);
+            for (int r = 0; r < g.size(); ++r)
+              acc.add_(rank_data(r, n * g.size(), dt).narrow(0, g.rank() * n, n).to(at::kFloat));
+            if (op == ReduceOp::Avg) acc.div_(g.size());
+            EXPECT_TRUE(out.equal(acc.to(out_dt)));
+          }
+  });
 }
 
 TEST(Collectives, AllReduce) {
-  auto& comm = world().comm();
-  const Group& g = world().group();
-  for (auto dt : kDTypes)
-    for (int64_t n : kSizes)
-      for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) {
-        SCOPED_TRACE(std::string(c10::toString(dt)) + " n " + std::to_string(n));
-        auto t = rank_data(g.rank(), n, dt);
-        comm.all_reduce(g, t, op)->wait();
-        auto acc = at::zeros({n}, at::kFloat);
-        for (int r = 0; r < g.size(); ++r) acc.add_(rank_data(r, n, dt).to(at::kFloat));
-        if (op == ReduceOp::Avg) acc.div_(g.size());
-        // Gloo's ring sums fp32 in a different order; the inputs are small
-        // integers, so every order is exact.
-        EXPECT_TRUE(t.equal(acc.to(dt)));
-      }
+  for_each_transport([&] {
+    auto& comm = world().comm();
+    const Group& g = world().group();
+    for (auto dt : kDTypes)
+      for (int64_t n : kSizes)
+        for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) {
+          SCOPED_TRACE(std::string(c10::toString(dt)) + " n " + std::to_string(n));
+          auto t = rank_data(g.rank(), n, dt);
+          comm.all_reduce(g, t, op)->wait();
+          auto acc = at::zeros({n}, at::kFloat);
+          for (int r = 0; r < g.size(); ++r) acc.add_(rank_data(r, n, dt).to(at::kFloat));
+          if (op == ReduceOp::Avg) acc.div_(g.size());
+          // Gloo's ring sums fp32 in a different order; the inputs are small
+          // integers, so every order is exact.
+          EXPECT_TRUE(t.equal(acc.to(dt)));
+        }
+  });
 }
 
 TEST(Collectives, Broadcast) {
-  auto& comm = world().comm();
-  const Group& g = world().group();
-  for (int root : {0, g.size() - 1})
-    for (auto dt : {at::kFloat, at::kHalf, at::kBFloat16, at::kBool, at::kLong}) {
-      auto t = rank_data(g.rank(), 77, at::kFloat).fmod(2).to(dt);
-      comm.broadcast(g, t, root)->wait();
-      EXPECT_TRUE(t.equal(rank_data(root, 77, at::kFloat).fmod(2).to(dt))) << c10::toString(dt);
-    }
-  comm.barrier(g)->wait();
+  for_each_transport([&] {
+    auto& comm = world().comm();
+    const Group& g = world().group();
+    for (int root : {0, g.size() - 1})
+      for (auto dt : {at::kFloat, at::kHalf, at::kBFloat16, at::kBool, at::kLong}) {
+        auto t = rank_data(g.rank(), 77, at::kFloat).fmod(2).to(dt);
+        comm.broadcast(g, t, root)->wait();
+        EXPECT_TRUE(t.equal(rank_data(root, 77, at::kFloat).fmod(2).to(dt))) << c10::toString(dt);
+      }
+    comm.barrier(g)->wait();
+  });
 }
 
 TEST(Collectives, ManyInFlightCompleteInAnyWaitOrder) {
-  auto& comm = world().comm();
-  const Group& g = world().group();
-  std::vector<at::Tensor> ts;
-  std::vector<zero::comm::WorkHandle> ws;
-  for (int i = 0; i < 8; ++i) {
-    ts.push_back(at::full({4096}, g.rank() + i, at::kFloat));
-    ws.push_back(comm.all_reduce(g, ts.back()));
-  }
-  for (int i = 7; i >= 0; --i) ws[i]->wait();
-  const double base = g.size() * (g.size() - 1) / 2.0;
-  for (int i = 0; i < 8; ++i) EXPECT_TRUE(ts[i].eq(base + g.size() * i).all().item<bool>());
+  for_each_transport([&] {
+    auto& comm = world().comm();
+    const Group& g = world().group();
+    std::vector<at::Tensor> ts;
+    std::vector<zero::comm::WorkHandle> ws;
+    for (int i = 0; i < 8; ++i) {
+      ts.push_back(at::full({4096}, g.rank() + i, at::kFloat));
+      ws.push_back(comm.all_reduce(g, ts.back()));
+    }
+    for (int i = 7; i >= 0; --i) ws[i]->wait();
+    const double base = g.size() * (g.size() - 1) / 2.0;
+    for (int i = 0; i < 8; ++i) EXPECT_TRUE(ts[i].eq(base + g.size() * i).all().item<bool>());
+  });
 }
 
 TEST(SubGroups, EachGroupSeesOnlyItsRanks) {
   auto& w = world();
   if (w.size() % 2) GTEST_SKIP() << "needs an even world";
-  // DP groups of 2 consecutive ranks: {0,1}, {2,3}, ...
+  // DP groups of 2 consecutive ranks: {0,1}, {2,3}, ... -- on the fast path
+  // too, whose segment is per group (the seed's first review bug was a fast
+  // path that ignored the group).
   auto dp = w.split(2, "dp");
   ASSERT_TRUE(dp);
   EXPECT_EQ(dp->size(), 2);
   EXPECT_EQ(dp->rank(), w.rank() % 2);
-  auto t = at::full({5}, w.rank() + 1.0, at::kFloat);
-  w.comm().all_reduce(*dp, t)->wait();
   const int first = w.rank() - w.rank() % 2;
-  EXPECT_TRUE(t.eq((first + 1) + (first + 2)).all().item<bool>());
+  for_each_transport([&] {
+    auto t = at::full({5}, w.rank() + 1.0, at::kFloat);
+    w.comm().all_reduce(*dp, t)->wait();
+    EXPECT_TRUE(t.eq((first + 1) + (first + 2)).all().item<bool>());
 
-  auto full = at::empty({6}, at::kBFloat16);
-  w.comm().all_gather(*dp, full, at::full({3}, static_cast<double>(w.rank()), at::kBFloat16))->wait();
-  EXPECT_EQ(full[0].item<float>(), first);
-  EXPECT_EQ(full[5].item<float>(), first + 1);
+    auto full = at::empty({6}, at::kBFloat16);
+    w.comm().all_gather(*dp, full, at::full({3}, static_cast<double>(w.rank()), at::kBFloat16))->wait();
+    EXPECT_EQ(full[0].item<float>(), first);
+    EXPECT_EQ(full[5].item<float>(), first + 1);
 
-  auto out = at::empty({4}, at::kFloat);
-  w.comm().reduce_scatter(*dp, out, at::full({8}, static_cast<double>(w.rank()), at::kFloat))->wait();
-  EXPECT_TRUE(out.eq(2 * first + 1).all().item<bool>());
-  EXPECT_EQ(w.comm().counters().for_group(dp->name())["all_reduce"].calls, 1);
+    auto out = at::empty({4}, at::kFloat);
+    w.comm().reduce_scatter(*dp, out, at::full({8}, static_cast<double>(w.rank()), at::kFloat))->wait();
+    EXPECT_TRUE(out.eq(2 * first + 1).all().item<bool>());
+  });
+  EXPECT_EQ(w.comm().counters().for_group(dp->name())["all_reduce"].calls, 2);
 }
 
 TEST(SubGroups, NonContiguousAndNonMembers) {
@@ -144,12 +183,14 @@ TEST(SubGroups, NonContiguousAndNonMembers) {
   auto g = w.new_group({0, 2}, "evens");
   EXPECT_EQ(static_cast<bool>(g), w.rank() == 0 || w.rank() == 2);
   if (g) {
-    auto t = at::full({3}, w.rank() + 1.0, at::kFloat);
-    w.comm().all_reduce(*g, t)->wait();
-    EXPECT_TRUE(t.eq(1 + 3).all().item<bool>());
-    auto b = at::full({3}, static_cast<double>(w.rank()), at::kFloat);
-    w.comm().broadcast(*g, b, 1)->wait();  // group rank 1 = world rank 2
-    EXPECT_TRUE(b.eq(2).all().item<bool>());
+    for_each_transport([&] {
+      auto t = at::full({3}, w.rank() + 1.0, at::kFloat);
+      w.comm().all_reduce(*g, t)->wait();
+      EXPECT_TRUE(t.eq(1 + 3).all().item<bool>());
+      auto b = at::full({3}, static_cast<double>(w.rank()), at::kFloat);
+      w.comm().broadcast(*g, b, 1)->wait();  // group rank 1 = world rank 2
+      EXPECT_TRUE(b.eq(2).all().item<bool>());
+    });
   }
   w.comm().barrier(w.group())->wait();
 }
@@ -158,30 +199,85 @@ TEST(Counters, ExactCallsAndBytes) {
   auto& comm = world().comm();
   const Group& g = world().group();
   const int64_t N = g.size();
-  comm.barrier(g)->wait();
-  auto before = comm.counters().totals();
+  for (bool shm : {true, false}) {
+    SCOPED_TRACE(shm ? "shm" : "gloo");
+    comm.set_fast_paths_enabled(shm);
+    comm.barrier(g)->wait();
+    auto before = comm.counters().totals();
 
-  comm.all_gather(g, at::empty({10 * N}, at::kFloat), at::zeros({10}, at::kFloat))->wait();
-  for (int i = 0; i < 2; ++i)
-    comm.reduce_scatter(g, at::empty({4}, at::kFloat), at::zeros({4 * N}, at::kHalf))->wait();
-  comm.all_reduce(g, at::zeros({7}, at::kBFloat16))->wait();
-  comm.broadcast(g, at::zeros({3}, at::kDouble))->wait();
-  comm.barrier(g)->wait();
+    comm.all_gather(g, at::empty({10 * N}, at::kFloat), at::zeros({10}, at::kFloat))->wait();
+    for (int i = 0; i < 2; ++i)
+      comm.reduce_scatter(g, at::empty({4}, at::kFloat), at::zeros({4 * N}, at::kHalf))->wait();
+    comm.all_reduce(g, at::zeros({7}, at::kBFloat16))->wait();
+    comm.broadcast(g, at::zeros({3}, at::kDouble))->wait();
+    comm.barrier(g)->wait();
 
-  auto d = zero::comm::diff(comm.counters().totals(), before);
-  EXPECT_EQ(d["allgather"].calls, 1);
-  EXPECT_EQ(d["allgather"].bytes, 10 * N * 4);
-  EXPECT_EQ(d["allgather"].wire_bytes, (N - 1) * 10 * 4);
-  EXPECT_EQ(d["allgather"].calls_by_transport["gloo"], 1);
-  EXPECT_EQ(d["reduce_scatter"].calls, 2);
-  EXPECT_EQ(d["reduce_scatter"].bytes, 2 * 4 * N * 2);  // counted in the input's 16-bit dtype
-  EXPECT_EQ(d["reduce_scatter"].wire_bytes, 2 * (N - 1) * 4 * 2);
-  EXPECT_EQ(d["all_reduce"].calls, 1);
-  EXPECT_EQ(d["all_reduce"].bytes, 7 * 2);
-  EXPECT_EQ(d["all_reduce"].wire_bytes, 2 * (N - 1) * 7 * 4 / N);  // bf16 travels as fp32 in Gloo
-  EXPECT_EQ(d["broadcast"].bytes, 3 * 8);
-  EXPECT_EQ(d["barrier"].calls, 1);
-  EXPECT_EQ(d.size(), 5u);
+    auto d = zero::comm::diff(comm.counters().totals(), before);
+    const char* t = shm ? "shm" : "gloo";
+    EXPECT_EQ(d["allgather"].calls, 1);
+    EXPECT_EQ(d["allgather"].bytes, 10 * N * 4);
+    // Wire bytes: what this rank sends (Gloo) or copies into the segment (shm).
+    EXPECT_EQ(d["allgather"].wire_bytes, shm ? 10 * 4 : (N - 1) * 10 * 4);
+    EXPECT_EQ(d["allgather"].calls_by_transport[t], 1);
+    EXPECT_EQ(d["reduce_scatter"].calls, 2);
+    EXPECT_EQ(d["reduce_scatter"].bytes, 2 * 4 * N * 2);  // counted in the input's 16-bit dtype
+    EXPECT_EQ(d["reduce_scatter"].wire_bytes, shm ? 2 * 4 * N * 2 : 2 * (N - 1) * 4 * 2);
+    EXPECT_EQ(d["reduce_scatter"].calls_by_transport[t], 2);
+    EXPECT_EQ(d["all_reduce"].calls, 1);
+    EXPECT_EQ(d["all_reduce"].bytes, 7 * 2);
+    // bf16 travels as fp32 in Gloo; shared memory moves the 16-bit values.
+    EXPECT_EQ(d["all_reduce"].wire_bytes, shm ? 7 * 2 : 2 * (N - 1) * 7 * 4 / N);
+    EXPECT_EQ(d["broadcast"].bytes, 3 * 8);
+    EXPECT_EQ(d["broadcast"].calls_by_transport[t], 1);
+    EXPECT_EQ(d["barrier"].calls, 1);
+    EXPECT_EQ(d.size(), 5u);
+  }
+  comm.set_fast_paths_enabled(true);
+}
+
+// Random (not integer) data: the fast path's sums must round exactly as
+// Gloo's fallback does (rank order, fp32 accumulation, one rounding).
+TEST(ShmFastPath, BitIdenticalToGloo) {
+  auto& comm = world().comm();
+  const Group& g = world().group();
+  const int N = g.size();
+  auto run = [&](bool shm, auto&& op) {
+    comm.set_fast_paths_enabled(shm);
+    auto out = op();
+    comm.set_fast_paths_enabled(true);
+    return out;
+  };
+  for (auto dt : kDTypes)
+    for (int64_t n : {int64_t{7}, int64_t{65537}, int64_t{300001}}) {
+      SCOPED_TRACE(std::string(c10::toString(dt)) + " n " + std::to_string(n));
+      at::manual_seed(1000 + g.rank());
+      auto mine = at::randn({n * N}).to(dt);
+      for (auto rop : {ReduceOp::Sum, ReduceOp::Avg})
+        for (bool widen : {false, true}) {
+          if (widen && dt == at::kFloat) continue;
+          auto rs = [&] {
+            auto out = at::empty({n}, widen ? at::kFloat : dt);
+            comm.reduce_scatter(g, out, mine, rop)->wait();
+            return out;
+          };
+          EXPECT_TRUE(run(true, rs).equal(run(false, rs))) << "reduce_scatter";
+        }
+      for (auto rop : {ReduceOp::Sum, ReduceOp::Avg}) {
+        auto ar = [&] {
+          auto t = mine.narrow(0, 0, n).clone();
+          comm.all_reduce(g, t, rop)->wait();
+          return t;
+        };
+        auto shm = run(true, ar), gloo = run(false, ar);
+        // Gloo's ring adds N > 2 values in its own order; with two, a + b = b + a.
+        if (N == 2) EXPECT_TRUE(shm.equal(gloo)) << "all_reduce";
+        else EXPECT_TRUE(at::allclose(shm.to(at::kFloat), gloo.to(at::kFloat), 1e-2, 1e-5)) << "all_reduce";
+        // Every rank holds the same bits (each sums all copies in rank order).
+        auto all = at::empty({n * N}, dt);
+        comm.all_gather(g, all, shm)->wait();
+        for (int r = 1; r < N; ++r) EXPECT_TRUE(all.narrow(0, r * n, n).equal(all.narrow(0, 0, n)));
+      }
+    }
 }
 
 TEST(BadArguments, NameTheOpAndGroup) {
@@ -203,9 +299,9 @@ TEST(BadArguments, NameTheOpAndGroup) {
   expect_msg([&] { comm.all_reduce(g, at::empty({4, 4}).t()); }, "contiguous");
 }
 
-// Run alone with ZERO_COLLECTIVE_TIMEOUT_S=2: rank 0 waits in a collective
-// the others join too late; it must fail naming the op and group, not hang.
-TEST(Timeout, UnmatchedCollectiveFailsOnTime) {
+// Rank 0 waits in a collective the others never join; it must fail naming
+// the op and group on time, not hang.
+void expect_unmatched_collective_times_out() {
   auto& comm = world().comm();
   const Group& g = world().group();
   if (g.rank() == 0) {
@@ -222,6 +318,36 @@ TEST(Timeout, UnmatchedCollectiveFailsOnTime) {
     }
   } else {
     std::this_thread::sleep_for(std::chrono::seconds(6));
+  }
+}
+
+// Run alone with ZERO_COLLECTIVE_TIMEOUT_S=2, on each transport.
+TEST(Timeout, UnmatchedCollectiveFailsOnTime) {
+  for_each_transport([] { expect_unmatched_collective_times_out(); });
+}
+
+// Run alone by tests/scripts/shm_test.sh, with ranks started by hand (no
+// zero-run to stop the others): the last rank dies by SIGKILL while the
+// others wait for it in a collective; they must fail naming it within about
+// a second, long before the collective timeout.
+TEST(ShmKill, PeerKilledMidCollective) {
+  auto& comm = world().comm();
+  const Group& g = world().group();
+  auto t = at::ones({1 << 20});
+  comm.all_reduce(g, t)->wait();  // everyone is up and on the fast path
+  if (g.rank() == g.size() - 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    raise(SIGKILL);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    comm.all_reduce(g, t)->wait();
+    ADD_FAILURE() << "all_reduce completed without the killed rank";
+  } catch (const CommError& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("failed as expected after %.2f s: %s\n", s, e.what());
+    EXPECT_NE(std::string(e.what()).find("exited"), std::string::npos) << e.what();
+    EXPECT_LT(s, 5.0);
   }
 }
 

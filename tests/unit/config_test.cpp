@@ -165,6 +165,14 @@ TEST(ConfigBatch, DerivesLikeDeepSpeed) {
   fails(R"({"train_batch_size": 6})", 4, "not divisible by the data-parallel size 4");
 }
 
+TEST(ConfigOwnKeys, CommFastPath) {
+  EXPECT_TRUE(zero::Config::from_string("{}").comm_fast_path);
+  auto c = zero::Config::from_string(R"({"zero_cpp": {"comm_fast_path": false}})");
+  EXPECT_FALSE(c.comm_fast_path);
+  EXPECT_FALSE(zero::Config::from_json(c.to_json()).comm_fast_path);  // round trip
+  expect_error(R"({"zero_cpp": {"comm_fastpath": false}})", {"zero_cpp.comm_fastpath", "comm_fast_path"});
+}
+
 TEST(ConfigErrors, NameTheKeyAndWhatIsAllowed) {
   expect_error(R"({"zero_optimization": {"stag": 2}})",
                {"zero_optimization.stag", "did you mean zero_optimization.stage?"});

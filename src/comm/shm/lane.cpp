@@ -1,0 +1,318 @@
+#include "comm/shm/lane.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <vector>
+
+namespace zero::comm::shm {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x7a65726f2d73686dULL;  // "zero-shm"
+constexpr int kSpin = 256;                          // pause-loops before sleeping in the kernel
+constexpr auto kSleepSlice = std::chrono::milliseconds(10);
+constexpr auto kLivenessEvery = std::chrono::milliseconds(100);
+
+struct alignas(64) Cell {
+  uint32_t value;
+};
+
+uint64_t pid_namespace() {
+  struct stat st {};
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
+
+void futex_wait(uint32_t* word, uint32_t expected, std::chrono::milliseconds slice) {
+  timespec ts{0, static_cast<long>(std::chrono::nanoseconds(slice).count())};
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);  // shared mapping: no PRIVATE flag
+}
+
+void futex_wake_all(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0); }
+
+}  // namespace
+
+struct Lane::Header {
+  uint64_t magic;
+  int32_t size;
+  int32_t reserved;
+  int64_t slot_bytes;
+  int32_t pid[kMaxRanks];
+  uint64_t pid_ns[kMaxRanks];
+  Cell written[kMaxRanks];
+  Cell consumed[kMaxRanks];
+};
+
+// ---- Job ----------------------------------------------------------------------
+
+void Job::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_; });
+  if (error_) throw std::runtime_error(*error_);
+}
+
+bool Job::done() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void Job::finish(std::optional<std::string> error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    error_ = std::move(error);
+  }
+  cv_.notify_all();
+}
+
+// ---- region -------------------------------------------------------------------
+
+// The header takes the first kHeaderBytes; the two buffers follow.
+constexpr int64_t kHeaderBytes = 4 * 4096;
+
+size_t Lane::region_bytes(int size, int64_t slot_bytes) {
+  static_assert(sizeof(Header) <= kHeaderBytes, "header fits its pages");
+  return kHeaderBytes + 2 * static_cast<size_t>(size) * static_cast<size_t>(slot_bytes);
+}
+
+void Lane::format(void* region, int size, int64_t slot_bytes) {
+  if (size < 1 || size > kMaxRanks) throw std::invalid_argument("shm lane: group size out of range");
+  auto* h = static_cast<Header*>(region);
+  h->size = size;
+  h->slot_bytes = slot_bytes;
+  __atomic_store_n(&h->magic, kMagic, __ATOMIC_RELEASE);
+}
+
+Lane::Lane(void* region, int rank, int size, int64_t slot_bytes, std::chrono::milliseconds timeout, std::string what)
+    : header_(static_cast<Header*>(region)),
+      data_(static_cast<char*>(region) + kHeaderBytes),
+      rank_(rank),
+      size_(size),
+      slot_bytes_(slot_bytes),
+      timeout_(timeout),
+      what_(std::move(what)) {
+  if (__atomic_load_n(&header_->magic, __ATOMIC_ACQUIRE) != kMagic || header_->size != size ||
+      header_->slot_bytes != slot_bytes)
+    throw std::runtime_error("shared-memory region of " + what_ + " has an unexpected header");
+  header_->pid[rank] = static_cast<int32_t>(getpid());
+  header_->pid_ns[rank] = pid_namespace();
+}
+
+Lane::~Lane() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  for (auto& [job, body] : queue_) job->finish("shared-memory lane of " + what_ + " shut down");
+}
+
+uint32_t* Lane::written_word(int r) const { return &header_->written[r].value; }
+uint32_t* Lane::consumed_word(int r) const { return &header_->consumed[r].value; }
+char* Lane::slot(int r) const { return data_ + ((round_ & 1u) * size_ + r) * slot_bytes_; }
+
+// ---- worker -------------------------------------------------------------------
+
+std::shared_ptr<Job> Lane::submit(const char* op, std::function<void()> body) {
+  auto job = std::make_shared<Job>();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  queue_.emplace_back(job, [this, op, body = std::move(body)] {
+    current_op_ = op;
+    body();
+  });
+  cv_.notify_one();
+  return job;
+}
+
+void Lane::worker_loop() {
+  for (;;) {
+    std::pair<std::shared_ptr<Job>, std::function<void()>> item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (failed_) {
+      item.first->finish(failed_);
+      continue;
+    }
+    try {
+      item.second();
+      item.first->finish(std::nullopt);
+    } catch (const std::exception& e) {
+      failed_ = std::string(current_op_) + " on " + what_ + " (shared memory) failed: " + e.what();
+      item.first->finish(failed_);
+    }
+  }
+}
+
+// ---- the round protocol ---------------------------------------------------------
+
+bool Lane::peer_exited(int peer) const {
+  const int pid = header_->pid[peer];
+  if (pid <= 0 || header_->pid_ns[peer] != pid_namespace()) return false;  // cannot tell from here
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  const auto paren = line.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
+  const char state = line[paren + 2];
+  return state == 'Z' || state == 'X';  // exited, not yet reaped
+}
+
+void Lane::wait_word(uint32_t* word, uint32_t target, int peer, const char* what) {
+  for (int i = 0; i < kSpin; ++i) {
+    if (reached(__atomic_load_n(word, __ATOMIC_ACQUIRE), target)) return;
+    cpu_relax();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto last_check = start;
+  for (;;) {
+    const uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+    if (reached(v, target)) return;
+    futex_wait(word, v, kSleepSlice);
+    bool stopping;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping = stop_;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (stopping) throw std::runtime_error("shut down while waiting for rank " + std::to_string(peer) + " " + what);
+    if (now - start > timeout_)
+      throw std::runtime_error("timed out after " + std::to_string(timeout_.count() / 1000.0).substr(0, 5) +
+                               " s waiting for rank " + std::to_string(peer) + " (pid " +
+                               std::to_string(header_->pid[peer]) + ") " + what);
+    if (now - last_check > kLivenessEvery) {
+      if (peer_exited(peer))
+        throw std::runtime_error("rank " + std::to_string(peer) + " (pid " + std::to_string(header_->pid[peer]) +
+                                 ") exited while this rank waited for it " + what);
+      last_check = now;
+    }
+  }
+}
+
+void Lane::wait_all(uint32_t* (Lane::*word)(int) const, uint32_t target, const char* what) {
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) wait_word((this->*word)(q), target, q, what);
+}
+
+void Lane::begin_round() {
+  // Buffer round_ % 2 was last used by round_ - 2: every rank must be done reading it.
+  wait_all(&Lane::consumed_word, round_ - 1, "to free a buffer");
+}
+
+void Lane::publish_written() {
+  __atomic_store_n(written_word(rank_), round_ + 1, __ATOMIC_RELEASE);
+  futex_wake_all(written_word(rank_));
+}
+
+void Lane::wait_written() { wait_all(&Lane::written_word, round_ + 1, "to write its part"); }
+
+void Lane::end_round() {
+  __atomic_store_n(consumed_word(rank_), round_ + 1, __ATOMIC_RELEASE);
+  futex_wake_all(consumed_word(rank_));
+  ++round_;
+}
+
+// ---- collectives ----------------------------------------------------------------
+
+std::shared_ptr<Job> Lane::all_gather(void* out, const void* in, int64_t shard_bytes) {
+  return submit("allgather", [=] {
+    char* o = static_cast<char*>(out);
+    const char* i = static_cast<const char*>(in);
+    const bool in_place = o + rank_ * shard_bytes == i;
+    for (int64_t a = 0; a < shard_bytes; a += slot_bytes_) {
+      const int64_t n = std::min(slot_bytes_, shard_bytes - a);
+      begin_round();
+      std::memcpy(slot(rank_), i + a, n);
+      publish_written();
+      wait_written();
+      for (int q = 0; q < size_; ++q) {
+        if (q == rank_ && in_place) continue;
+        std::memcpy(o + q * shard_bytes + a, q == rank_ ? i + a : slot(q), n);
+      }
+      end_round();
+    }
+  });
+}
+
+std::shared_ptr<Job> Lane::reduce_scatter(void* out, Elem out_type, const void* in, Elem in_type,
+                                          int64_t shard_numel, bool average) {
+  return submit("reduce_scatter", [=] {
+    const int64_t ei = elem_size(in_type), eo = elem_size(out_type);
+    // Each slot holds one piece per destination rank.
+    int64_t piece = std::max<int64_t>(1, slot_bytes_ / (size_ * ei));
+    if (piece >= 64) piece &= ~int64_t{63};
+    const char* i = static_cast<const char*>(in);
+    char* o = static_cast<char*>(out);
+    std::vector<const void*> srcs(size_);
+    for (int64_t a = 0; a < shard_numel; a += piece) {
+      const int64_t n = std::min(piece, shard_numel - a);
+      begin_round();
+      for (int r = 0; r < size_; ++r)
+        std::memcpy(slot(rank_) + r * piece * ei, i + (r * shard_numel + a) * ei, n * ei);
+      publish_written();
+      wait_written();
+      for (int q = 0; q < size_; ++q) srcs[q] = slot(q) + rank_ * piece * ei;
+      sum_in_rank_order(srcs.data(), size_, in_type, o + a * eo, out_type, n, average);
+      end_round();
+    }
+  });
+}
+
+std::shared_ptr<Job> Lane::all_reduce(void* data, Elem type, int64_t numel, bool average) {
+  return submit("all_reduce", [=] {
+    const int64_t e = elem_size(type);
+    const int64_t piece = std::max<int64_t>(1, slot_bytes_ / e);
+    char* d = static_cast<char*>(data);
+    std::vector<const void*> srcs(size_);
+    for (int64_t a = 0; a < numel; a += piece) {
+      const int64_t n = std::min(piece, numel - a);
+      begin_round();
+      std::memcpy(slot(rank_), d + a * e, n * e);
+      publish_written();
+      wait_written();
+      // Every rank sums all copies in the same order: identical results everywhere.
+      for (int q = 0; q < size_; ++q) srcs[q] = slot(q);
+      sum_in_rank_order(srcs.data(), size_, type, d + a * e, type, n, average);
+      end_round();
+    }
+  });
+}
+
+std::shared_ptr<Job> Lane::broadcast(void* data, int64_t bytes, int root) {
+  return submit("broadcast", [=] {
+    char* d = static_cast<char*>(data);
+    for (int64_t a = 0; a < bytes; a += slot_bytes_) {
+      const int64_t n = std::min(slot_bytes_, bytes - a);
+      begin_round();
+      if (rank_ == root) std::memcpy(slot(root), d + a, n);
+      publish_written();
+      wait_written();
+      if (rank_ != root) std::memcpy(d + a, slot(root), n);
+      end_round();
+    }
+  });
+}
+
+}  // namespace zero::comm::shm

@@ -1,0 +1,110 @@
+// One ordered stream of collectives over a shared-memory region, run by a
+// worker thread so callers get asynchronous completion (as from Gloo).
+//
+// Region: a header (per-rank pid and two progress counters, each on its own
+// cache line) and two buffers of one slot per rank. A collective is split
+// into rounds of at most one slot per rank; round t uses buffer t % 2, so a
+// rank can fill the next round while slower peers still read this one.
+//   1. wait until every rank has consumed round t-2 (buffer free again)
+//   2. copy this rank's part into its slot; written[me] = t+1
+//   3. wait until written[q] >= t+1 for every q
+//   4. read / reduce the slots it needs; consumed[me] = t+1
+// Counters are 32-bit futex words (waiters sleep in the kernel after a
+// short spin); comparisons are wrap-safe. Every wait is bounded by the
+// collective timeout and notices a peer process that died, so a killed rank
+// turns into an error naming it, not a hang. After a failure the lane stays
+// failed: its peers' progress is unknown. No torch.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "comm/shm/reduce_kernels.h"
+
+namespace zero::comm::shm {
+
+// Completion of one submitted collective.
+class Job {
+ public:
+  // Blocks until the worker ran it; throws std::runtime_error with its error.
+  void wait();
+  bool done();
+
+ private:
+  friend class Lane;
+  void finish(std::optional<std::string> error);
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::optional<std::string> error_;
+};
+
+class Lane {
+ public:
+  static constexpr int kMaxRanks = 64;
+
+  // Bytes of the region for `size` ranks and slots of `slot_bytes`.
+  static size_t region_bytes(int size, int64_t slot_bytes);
+  // Writes the header into a fresh (zeroed) region: the creator does this
+  // before the others attach.
+  static void format(void* region, int size, int64_t slot_bytes);
+
+  // Attaches to a formatted region as `rank`; throws if the header does not
+  // match. `what` names the group in errors.
+  Lane(void* region, int rank, int size, int64_t slot_bytes, std::chrono::milliseconds timeout, std::string what);
+  ~Lane();  // fails queued work and joins the worker
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  // Queue a collective; buffers must stay valid until the job is done.
+  std::shared_ptr<Job> all_gather(void* out, const void* in, int64_t shard_bytes);
+  std::shared_ptr<Job> reduce_scatter(void* out, Elem out_type, const void* in, Elem in_type, int64_t shard_numel,
+                                      bool average);
+  std::shared_ptr<Job> all_reduce(void* data, Elem type, int64_t numel, bool average);
+  std::shared_ptr<Job> broadcast(void* data, int64_t bytes, int root);
+
+  int64_t slot_bytes() const { return slot_bytes_; }
+
+ private:
+  struct Header;
+  std::shared_ptr<Job> submit(const char* op, std::function<void()> body);
+  void worker_loop();
+
+  // Round protocol (see the top of the file).
+  char* slot(int rank) const;  // this round's slot of `rank`
+  void begin_round();
+  void publish_written();
+  void wait_written();
+  void end_round();
+  void wait_all(uint32_t* (Lane::*word)(int) const, uint32_t target, const char* what);
+  void wait_word(uint32_t* word, uint32_t target, int peer, const char* what);
+  bool peer_exited(int peer) const;
+  uint32_t* written_word(int r) const;
+  uint32_t* consumed_word(int r) const;
+
+  Header* header_;
+  char* data_;
+  int rank_, size_;
+  int64_t slot_bytes_;
+  std::chrono::milliseconds timeout_;
+  std::string what_;
+  const char* current_op_ = "";
+  uint32_t round_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::shared_ptr<Job>, std::function<void()>>> queue_;
+  bool stop_ = false;
+  std::optional<std::string> failed_;  // the first error; later jobs fail with it
+  std::thread worker_;
+};
+
+}  // namespace zero::comm::shm

@@ -1,0 +1,204 @@
+#include "comm/shm_transport.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <optional>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "comm/group_impl.h"
+#include "comm/shm/lane.h"
+#include "comm/shm/segment.h"
+#include "comm/work.h"
+
+namespace zero::comm {
+
+struct ShmGroup {
+  shm::Segment segment;
+  std::unique_ptr<shm::Lane> main;    // allgather, all-reduce, broadcast
+  std::unique_ptr<shm::Lane> reduce;  // reduce-scatter
+};
+
+namespace {
+
+// One slot per rank and buffer: big enough to amortize the per-round
+// handshake, small enough to stay in cache and pipeline.
+int64_t slot_bytes() {
+  const char* s = std::getenv("ZERO_SHM_SLOT_BYTES");
+  int64_t v = s && *s ? std::atoll(s) : (1 << 20);
+  if (v < 4096) v = 4096;
+  return v & ~int64_t{63};
+}
+
+std::string get(c10d::Store& store, const std::string& key) {
+  auto v = store.get(key);
+  return std::string(v.begin(), v.end());
+}
+
+void set(c10d::Store& store, const std::string& key, const std::string& value) {
+  store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+std::optional<shm::Elem> reducible(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return shm::Elem::F32;
+    case at::kDouble: return shm::Elem::F64;
+    case at::kBFloat16: return shm::Elem::BF16;
+    case at::kHalf: return shm::Elem::F16;
+    default: return std::nullopt;
+  }
+}
+
+// Keeps the tensors alive until the worker is done with them.
+class ShmWork : public Work {
+ public:
+  ShmWork(std::shared_ptr<shm::Job> job, std::vector<at::Tensor> keep) : job_(std::move(job)), keep_(std::move(keep)) {}
+  void wait() override {
+    try {
+      job_->wait();
+    } catch (const std::exception& e) {
+      throw CommError(e.what());
+    }
+    keep_.clear();
+  }
+  bool is_completed() override { return job_->done(); }
+
+ private:
+  std::shared_ptr<shm::Job> job_;
+  std::vector<at::Tensor> keep_;
+};
+
+ShmGroup& shm_of(const Group& g) { return *g.impl().shm; }
+
+}  // namespace
+
+bool shm_fast_path_allowed_by_env() {
+  const char* v = std::getenv("ZERO_COMM_FASTPATH");
+  if (!v || !*v) return true;
+  const std::string s = v;
+  if (s == "off" || s == "0" || s == "false") return false;
+  if (s == "on" || s == "auto" || s == "1" || s == "true") return true;
+  throw CommError("ZERO_COMM_FASTPATH=" + s + ": expected on, auto or off");
+}
+
+std::string host_identity() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return std::string(name) + "/" + boot;
+}
+
+std::shared_ptr<ShmGroup> try_shm_group(c10d::Store& store, const std::string& segment_prefix, const Group& g,
+                                        const std::vector<std::string>& member_hosts,
+                                        std::chrono::milliseconds timeout) {
+  if (g.size() < 2 || g.size() > shm::Lane::kMaxRanks) return nullptr;
+  for (const auto& h : member_hosts)
+    if (h != member_hosts.front()) return nullptr;  // the same answer on every member
+
+  const int64_t slot = slot_bytes();
+  const size_t lane_bytes = shm::Lane::region_bytes(g.size(), slot);
+  // The creator's pid makes the name unique even when a job id is reused.
+  std::string path = shm::Segment::directory() + "/" + segment_prefix + "-p" + std::to_string(getpid());
+  const bool allowed = shm_fast_path_allowed_by_env();
+  auto group = std::make_shared<ShmGroup>();
+  std::string status = allowed ? "ok" : "off";
+  if (g.rank() == 0) {
+    if (allowed) {
+      try {
+        group->segment = shm::Segment::create(path, 2 * lane_bytes);
+        shm::Lane::format(group->segment.data(), g.size(), slot);
+        shm::Lane::format(static_cast<char*>(group->segment.data()) + lane_bytes, g.size(), slot);
+      } catch (const std::exception& e) {
+        status = std::string("fail:") + e.what();
+      }
+    }
+    set(store, "segment", path);
+    set(store, "created", status);
+  } else {
+    const std::string created = get(store, "created");
+    path = get(store, "segment");
+    if (created != "ok") {
+      status = allowed ? created : "off";
+    } else if (allowed) {
+      try {
+        group->segment = shm::Segment::open(path, 2 * lane_bytes);
+      } catch (const std::exception& e) {
+        status = std::string("fail:") + e.what();
+      }
+    }
+  }
+  set(store, "mapped_" + std::to_string(g.rank()), status);
+  std::string verdict = "ok";
+  for (int q = 0; q < g.size(); ++q) {
+    const std::string s = get(store, "mapped_" + std::to_string(q));
+    if (s != "ok" && verdict == "ok") verdict = s;
+  }
+  if (g.rank() == 0) shm::Segment::unlink(path);  // every member has opened it, or given up
+  if (verdict != "ok") {
+    if (g.rank() == 0 && verdict.rfind("fail:", 0) == 0) {
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        std::fprintf(stderr, "zero-cpp: warning: shared-memory transport unavailable for %s (%s); using Gloo\n",
+                     g.describe().c_str(), verdict.substr(5).c_str());
+      });
+    }
+    return nullptr;
+  }
+  char* base = static_cast<char*>(group->segment.data());
+  group->main = std::make_unique<shm::Lane>(base, g.rank(), g.size(), slot, timeout, g.describe());
+  group->reduce = std::make_unique<shm::Lane>(base + lane_bytes, g.rank(), g.size(), slot, timeout, g.describe());
+  return group;
+}
+
+// ---- the transport ---------------------------------------------------------------
+
+bool ShmTransport::supports(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t) const {
+  if (!g.impl().shm) return false;
+  switch (op) {
+    case CollectiveOp::AllGather:
+    case CollectiveOp::Broadcast: return true;
+    case CollectiveOp::ReduceScatter:
+    case CollectiveOp::AllReduce: return reducible(dtype).has_value();
+    default: return false;
+  }
+}
+
+int64_t ShmTransport::wire_bytes(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel) const {
+  // What this rank copies into the shared segment.
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
+  return op == CollectiveOp::AllGather ? numel / g.size() * elem : numel * elem;
+}
+
+WorkHandle ShmTransport::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard) {
+  auto job = shm_of(g).main->all_gather(out_flat.data_ptr(), in_shard.data_ptr(),
+                                        static_cast<int64_t>(in_shard.nbytes()));
+  return std::make_shared<ShmWork>(std::move(job), std::vector<at::Tensor>{out_flat, in_shard});
+}
+
+WorkHandle ShmTransport::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op) {
+  auto job = shm_of(g).reduce->reduce_scatter(out_shard.data_ptr(), *reducible(out_shard.scalar_type()),
+                                              in_flat.data_ptr(), *reducible(in_flat.scalar_type()),
+                                              out_shard.numel(), op == ReduceOp::Avg);
+  return std::make_shared<ShmWork>(std::move(job), std::vector<at::Tensor>{out_shard, in_flat});
+}
+
+WorkHandle ShmTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op) {
+  auto job = shm_of(g).main->all_reduce(t.data_ptr(), *reducible(t.scalar_type()), t.numel(), op == ReduceOp::Avg);
+  return std::make_shared<ShmWork>(std::move(job), std::vector<at::Tensor>{t});
+}
+
+WorkHandle ShmTransport::broadcast(const Group& g, at::Tensor t, int root) {
+  auto job = shm_of(g).main->broadcast(t.data_ptr(), static_cast<int64_t>(t.nbytes()), root);
+  return std::make_shared<ShmWork>(std::move(job), std::vector<at::Tensor>{t});
+}
+
+WorkHandle ShmTransport::barrier(const Group& g) {
+  throw CommError("barrier on " + g.describe() + ": not served by the shared-memory transport");
+}
+
+}  // namespace zero::comm

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The shared-memory fast path end to end: it serves training by default; it
+# falls back to Gloo with one warning when it cannot start, and stays off when
+# told to; a rank killed mid-collective is an error on its peers within about
+# a second (no zero-run to stop them); nothing is left in /dev/shm.
+# Usage: shm_test.sh ZERO_RUN ZERO_TRAIN MR_COMM_TEST
+set -u
+. "$(dirname "$0")/lib.sh"
+ZR=$1
+ZT=$2
+COMM_TEST=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+tiny=(--layers 2 --d-model 32 --heads 2 --seq 16 --steps 3)
+cat > "$tmp/s3.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100}}
+JSON
+step_comm() { grep '"event":"step"' "$1" | tail -1; }
+
+# Default: every collective of a stage-3 step on the fast path (the
+# seed's second review bug was a coalesced path that bypassed it).
+"$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" "${tiny[@]}" --log-json "$tmp/on.jsonl" > "$tmp/on.txt" 2>&1
+check "default: trains" [ $? -eq 0 ]
+step=$(step_comm "$tmp/on.jsonl")
+check "default: allgather on shm" contains "$step" '"allgather":{"bytes"'
+check "default: no collective on gloo" [ -z "$(grep -o '"gloo"' <<<"$step")" ]
+check "default: reduce_scatter on shm" [ -n "$(grep -o '"reduce_scatter":{[^}]*"transport":{"shm"' <<<"$step")" ]
+check "default: no warning" [ -z "$(grep 'shared-memory transport unavailable' "$tmp/on.txt")" ]
+
+# Cannot start (no such directory): one warning, then Gloo.
+ZERO_SHM_DIR=/nonexistent/zero-shm "$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" "${tiny[@]}" \
+  --log-json "$tmp/fail.jsonl" > "$tmp/fail.txt" 2>&1
+check "init failure: still trains" [ $? -eq 0 ]
+check "init failure: exactly one warning" [ "$(grep -c 'shared-memory transport unavailable' "$tmp/fail.txt")" -eq 1 ]
+check "init failure: the warning names the cause" contains "$(cat "$tmp/fail.txt")" "/nonexistent/zero-shm"
+check "init failure: everything on gloo" [ -z "$(grep -o '"shm"' <<<"$(step_comm "$tmp/fail.jsonl")")" ]
+check "init failure: same losses as shm" [ "$(grep -o '"final_loss":[^,]*' "$tmp/fail.jsonl")" = \
+                                           "$(grep -o '"final_loss":[^,]*' "$tmp/on.jsonl")" ]
+
+# Off by the environment, or by the ds_config: no warning, Gloo.
+ZERO_COMM_FASTPATH=off "$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" "${tiny[@]}" \
+  --log-json "$tmp/off.jsonl" > "$tmp/off.txt" 2>&1
+check "ZERO_COMM_FASTPATH=off: trains on gloo" [ -z "$(grep -o '"shm"' <<<"$(step_comm "$tmp/off.jsonl")")" ]
+check "ZERO_COMM_FASTPATH=off: no warning" [ -z "$(grep 'unavailable' "$tmp/off.txt")" ]
+cat > "$tmp/s3off.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100},
+ "zero_cpp": {"comm_fast_path": false}}
+JSON
+"$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3off.json" "${tiny[@]}" --log-json "$tmp/cfg.jsonl" >/dev/null 2>&1
+check "zero_cpp.comm_fast_path false: trains on gloo" [ -z "$(grep -o '"shm"' <<<"$(step_comm "$tmp/cfg.jsonl")")" ]
+
+# A rank SIGKILLed mid-collective, ranks started by hand: the survivor fails
+# naming it, long before the 300 s collective timeout.
+port=""
+for _ in $(seq 50); do
+  p=$((20000 + RANDOM % 40000))
+  if ! (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then port=$p; break; fi
+done
+job="shmkill$$"
+t0=$(now)
+for r in 0 1; do
+  env RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port ZERO_JOB_ID=$job \
+    timeout 60 "$COMM_TEST" --gtest_filter='ShmKill.*' > "$tmp/kill$r.txt" 2>&1 &
+  pids[$r]=$!
+done
+wait "${pids[0]}"; rc0=$?
+wait "${pids[1]}"; rc1=$?
+check "kill: the killed rank died of SIGKILL" [ $rc1 -eq 137 ]
+check "kill: the survivor's test passed" [ $rc0 -eq 0 ]
+check "kill: the survivor named the dead rank" contains "$(cat "$tmp/kill0.txt")" "exited while this rank waited for it"
+check "kill: well within the collective timeout" elapsed_lt "$t0" 30
+check "kill: no segment left in /dev/shm" [ -z "$(ls /dev/shm | grep "^zero-$job")" ]
+[ $rc0 -eq 0 ] || tail -20 "$tmp/kill0.txt"
+
+# zero-run: a rank killed during training; the job ends and zero-run removes
+# whatever its job left in /dev/shm (here a planted segment name).
+port2=$((port + 1))
+"$ZR" -n 2 --master-port $port2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" --layers 2 --d-model 32 --heads 2 \
+  --seq 16 --steps 100000 > "$tmp/zr.txt" 2>&1 &
+zr=$!
+planted="/dev/shm/zero-zr${zr}_${port2}-g7-p1"
+sleep 3
+touch "$planted"
+victim=$(pgrep -P $zr | tail -1)
+kill -9 "$victim"
+t0=$(now)
+wait $zr; rc=$?
+check "zero-run: fails when a rank is killed" [ $rc -ne 0 ]
+check "zero-run: ends promptly" elapsed_lt "$t0" 15
+check "zero-run: removes its job's segments" [ ! -e "$planted" ]
+check "zero-run: nothing of the job left" [ -z "$(ls /dev/shm | grep "^zero-zr${zr}_")" ]
+finish
