@@ -4,6 +4,11 @@
 //   zero-run -n 2 -- zero-train --config ds_config.json [--data FILE] [--steps N]
 //       [--layers L --d-model D --heads H --seq S] [--untied-head] [--seed S]
 //       [--log-json FILE | --log-json-all FILE] [--backward-chunks K [--coalesce]]
+//       [--save DIR [--save-every K]] [--resume DIR] [--init-from WEIGHTS.safetensors]
+//
+// --save writes a checkpoint to DIR every K steps (default: at the end);
+// --resume continues from DIR's latest checkpoint up to --steps in total;
+// --init-from starts from consolidated weights (zero-ckpt consolidate).
 //
 // --backward-chunks K runs K forward/backward passes per micro-batch (as
 // GradCache-style losses do); --coalesce wraps them in
@@ -15,8 +20,10 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -40,6 +47,8 @@ struct Args {
   bool log_all = false;
   int64_t backward_chunks = 1;
   bool coalesce = false;
+  std::string save_dir, resume_dir, init_from;
+  int64_t save_every = 0;  // 0: only at the end
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -47,7 +56,8 @@ struct Args {
                "zero-train: %s\n"
                "usage: zero-train --config FILE [--data FILE_OR_DIR] [--steps N] [--seed S]\n"
                "                  [--layers L] [--d-model D] [--heads H] [--seq S] [--untied-head]\n"
-               "                  [--log-json FILE | --log-json-all FILE] [--backward-chunks K [--coalesce]]\n",
+               "                  [--log-json FILE | --log-json-all FILE] [--backward-chunks K [--coalesce]]\n"
+               "                  [--save DIR [--save-every K]] [--resume DIR] [--init-from FILE]\n",
                why.c_str());
   std::exit(2);
 }
@@ -80,10 +90,16 @@ Args parse(int argc, char** argv) {
     else if (f == "--log-json-all") a.log_json = val(), a.log_all = true;
     else if (f == "--backward-chunks") a.backward_chunks = to_int(f, val(), 1);
     else if (f == "--coalesce") a.coalesce = true;
+    else if (f == "--save") a.save_dir = val();
+    else if (f == "--save-every") a.save_every = to_int(f, val(), 1);
+    else if (f == "--resume") a.resume_dir = val();
+    else if (f == "--init-from") a.init_from = val();
     else if (f == "-h" || f == "--help") usage("train the bundled GPT");
     else usage("unknown option " + f);
   }
   if (a.config.empty()) usage("--config is required");
+  if (a.save_every && a.save_dir.empty()) usage("--save-every needs --save DIR");
+  if (!a.resume_dir.empty() && !a.init_from.empty()) usage("--resume and --init-from exclude each other");
   if (a.model.d_model % a.model.n_head) usage("--d-model must be divisible by --heads");
   return a;
 }
@@ -121,6 +137,17 @@ int main(int argc, char** argv) {
     zero::train::GptTrainer trainer(args.model, config, corpus, args.seed, world->comm(), dp);
     auto& engine = trainer.engine();
     trainer.set_backward_chunks(args.backward_chunks, args.coalesce);
+    json resumed_record;
+    if (!args.init_from.empty()) engine.load_weights(args.init_from);
+    if (!args.resume_dir.empty()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      trainer.resume(args.resume_dir);
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (lead)
+        std::fprintf(stderr, "resumed from %s at step %lld (%.0f ms)\n", args.resume_dir.c_str(),
+                     static_cast<long long>(trainer.steps_done()), ms);
+      resumed_record = {{"event", "resume"}, {"step", trainer.steps_done()}, {"load_ms", ms}};
+    }
 
     std::unique_ptr<std::ofstream> log;
     if (!args.log_json.empty() && (lead || args.log_all)) {
@@ -149,13 +176,14 @@ int main(int argc, char** argv) {
                      {"seq", args.model.seq_len}, {"vocab", args.model.vocab}, {"tied_head", args.model.tied_head}}},
           {"data", corpus.source()},
           {"config", config.to_json()}});
+    if (!resumed_record.is_null()) emit(resumed_record);
 
     const auto start = std::chrono::steady_clock::now();
     std::vector<double> step_ms;
     double last_loss = 0.0;
     zero::comm::OpCounts last_comm;
     const int64_t print_every = std::max<int64_t>(1, std::min<int64_t>(config.steps_per_print, 10));
-    for (int64_t s = 1; s <= args.steps; ++s) {
+    for (int64_t s = trainer.steps_done() + 1; s <= args.steps; ++s) {
       auto r = trainer.train_step();
       emit({{"event", "step"},
             {"step", r.step},
@@ -169,6 +197,15 @@ int main(int argc, char** argv) {
             {"peak_rss_bytes", peak_rss_bytes()},
             {"model_state_bytes", r.model_state_bytes},
             {"comm", comm_json(r.comm)}});
+      if (!args.save_dir.empty() && ((args.save_every && s % args.save_every == 0) || s == args.steps)) {
+        const auto t0 = std::chrono::steady_clock::now();
+        trainer.save(args.save_dir);
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        int64_t bytes = 0;
+        for (const auto& f : std::filesystem::directory_iterator(args.save_dir + "/step" + std::to_string(s)))
+          bytes += static_cast<int64_t>(f.file_size());
+        emit({{"event", "checkpoint"}, {"step", s}, {"save_ms", ms}, {"bytes", bytes}});
+      }
       step_ms.push_back(r.step_ms);
       last_loss = r.loss;
       last_comm = r.comm;

@@ -27,6 +27,7 @@
 #include <string>
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include "zero/comm.h"
 #include "zero/config.h"
@@ -147,6 +148,26 @@ class Engine {
   // Every trainable param in fp32 by name (a copy). Under stage 3 this
   // gathers each unit in turn: every rank must call it.
   std::map<std::string, at::Tensor> full_parameters();
+
+  // Checkpoints (every rank calls these; DIR must be one directory all
+  // ranks see). save_checkpoint writes this rank's fp32 master weights and
+  // optimizer state (the 16-bit params are derived from them), and rank 0 a
+  // manifest, into DIR/.partial-TAG, then renames it to DIR/TAG and points
+  // DIR/latest at it: a save that dies midway leaves the previous checkpoint
+  // loadable. Only at an accumulation boundary (grads are not saved).
+  // `client_state` is stored as given (e.g. the data position).
+  void save_checkpoint(const std::string& dir, const std::string& tag,
+                       const nlohmann::json& client_state = nlohmann::json::object());
+  // Loads DIR/TAG (TAG "" = DIR/latest), whatever world size and stage saved
+  // it: each rank reads the ranges its own shards need. Restores weights,
+  // optimizer state, step counters, loss scale and LR schedule position, and
+  // returns the client_state. A param missing, extra or of another shape is
+  // an error naming it; truncated or corrupt files are errors naming them.
+  nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag = "");
+  // Sets the weights from a safetensors file of full tensors by param name
+  // (zero-ckpt consolidate's output; fp32 or bf16); optimizer state and
+  // counters stay as they are (a fresh start from those weights).
+  void load_weights(const std::string& safetensors_path);
 
   struct Impl;
 

@@ -21,6 +21,19 @@ class LossScaler {
 
   bool dynamic() const { return dynamic_; }
 
+  // What changes while training (for checkpoints); the rest comes from the config.
+  struct State {
+    double scale;
+    int64_t cur_hysteresis, cur_iter, last_overflow_iter;
+  };
+  State state() const { return {scale_, cur_hysteresis_, cur_iter_, last_overflow_iter_}; }
+  void restore(const State& s) {
+    scale_ = s.scale;
+    cur_hysteresis_ = s.cur_hysteresis;
+    cur_iter_ = s.cur_iter;
+    last_overflow_iter_ = s.last_overflow_iter;
+  }
+
  private:
   bool dynamic_;
   double scale_;

@@ -38,6 +38,20 @@ void GptTrainer::set_backward_chunks(int64_t chunks, bool coalesce) {
   coalesce_ = coalesce;
 }
 
+void GptTrainer::save(const std::string& dir) {
+  engine_->save_checkpoint(dir, "step" + std::to_string(step_),
+                           {{"step", step_}, {"seed", seed_}, {"model", model_->config().describe()}});
+}
+
+void GptTrainer::resume(const std::string& dir) {
+  const auto client = engine_->load_checkpoint(dir);
+  if (client.value("seed", seed_) != seed_)
+    throw std::invalid_argument("resume: the checkpoint in " + dir + " was trained with --seed " +
+                                std::to_string(client.value("seed", seed_)) + ", this run has " +
+                                std::to_string(seed_) + " (the data order would differ)");
+  step_ = client.value("step", int64_t{0});
+}
+
 StepRecord GptTrainer::train_step() {
   const auto& b = engine_->batch();
   const int64_t seq = model_->config().seq_len;

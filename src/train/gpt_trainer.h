@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "data/byte_corpus.h"
 #include "models/gpt.h"
@@ -38,6 +39,11 @@ class GptTrainer {
   // engine.coalesce_grad_reduction() when `coalesce`. The micro-batch must
   // divide by `chunks`.
   void set_backward_chunks(int64_t chunks, bool coalesce);
+
+  // Checkpoints with the data position (the step count; batches are a
+  // function of step and seed). resume() checks the seed matches.
+  void save(const std::string& dir);  // tag "step<N>"
+  void resume(const std::string& dir);
 
   Engine& engine() { return *engine_; }
   models::GPT& model() { return model_; }

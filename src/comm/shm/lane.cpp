@@ -17,7 +17,7 @@ namespace zero::comm::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x7a65726f2d73686dULL;  // "zero-shm"
-constexpr int kSpin = 256;                          // pause-loops before sleeping in the kernel
+constexpr int kSpin = 256;                            // pause-loops before sleeping in the kernel
 constexpr auto kSleepSlice = std::chrono::milliseconds(10);
 constexpr auto kLivenessEvery = std::chrono::milliseconds(100);
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# End-to-end step time of stages 1/2/3 with the shared-memory fast path (the
+# default) and without it (ZERO_COMM_FASTPATH=off: Gloo over loopback), on 2
+# local ranks, fp32 and bf16, for the standard GPT and the ~100M-param GPT.
+# The two runs of each pair are back to back in one invocation: compare them
+# as ratios. Prints one JSON object.
+#   bench/fastpath.sh BUILD_DIR [STEPS_SMALL] [STEPS_100M]
+set -euo pipefail
+B=${1:-build}
+STEPS_SMALL=${2:-30}
+STEPS_BIG=${3:-6}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/lib.sh"
+
+echo '{"bench": "fastpath", "ranks": 2, "omp_threads_per_rank": 1, "date": "'"$(date -u +%F)"'", "runs": ['
+first=1
+for model in small big; do
+  if [ $model = small ]; then args=(--layers 4 --d-model 256 --heads 4 --seq 128); steps=$STEPS_SMALL
+  else args=(--layers 8 --d-model 1024 --heads 16 --seq 128); steps=$STEPS_BIG; fi
+  for dtype in fp32 bf16; do
+    for stage in 1 2 3; do
+      bench_config "$stage" "$dtype"
+      for fast in on off; do
+        [ $first = 1 ] || echo ','
+        first=0
+        printf '    {"model": "gpt_%s", "stage": %s, "dtype": "%s", "fast_path": "%s", "summary": %s}' \
+          "$model" "$stage" "$dtype" "$fast" \
+          "$(ZERO_COMM_FASTPATH=$fast zero_train_summary --steps "$steps" "${args[@]}")"
+      done
+    done
+  done
+done
+echo
+echo ']}'

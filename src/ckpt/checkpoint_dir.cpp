@@ -1,0 +1,196 @@
+#include "ckpt/checkpoint_dir.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include "common/half_bits.h"
+
+namespace zero::ckpt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string tensor_name(const std::string& param, const std::string& kind) { return param + "/" + kind; }
+std::string rank_file_name(int rank) { return "rank_" + std::to_string(rank) + ".safetensors"; }
+std::string partial_dir(const std::string& dir, const std::string& tag) { return dir + "/.partial-" + tag; }
+
+json Manifest::to_json() const {
+  json ps = json::array();
+  for (const auto& p : params) {
+    json fr = json::array();
+    for (const auto& f : p.fragments) fr.push_back({f.rank, f.begin, f.end});
+    ps.push_back({{"name", p.name}, {"shape", p.shape}, {"numel", p.numel}, {"fragments", fr}});
+  }
+  json fl = json::object();
+  for (const auto& [r, f] : files)
+    fl[std::to_string(r)] = {{"file", f.file}, {"bytes", f.bytes}, {"hash", std::to_string(f.hash)}};
+  return {{"format", "zero-cpp checkpoint"}, {"format_version", format_version}, {"tag", tag},
+          {"world_size", world_size}, {"dp_size", dp_size}, {"stage", stage}, {"dtype", dtype},
+          {"kinds", kinds}, {"config", config}, {"engine_state", engine_state},
+          {"client_state", client_state}, {"params", ps}, {"files", fl}};
+}
+
+Manifest Manifest::from_json(const json& j, const std::string& where) {
+  try {
+    Manifest m;
+    m.format_version = j.at("format_version").get<int>();
+    if (m.format_version != kFormatVersion)
+      throw std::runtime_error("format version " + std::to_string(m.format_version) + ", this build reads " +
+                               std::to_string(kFormatVersion));
+    m.tag = j.at("tag").get<std::string>();
+    m.world_size = j.at("world_size").get<int>();
+    m.dp_size = j.at("dp_size").get<int>();
+    m.stage = j.at("stage").get<int>();
+    m.dtype = j.at("dtype").get<std::string>();
+    m.kinds = j.at("kinds").get<std::vector<std::string>>();
+    m.config = j.at("config");
+    m.engine_state = j.at("engine_state");
+    m.client_state = j.value("client_state", json::object());
+    for (const auto& p : j.at("params")) {
+      ParamRecord r;
+      r.name = p.at("name").get<std::string>();
+      r.shape = p.at("shape").get<std::vector<int64_t>>();
+      r.numel = p.at("numel").get<int64_t>();
+      for (const auto& f : p.at("fragments")) r.fragments.push_back({f.at(0), f.at(1), f.at(2)});
+      m.params.push_back(std::move(r));
+    }
+    for (const auto& [r, f] : j.at("files").items())
+      m.files[std::stoi(r)] = {f.at("file").get<std::string>(), f.at("bytes").get<int64_t>(),
+                               std::stoull(f.at("hash").get<std::string>())};
+    return m;
+  } catch (const std::exception& e) {
+    throw std::runtime_error("checkpoint manifest " + where + " is not readable: " + e.what());
+  }
+}
+
+std::string resolve_tag(const std::string& dir, const std::string& tag) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".partial-", 0) == 0)
+      std::fprintf(stderr, "zero-cpp: warning: ignoring %s, a checkpoint save that did not finish\n",
+                   e.path().c_str());
+  }
+  if (ec) throw std::runtime_error("checkpoint directory " + dir + ": " + ec.message());
+  if (!tag.empty()) return tag;
+  std::ifstream f(dir + "/latest");
+  std::string t;
+  if (!(f >> t)) throw std::runtime_error("checkpoint directory " + dir + " has no complete checkpoint (no 'latest')");
+  return t;
+}
+
+CheckpointReader::CheckpointReader(const std::string& dir, const std::string& tag) {
+  path_ = dir + "/" + resolve_tag(dir, tag);
+  const std::string mpath = path_ + "/manifest.json";
+  std::ifstream f(mpath);
+  if (!f) throw std::runtime_error("checkpoint " + path_ + " has no manifest.json (not a finished save?)");
+  json j;
+  try {
+    f >> j;
+  } catch (const std::exception& e) {
+    throw std::runtime_error("checkpoint manifest " + mpath + " is truncated or corrupt: " + e.what());
+  }
+  manifest_ = Manifest::from_json(j, mpath);
+  for (size_t i = 0; i < manifest_.params.size(); ++i) index_[manifest_.params[i].name] = i;
+}
+
+const ParamRecord* CheckpointReader::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &manifest_.params[it->second];
+}
+
+const SafetensorsFile& CheckpointReader::file(int rank) {
+  auto& slot = files_[rank];
+  if (slot) return *slot;
+  auto it = manifest_.files.find(rank);
+  if (it == manifest_.files.end())
+    throw std::runtime_error("checkpoint " + path_ + ": the manifest lists no file for rank " + std::to_string(rank));
+  const std::string p = path_ + "/" + it->second.file;
+  auto f = std::make_unique<SafetensorsFile>(p);
+  if (f->file_bytes() != it->second.bytes)
+    throw std::runtime_error("checkpoint file " + p + " is truncated or corrupt: " + std::to_string(f->file_bytes()) +
+                             " bytes, the manifest says " + std::to_string(it->second.bytes));
+  if (f->hash() != it->second.hash)
+    throw std::runtime_error("checkpoint file " + p + " is corrupt: its content hash differs from the manifest's");
+  slot = std::move(f);
+  return *slot;
+}
+
+void CheckpointReader::read(const std::string& name, const std::string& kind, int64_t begin, int64_t end,
+                            float* out) {
+  const ParamRecord* p = find(name);
+  if (!p) throw std::runtime_error("checkpoint " + path_ + " has no param " + name);
+  for (const auto& fr : p->fragments) {
+    const int64_t lo = std::max(begin, fr.begin), hi = std::min(end, fr.end);
+    if (lo >= hi) continue;
+    const SafetensorsFile& f = file(fr.rank);
+    const std::string t = tensor_name(name, kind);
+    const TensorEntry& e = f.entry(t);
+    if (e.dtype != "F32" || (e.end - e.begin) / 4 != fr.end - fr.begin)
+      throw std::runtime_error("checkpoint file " + f.path() + ": tensor " + t + " does not match the manifest");
+    std::memcpy(out + (lo - begin), reinterpret_cast<const float*>(f.data(t)) + (lo - fr.begin),
+                static_cast<size_t>(hi - lo) * 4);
+  }
+}
+
+void consolidate(const std::string& dir, const std::string& tag, const std::string& out, const std::string& dtype) {
+  if (dtype != "fp32" && dtype != "bf16") throw std::invalid_argument("consolidate: --dtype must be fp32 or bf16");
+  CheckpointReader r(dir, tag);
+  std::vector<std::vector<float>> full;
+  std::vector<std::vector<uint16_t>> half;
+  SafetensorsWriter w;
+  for (const auto& p : r.manifest().params) {
+    full.emplace_back(static_cast<size_t>(p.numel));
+    r.read(p.name, "master", 0, p.numel, full.back().data());
+    if (dtype == "bf16") {
+      half.emplace_back(full.back().size());
+      for (size_t i = 0; i < half.back().size(); ++i) half.back()[i] = bits::to_bf16(full.back()[i]);
+      full.back() = {};
+      w.add(p.name, "BF16", p.shape, half.back().data());
+    } else {
+      w.add(p.name, "F32", p.shape, full.back().data());
+    }
+  }
+  w.set_metadata("format", "pt");
+  w.set_metadata("source", "zero-cpp checkpoint " + r.path());
+  const std::string tmp = out + ".tmp";
+  w.write(tmp);
+  if (std::rename(tmp.c_str(), out.c_str()) != 0)
+    throw std::runtime_error("cannot rename " + tmp + " to " + out + ": " + std::strerror(errno));
+}
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("cannot open " + path + " to fsync: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw std::runtime_error("cannot fsync " + path + ": " + std::strerror(errno));
+}
+
+void publish(const std::string& dir, const std::string& tag) {
+  const std::string final_dir = dir + "/" + tag, old = dir + "/.old-" + tag;
+  fs::remove_all(old);
+  if (fs::exists(final_dir)) fs::rename(final_dir, old);  // a re-save of the same tag
+  fs::rename(partial_dir(dir, tag), final_dir);
+  fsync_path(dir);
+  const std::string latest_tmp = dir + "/latest.tmp";
+  {
+    std::ofstream f(latest_tmp, std::ios::trunc);
+    f << tag << "\n";
+    if (!f.flush()) throw std::runtime_error("cannot write " + latest_tmp);
+  }
+  fsync_path(latest_tmp);
+  fs::rename(latest_tmp, dir + "/latest");
+  fsync_path(dir);
+  fs::remove_all(old);
+}
+
+}  // namespace zero::ckpt

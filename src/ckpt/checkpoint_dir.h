@@ -1,0 +1,102 @@
+// A checkpoint on disk, without torch: the manifest, the per-rank shard
+// files, reading any element range of any param back (whatever world size
+// and stage wrote it), consolidation, and the atomic publish.
+//
+//   DIR/latest                      the newest complete tag (one line)
+//   DIR/TAG/manifest.json           written last, by rank 0
+//   DIR/TAG/rank_R.safetensors      rank R's fragments: tensor "<param>/<kind>"
+//                                   holds elements [begin, end) of the
+//                                   flattened param, kind master | exp_avg | exp_avg_sq (fp32)
+//   DIR/.partial-TAG/               a save in progress (or one that died)
+//
+// The manifest records, per param, its shape and which rank file holds which
+// range, and per file its size and hash, so a reader can fetch any range
+// (resharding is reading other ranges) and detect truncation or corruption.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/safetensors.h"
+
+namespace zero::ckpt {
+
+constexpr int kFormatVersion = 1;
+
+struct Fragment {
+  int rank = 0;
+  int64_t begin = 0, end = 0;  // element range of the flattened param
+};
+
+struct ParamRecord {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  std::vector<Fragment> fragments;  // cover [0, numel) exactly once
+};
+
+struct RankFile {
+  std::string file;  // relative to the tag directory
+  int64_t bytes = 0;
+  uint64_t hash = 0;
+};
+
+struct Manifest {
+  int format_version = kFormatVersion;
+  std::string tag;
+  int world_size = 1;
+  int dp_size = 1;
+  int stage = 0;
+  std::string dtype;             // params' dtype when saved
+  std::vector<std::string> kinds;  // state kinds stored per param ("master", ...)
+  nlohmann::json config;         // the ds_config, as parsed
+  nlohmann::json engine_state;   // step counters, loss scaler, scheduler
+  nlohmann::json client_state;   // the caller's (e.g. zero-train's data position)
+  std::vector<ParamRecord> params;
+  std::map<int, RankFile> files;  // by rank; ranks without fragments write none
+
+  nlohmann::json to_json() const;
+  static Manifest from_json(const nlohmann::json& j, const std::string& where);
+};
+
+std::string tensor_name(const std::string& param, const std::string& kind);
+std::string rank_file_name(int rank);
+
+// The tag `latest` names, or `tag` itself when given. Throws when there is
+// no complete checkpoint; warns (stderr) about partial saves it skips.
+std::string resolve_tag(const std::string& dir, const std::string& tag);
+
+class CheckpointReader {
+ public:
+  CheckpointReader(const std::string& dir, const std::string& tag);  // tag "" = latest
+  const Manifest& manifest() const { return manifest_; }
+  const std::string& path() const { return path_; }
+  const ParamRecord* find(const std::string& name) const;
+  // Copies elements [begin, end) of `kind` of param `name` into out (fp32).
+  void read(const std::string& name, const std::string& kind, int64_t begin, int64_t end, float* out);
+
+ private:
+  const SafetensorsFile& file(int rank);  // opened on first use; size and hash checked
+  std::string path_;
+  Manifest manifest_;
+  std::map<std::string, size_t> index_;
+  std::map<int, std::unique_ptr<SafetensorsFile>> files_;
+};
+
+// Full fp32 (or bf16) weights by param name, one safetensors file.
+void consolidate(const std::string& dir, const std::string& tag, const std::string& out, const std::string& dtype);
+
+// Directory helpers for the atomic save.
+std::string partial_dir(const std::string& dir, const std::string& tag);
+void fsync_path(const std::string& path);  // a file or a directory
+// Moves a finished partial directory into place as DIR/TAG (replacing an
+// older one of the same tag), then points `latest` at it; each step is a
+// rename followed by an fsync of DIR, so a crash leaves the old or the new.
+void publish(const std::string& dir, const std::string& tag);
+
+}  // namespace zero::ckpt

@@ -1,0 +1,299 @@
+// Engine checkpoints: each rank writes the fragments of params its shard
+// holds (fp32 master weights and optimizer state); loading reads, for each
+// param range a rank's new shard covers, whichever files hold it -- so a
+// checkpoint loads on any world size and stage. The file layout and the
+// atomic publish live in ckpt/checkpoint_dir (no torch).
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+
+#include "ckpt/checkpoint_dir.h"
+#include "engine/engine_impl.h"
+
+namespace zero {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// Reads elements [begin, end) of a param's state `kind` into `out` (fp32).
+using RangeReader = std::function<void(const std::string& name, const std::string& kind, int64_t begin,
+                                       int64_t end, float* out)>;
+
+// The element range of group g's flat layout this rank's master covers.
+std::pair<int64_t, int64_t> master_range(const Engine::Impl& m, const partition::FlatGroup& g) {
+  if (m.stage == 0) return {0, g.layout.padded_numel};
+  const int64_t s = g.layout.shard_numel;
+  return {m.dp.rank() * s, (m.dp.rank() + 1) * s};
+}
+
+std::vector<std::pair<std::string, at::Tensor>> state_kinds(const partition::FlatGroup& g) {
+  std::vector<std::pair<std::string, at::Tensor>> k{{"master", g.master}};
+  if (g.exp_avg.defined()) k.emplace_back("exp_avg", g.exp_avg);
+  if (g.exp_avg_sq.defined()) k.emplace_back("exp_avg_sq", g.exp_avg_sq);
+  return k;
+}
+
+// Every rank learns whether any rank failed, so none goes on into a
+// collective its peers will never join; each throws (its own error, or a
+// pointer to the rank that has one).
+void agree_or_throw(Engine::Impl& m, const std::string& what, const std::string& error) {
+  auto failed = at::tensor({error.empty() ? 0.0 : 1.0}, at::kDouble);
+  m.comm.all_reduce(m.dp, failed, comm::ReduceOp::Sum)->wait();
+  if (!error.empty()) throw std::runtime_error(error);
+  if (failed.item<double>() > 0) throw std::runtime_error(what + " failed on another rank (see its error)");
+}
+
+std::string shape_string(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Model params (name -> shape) in registration order, from the layouts.
+std::vector<std::pair<std::string, std::vector<int64_t>>> model_params(const Engine::Impl& m) {
+  std::vector<std::tuple<int64_t, std::string, std::vector<int64_t>>> all;
+  for (const auto& g : m.groups)
+    for (size_t i = 0; i < g.params.size(); ++i)
+      all.emplace_back(g.layout.params[i].param_index, g.names[i], g.params[i].sizes().vec());
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (auto& [idx, name, shape] : all) out.emplace_back(name, shape);
+  return out;
+}
+
+// Fills each group's state on this rank from `read`, param range by range.
+void fill_state(Engine::Impl& m, const RangeReader& read, bool master_only) {
+  at::NoGradGuard no_grad;
+  for (auto& g : m.groups) {
+    const auto [lo, hi] = master_range(m, g);
+    for (auto& [kind, t] : state_kinds(g)) {
+      if (master_only && kind != "master") continue;
+      float* base = t.data_ptr<float>();
+      for (size_t i = 0; i < g.params.size(); ++i) {
+        const auto& slot = g.layout.params[i];
+        const int64_t a = std::max(lo, slot.offset), b = std::min(hi, slot.offset + slot.numel);
+        if (a < b) read(g.names[i], kind, a - slot.offset, b - slot.offset, base + (a - lo));
+      }
+    }
+  }
+}
+
+// After the masters changed outside a step: the params (and 16-bit copies)
+// follow, as after an optimizer step.
+void params_from_masters(Engine::Impl& m) {
+  at::NoGradGuard no_grad;
+  std::vector<comm::WorkHandle> works;
+  for (auto& g : m.groups) {
+    at::Tensor target = m.stage == 0 ? g.param_flat
+                        : m.stage == 3 ? g.param_shard
+                                       : g.own_slot(g.param_flat, m.dp.rank());
+    if (target.data_ptr() != g.master.data_ptr()) target.copy_(g.master);  // fp32 aliases; 16-bit rounds as the kernel
+    if (m.stage == 1 || m.stage == 2) works.push_back(m.comm.all_gather(m.dp, g.param_flat, target));
+  }
+  for (auto& w : works) w->wait();
+  if (m.stage3) m.stage3->after_step();
+  m.reducer->zero_grads();
+}
+
+json engine_state(const Engine::Impl& m) {
+  const auto s = m.scaler.state();
+  return {{"micro_steps", m.micro_steps}, {"global_steps", m.global_steps}, {"skipped_steps", m.skipped_steps},
+          {"optimizer_steps", m.optimizer_steps}, {"scheduler_iter", m.scheduler_iter},
+          {"last_grad_norm", m.last_grad_norm},
+          {"loss_scaler", {{"scale", s.scale}, {"cur_hysteresis", s.cur_hysteresis}, {"cur_iter", s.cur_iter},
+                           {"last_overflow_iter", s.last_overflow_iter}}}};
+}
+
+void restore_engine_state(Engine::Impl& m, const json& j) {
+  m.micro_steps = j.at("micro_steps");
+  m.global_steps = j.at("global_steps");
+  m.skipped_steps = j.at("skipped_steps");
+  m.optimizer_steps = j.at("optimizer_steps");
+  m.scheduler_iter = j.at("scheduler_iter");
+  m.last_grad_norm = j.at("last_grad_norm");
+  const auto& s = j.at("loss_scaler");
+  m.scaler.restore({s.at("scale"), s.at("cur_hysteresis"), s.at("cur_iter"), s.at("last_overflow_iter")});
+}
+
+// Names the first difference between the model's params and a file's.
+void check_same_params(const std::vector<std::pair<std::string, std::vector<int64_t>>>& model,
+                       const std::function<const std::vector<int64_t>*(const std::string&)>& shape_in_file,
+                       const std::vector<std::string>& file_names, const std::string& where) {
+  std::set<std::string> in_model;
+  for (const auto& [name, shape] : model) {
+    in_model.insert(name);
+    const auto* s = shape_in_file(name);
+    if (!s) throw std::runtime_error(where + " has no param " + name + ": it was saved from a different model");
+    if (*s != shape)
+      throw std::runtime_error(where + ": param " + name + " has shape " + shape_string(*s) + ", the model's is " +
+                               shape_string(shape) + ": it was saved from a different model");
+  }
+  for (const auto& n : file_names)
+    if (!in_model.count(n))
+      throw std::runtime_error(where + " has param " + n + ", which the model does not: it was saved from a different model");
+}
+
+}  // namespace
+
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const json& client_state) {
+  auto& m = *impl_;
+  if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.' || tag == "latest")
+    throw std::invalid_argument("save_checkpoint: tag '" + tag + "' must be a plain name (no '/', not 'latest')");
+  if (m.coalescing || m.no_sync || m.micro_steps % m.batch.gradient_accumulation_steps != 0 ||
+      m.reducer->has_unreduced())
+    throw std::logic_error("save_checkpoint: call it at an accumulation boundary, after step() (grads in "
+                           "flight are not saved)");
+  const bool lead = m.dp.rank() == 0;
+  const std::string partial = ckpt::partial_dir(dir, tag);
+  std::string error;
+  if (lead) {
+    try {
+      fs::create_directories(dir);
+      fs::remove_all(partial);  // a save of this tag that died earlier
+      fs::create_directory(partial);
+    } catch (const std::exception& e) {
+      error = std::string("save_checkpoint: ") + e.what();
+    }
+  }
+  agree_or_throw(m, "save_checkpoint", error);
+
+  // This rank's fragments (stage 0: every rank holds everything; rank 0 writes it).
+  ckpt::SafetensorsWriter writer;
+  bool writes = m.stage > 0 || lead;
+  bool any = false;
+  if (writes)
+    for (const auto& g : m.groups) {
+      const auto [lo, hi] = master_range(m, g);
+      for (const auto& [kind, t] : state_kinds(g))
+        for (size_t i = 0; i < g.params.size(); ++i) {
+          const auto& slot = g.layout.params[i];
+          const int64_t a = std::max(lo, slot.offset), b = std::min(hi, slot.offset + slot.numel);
+          if (a >= b) continue;
+          writer.add(ckpt::tensor_name(g.names[i], kind), "F32", {b - a}, t.data_ptr<float>() + (a - lo));
+          any = true;
+        }
+    }
+  ckpt::FileDigest digest;
+  if (any) {
+    try {
+      digest = writer.write(partial + "/" + ckpt::rank_file_name(m.dp.rank()));
+    } catch (const std::exception& e) {
+      error = std::string("save_checkpoint: ") + e.what();
+    }
+  }
+  agree_or_throw(m, "save_checkpoint", error);
+
+  auto mine = at::tensor({static_cast<int64_t>(any), digest.bytes, static_cast<int64_t>(digest.hash)}, at::kLong);
+  auto all = at::empty({3 * m.dp.size()}, at::kLong);
+  m.comm.all_gather(m.dp, all, mine)->wait();
+
+  if (lead) {
+    try {
+      ckpt::Manifest man;
+      man.tag = tag;
+      man.world_size = m.dp.size();
+      man.dp_size = m.dp.size();
+      man.stage = m.stage;
+      man.dtype = c10::toString(m.param_dtype);
+      for (const auto& [kind, t] : state_kinds(m.groups.front())) man.kinds.push_back(kind);
+      man.config = m.config.to_json();
+      man.engine_state = engine_state(m);
+      man.client_state = client_state;
+      std::vector<std::pair<int64_t, ckpt::ParamRecord>> recs;
+      for (const auto& g : m.groups)
+        for (size_t i = 0; i < g.params.size(); ++i) {
+          const auto& slot = g.layout.params[i];
+          ckpt::ParamRecord r{g.names[i], g.params[i].sizes().vec(), slot.numel, {}};
+          if (m.stage == 0) {
+            r.fragments.push_back({0, 0, slot.numel});
+          } else {
+            const int64_t s = g.layout.shard_numel;
+            for (int q = 0; q < m.dp.size(); ++q) {
+              const int64_t a = std::max(q * s, slot.offset), b = std::min((q + 1) * s, slot.offset + slot.numel);
+              if (a < b) r.fragments.push_back({q, a - slot.offset, b - slot.offset});
+            }
+          }
+          recs.emplace_back(slot.param_index, std::move(r));
+        }
+      std::sort(recs.begin(), recs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (auto& [idx, r] : recs) man.params.push_back(std::move(r));
+      for (int q = 0; q < m.dp.size(); ++q)
+        if (all[3 * q].item<int64_t>())
+          man.files[q] = {ckpt::rank_file_name(q), all[3 * q + 1].item<int64_t>(),
+                          static_cast<uint64_t>(all[3 * q + 2].item<int64_t>())};
+      const std::string mpath = partial + "/manifest.json";
+      {
+        std::ofstream f(mpath, std::ios::trunc);
+        f << man.to_json().dump(1) << "\n";
+        if (!f.flush()) throw std::runtime_error("cannot write " + mpath);
+      }
+      ckpt::fsync_path(mpath);
+      ckpt::fsync_path(partial);
+      ckpt::publish(dir, tag);
+    } catch (const std::exception& e) {
+      error = std::string("save_checkpoint: ") + e.what();
+    }
+  }
+  agree_or_throw(m, "save_checkpoint", error);
+}
+
+json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  auto& m = *impl_;
+  std::string error;
+  std::unique_ptr<ckpt::CheckpointReader> reader;
+  try {
+    reader = std::make_unique<ckpt::CheckpointReader>(dir, tag);
+    const auto& man = reader->manifest();
+    std::vector<std::string> names;
+    for (const auto& p : man.params) names.push_back(p.name);
+    check_same_params(
+        model_params(m), [&](const std::string& n) { return reader->find(n) ? &reader->find(n)->shape : nullptr; },
+        names, "checkpoint " + reader->path());
+    for (const auto& [kind, t] : state_kinds(m.groups.front()))
+      if (std::find(man.kinds.begin(), man.kinds.end(), kind) == man.kinds.end())
+        throw std::runtime_error("checkpoint " + reader->path() + " has no " + kind +
+                                 " (saved with another optimizer?)");
+    fill_state(m, [&](const std::string& n, const std::string& k, int64_t a, int64_t b, float* out) {
+      reader->read(n, k, a, b, out);
+    }, false);
+  } catch (const std::exception& e) {
+    error = std::string("load_checkpoint: ") + e.what();
+  }
+  agree_or_throw(m, "load_checkpoint", error);
+  restore_engine_state(m, reader->manifest().engine_state);
+  params_from_masters(m);
+  return reader->manifest().client_state;
+}
+
+void Engine::load_weights(const std::string& path) {
+  auto& m = *impl_;
+  std::string error;
+  try {
+    ckpt::SafetensorsFile f(path);
+    std::vector<std::string> names;
+    for (const auto& [n, e] : f.entries()) names.push_back(n);
+    check_same_params(model_params(m), [&](const std::string& n) { return f.has(n) ? &f.entry(n).shape : nullptr; },
+                      names, "weights file " + path);
+    fill_state(m, [&](const std::string& n, const std::string&, int64_t a, int64_t b, float* out) {
+      const auto& e = f.entry(n);
+      const char* d = f.data(n);
+      if (e.dtype == "F32") {
+        std::memcpy(out, reinterpret_cast<const float*>(d) + a, static_cast<size_t>(b - a) * 4);
+      } else if (e.dtype == "BF16" || e.dtype == "F16") {
+        auto src = at::from_blob(const_cast<char*>(d) + a * 2, {b - a}, e.dtype == "BF16" ? at::kBFloat16 : at::kHalf);
+        at::from_blob(out, {b - a}, at::kFloat).copy_(src);
+      } else {
+        throw std::runtime_error("weights file " + path + ": param " + n + " is " + e.dtype + " (F32, BF16 or F16 expected)");
+      }
+    }, true);
+  } catch (const std::exception& e) {
+    error = std::string("load_weights: ") + e.what();
+  }
+  agree_or_throw(m, "load_weights", error);
+  params_from_masters(m);
+}
+
+}  // namespace zero

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Checkpoints end to end with zero-train and zero-ckpt on 2 ranks: save and
+# resume, consolidation read by an independent reader, --init-from, a rank
+# killed mid-save (the previous checkpoint still loads), and damaged files.
+# Usage: ckpt_test.sh ZERO_RUN ZERO_TRAIN ZERO_CKPT
+set -u
+. "$(dirname "$0")/lib.sh"
+ZR=$1
+ZT=$2
+ZC=$3
+PY=/usr/bin/python3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+model=(--layers 2 --d-model 32 --heads 2 --seq 16)
+cat > "$tmp/s3.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100}}
+JSON
+loss_at() { grep '"event":"step"' "$1" | grep "\"step\":$2," | grep -o '"loss":[^,]*'; }
+
+# Save every 2 steps; resume from step 4 up to 6: steps 5 and 6 as in one run.
+"$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" "${model[@]}" --steps 6 --log-json "$tmp/full.jsonl" >/dev/null 2>&1
+"$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" "${model[@]}" --steps 4 --save "$tmp/ck" --save-every 2 \
+  >/dev/null 2>&1
+check "save: latest is step4" [ "$(cat "$tmp/ck/latest")" = step4 ]
+check "save: step2 kept" [ -s "$tmp/ck/step2/manifest.json" ]
+out=$("$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" "${model[@]}" --steps 6 --resume "$tmp/ck" \
+  --log-json "$tmp/res.jsonl" 2>&1)
+check "resume: says where it resumed" contains "$out" "at step 4"
+want5=$(loss_at "$tmp/full.jsonl" 5)
+check "resume: step 5 loss as uninterrupted ($want5)" [ -n "$want5" -a "$(loss_at "$tmp/res.jsonl" 5)" = "$want5" ]
+check "resume: step 6 loss as uninterrupted" [ "$(loss_at "$tmp/res.jsonl" 6)" = "$(loss_at "$tmp/full.jsonl" 6)" ]
+
+# info and consolidate; the consolidated file read by an independent reader.
+out=$("$ZC" info "$tmp/ck" 2>&1)
+check "info: describes the checkpoint" contains "$out" "saved by 2 ranks, ZeRO stage 3"
+check "info: checks the files" contains "$out" "rank_1.safetensors"
+"$ZC" consolidate "$tmp/ck" "$tmp/w.safetensors" >/dev/null 2>&1
+check "consolidate: writes the file" [ -s "$tmp/w.safetensors" ]
+out=$("$PY" "$(dirname "$0")/read_safetensors.py" "$tmp/ck/step4" "$tmp/w.safetensors" 2>&1)
+check "consolidate: an independent reader agrees ($out)" contains "$out" "ok:"
+"$ZC" consolidate "$tmp/ck" "$tmp/w16.safetensors" --dtype bf16 >/dev/null 2>&1
+check "consolidate --dtype bf16: half the bytes" \
+  [ "$(stat -c %s "$tmp/w16.safetensors")" -lt "$(( $(stat -c %s "$tmp/w.safetensors") * 6 / 10 ))" ]
+
+# --init-from: training starts from those weights (step 1 loss far below a fresh start's).
+"$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" "${model[@]}" --steps 1 --init-from "$tmp/w.safetensors" \
+  --log-json "$tmp/init.jsonl" >/dev/null 2>&1
+a=$(loss_at "$tmp/init.jsonl" 1 | cut -d: -f2); b=$(loss_at "$tmp/full.jsonl" 1 | cut -d: -f2)
+check "--init-from: starts from the trained weights ($a < $b)" awk -v a="$a" -v b="$b" 'BEGIN { exit !(a != "" && a < b) }'
+
+# A planted partial save is skipped with a warning.
+mkdir -p "$tmp/ck/.partial-step9"
+out=$("$ZC" info "$tmp/ck" 2>&1)
+check "partial save: ignored with a warning" contains "$out" "ignoring $tmp/ck/.partial-step9"
+
+# Kill a rank mid-save, several times at different moments: latest always loads.
+big=(--layers 4 --d-model 256 --heads 4 --seq 32)
+for delay in 2.5 3.1 3.7; do
+  rm -rf "$tmp/kill"
+  "$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" "${big[@]}" --steps 100000 --save "$tmp/kill" \
+    --save-every 1 >/dev/null 2>&1 &
+  zr=$!
+  sleep "$delay"
+  kill -9 "$(pgrep -P $zr | tail -1)" 2>/dev/null
+  wait $zr
+  if [ -s "$tmp/kill/latest" ]; then
+    out=$("$ZC" info "$tmp/kill" 2>&1)
+    check "killed mid-save (after ${delay}s): latest ($(cat "$tmp/kill/latest")) loads" contains "$out" "hash ok"
+  else
+    check "killed mid-save (after ${delay}s): no latest before the first save" [ ! -e "$tmp/kill/latest" ]
+  fi
+done
+
+# Damaged files are named.
+cp -r "$tmp/ck/step4" "$tmp/bad" && mkdir -p "$tmp/badck" && mv "$tmp/bad" "$tmp/badck/t" && echo t > "$tmp/badck/latest"
+truncate -s -100 "$tmp/badck/t/rank_1.safetensors"
+out=$("$ZC" info "$tmp/badck" 2>&1)
+check "truncated shard: named" contains "$out" "rank_1.safetensors is truncated or corrupt"
+out=$("$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" "${model[@]}" --steps 6 --resume "$tmp/badck" 2>&1)
+check "truncated shard: resume fails naming it" contains "$out" "rank_1.safetensors"
+f="$tmp/ck/step2/rank_0.safetensors"
+printf 'x' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") - 50 )) conv=notrunc 2>/dev/null  # a data byte
+out=$("$ZC" info "$tmp/ck" --tag step2 2>&1)
+check "corrupt byte: detected by the hash" contains "$out" "rank_0.safetensors is corrupt"
+out=$("$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" --layers 3 --d-model 32 --heads 2 --seq 16 \
+  --steps 6 --resume "$tmp/ck" 2>&1)
+check "another model: names the param" contains "$out" "saved from a different model"
+finish
