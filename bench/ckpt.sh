@@ -9,7 +9,7 @@ base=${2:-$(mktemp -d -p "${TMPDIR:-/tmp}")}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp" "$base/zero-ckpt-bench"' EXIT
 . "$(dirname "$0")/lib.sh"
-model=(--layers 8 --d-model 1024 --heads 16 --seq 128)
+bench_model big
 field() { grep "\"event\":\"$1\"" "$tmp/log.jsonl" | grep -o "\"$2\":[0-9.e+]*" | head -1 | cut -d: -f2; }
 
 echo '{"bench": "checkpoint", "ranks": 2, "date": "'"$(date -u +%F)"'", "runs": ['
@@ -18,10 +18,10 @@ for stage in 1 3; do
   dir="$base/zero-ckpt-bench"
   rm -rf "$dir"
   bench_config "$stage" fp32
-  zero_train_summary --steps 1 "${model[@]}" --save "$dir" > /dev/null
+  zero_train_summary --steps 1 "${model_args[@]}" --save "$dir" > /dev/null
   save_ms=$(field checkpoint save_ms); bytes=$(field checkpoint bytes)
   sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true  # cold reads where allowed
-  zero_train_summary --steps 1 "${model[@]}" --resume "$dir" > /dev/null
+  zero_train_summary --steps 1 "${model_args[@]}" --resume "$dir" > /dev/null
   load_ms=$(field resume load_ms)
   # The same bytes, written sequentially with one fsync, then read back.
   mib=$(( bytes / 1048576 + 1 ))

@@ -14,7 +14,7 @@ K=${3:-4}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/lib.sh"
-model=(--layers 4 --d-model 256 --heads 4 --seq 128)
+bench_model small
 
 echo '{"bench": "coalesce", "ranks": 2, "backward_chunks": '"$K"', "omp_threads_per_rank": 1, "date": "'"$(date -u +%F)"'", "runs": ['
 first=1
@@ -25,7 +25,7 @@ for stage in 2 3; do
     [ $first = 1 ] || echo ','
     first=0
     printf '    {"stage": %s, "mode": "%s", "summary": %s}' "$stage" "$mode" \
-      "$(zero_train_summary --steps "$STEPS" "${model[@]}" --backward-chunks "$K" "${flag[@]}")"
+      "$(zero_train_summary --steps "$STEPS" "${model_args[@]}" --backward-chunks "$K" "${flag[@]}")"
   done
 done
 echo

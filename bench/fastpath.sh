@@ -16,8 +16,8 @@ trap 'rm -rf "$tmp"' EXIT
 echo '{"bench": "fastpath", "ranks": 2, "omp_threads_per_rank": 1, "date": "'"$(date -u +%F)"'", "runs": ['
 first=1
 for model in small big; do
-  if [ $model = small ]; then args=(--layers 4 --d-model 256 --heads 4 --seq 128); steps=$STEPS_SMALL
-  else args=(--layers 8 --d-model 1024 --heads 16 --seq 128); steps=$STEPS_BIG; fi
+  bench_model $model
+  steps=$STEPS_BIG; [ $model = small ] && steps=$STEPS_SMALL
   for dtype in fp32 bf16; do
     for stage in 1 2 3; do
       bench_config "$stage" "$dtype"
@@ -26,7 +26,7 @@ for model in small big; do
         first=0
         printf '    {"model": "gpt_%s", "stage": %s, "dtype": "%s", "fast_path": "%s", "summary": %s}' \
           "$model" "$stage" "$dtype" "$fast" \
-          "$(ZERO_COMM_FASTPATH=$fast zero_train_summary --steps "$steps" "${args[@]}")"
+          "$(ZERO_COMM_FASTPATH=$fast zero_train_summary --steps "$steps" "${model_args[@]}")"
       done
     done
   done

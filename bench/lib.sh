@@ -22,3 +22,10 @@ zero_train_summary() {
     > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
   grep '"event":"summary"' "$tmp/log.jsonl"
 }
+
+# The two benchmark GPTs: sets `model_args` for "small" (4 x 256, 3.3M
+# params) or "big" (8 x 1024, ~101M params).
+bench_model() {
+  if [ "$1" = small ]; then model_args=(--layers 4 --d-model 256 --heads 4 --seq 128)
+  else model_args=(--layers 8 --d-model 1024 --heads 16 --seq 128); fi
+}

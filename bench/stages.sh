@@ -24,13 +24,13 @@ run() {  # name stage dtype steps zero-train-args...
 echo '{"bench": "stages", "ranks": 2, "omp_threads_per_rank": 1, "date": "'"$(date -u +%F)"'", "runs": ['
 first=1
 for model in small big; do
-  if [ $model = small ]; then args=(--layers 4 --d-model 256 --heads 4 --seq 128); steps=$STEPS_SMALL
-  else args=(--layers 8 --d-model 1024 --heads 16 --seq 128); steps=$STEPS_BIG; fi
+  bench_model $model
+  steps=$STEPS_BIG; [ $model = small ] && steps=$STEPS_SMALL
   for dtype in fp32 bf16; do
     for stage in 0 1 2 3; do
       [ $first = 1 ] || echo ','
       first=0
-      run "gpt_$model" $stage $dtype $steps "${args[@]}"
+      run "gpt_$model" $stage $dtype $steps "${model_args[@]}"
     done
   done
 done
