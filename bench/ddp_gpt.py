@@ -1,0 +1,132 @@
+"""The peer for the benchmark report: the bundled GPT trained with PyTorch's
+own DistributedDataParallel (Gloo, CPU), from the same initial weights and
+the same batches as zero-train (both exported by bench_export_gpt), with the
+same optimizer (AdamW, DeepSpeed's defaults but lr/weight decay as given),
+clipping (1.0) and thread count. Launch it like any rank program:
+
+    zero-run -n 2 -- python3 bench/ddp_gpt.py EXPORT_DIR LAYERS D_MODEL HEADS SEQ STEPS LR WD OUT.json
+
+Rank 0 writes OUT.json: per-step loss (global-batch mean), step time, and
+peak RSS; the median step time leaves out the first two steps, as zero-train's.
+"""
+import json
+import math
+import os
+import resource
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + n])
+    data = blob[8 + n :]
+    kinds = {"F32": np.float32, "I64": np.int64}
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        out[name] = torch.from_numpy(np.frombuffer(data[b:end], dtype=kinds[e["dtype"]]).reshape(e["shape"]).copy())
+    return out
+
+
+class Block(torch.nn.Module):
+    """zero-cpp's models/gpt.cpp block, op for op (pre-LN, causal attention, GELU MLP)."""
+
+    def __init__(self, d, n_head):
+        super().__init__()
+        self.n_head = n_head
+        P = lambda *s: torch.nn.Parameter(torch.empty(*s))
+        self.ln1_weight, self.ln1_bias = P(d), P(d)
+        self.attn_qkv_weight, self.attn_qkv_bias = P(3 * d, d), P(3 * d)
+        self.attn_proj_weight, self.attn_proj_bias = P(d, d), P(d)
+        self.ln2_weight, self.ln2_bias = P(d), P(d)
+        self.mlp_fc_weight, self.mlp_fc_bias = P(4 * d, d), P(4 * d)
+        self.mlp_proj_weight, self.mlp_proj_bias = P(d, 4 * d), P(d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        hd = C // self.n_head
+        h = F.layer_norm(x, (C,), self.ln1_weight, self.ln1_bias, 1e-5)
+        qkv = F.linear(h, self.attn_qkv_weight, self.attn_qkv_bias).view(B, T, 3, self.n_head, hd)
+        q, k, v = (qkv.select(2, i).transpose(1, 2) for i in range(3))
+        att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        att = torch.softmax(att.masked_fill(mask, float("-inf")), -1)
+        y = torch.matmul(att, v).transpose(1, 2).reshape(B, T, C)
+        h = x + F.linear(y, self.attn_proj_weight, self.attn_proj_bias)
+        m = F.gelu(F.linear(F.layer_norm(h, (C,), self.ln2_weight, self.ln2_bias, 1e-5), self.mlp_fc_weight, self.mlp_fc_bias))
+        return h + F.linear(m, self.mlp_proj_weight, self.mlp_proj_bias)
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, layers, d, n_head, seq, vocab=256):
+        super().__init__()
+        self.wte = torch.nn.Parameter(torch.empty(vocab, d))
+        self.wpe = torch.nn.Parameter(torch.empty(seq, d))
+        for i in range(layers):
+            self.add_module(f"h{i}", Block(d, n_head))
+        self.layers = layers
+        self.ln_f_weight = torch.nn.Parameter(torch.empty(d))
+        self.ln_f_bias = torch.nn.Parameter(torch.empty(d))
+
+    def forward(self, tokens):
+        T = tokens.shape[1]
+        x = F.embedding(tokens, self.wte) + self.wpe[:T]
+        for i in range(self.layers):
+            x = getattr(self, f"h{i}")(x)
+        x = F.layer_norm(x, (x.shape[-1],), self.ln_f_weight, self.ln_f_bias, 1e-5)
+        return F.linear(x, self.wte)  # tied head
+
+
+def main():
+    export, layers, d, heads, seq, steps, lr, wd, out = sys.argv[1:10]
+    layers, d, heads, seq, steps, lr, wd = int(layers), int(d), int(heads), int(seq), int(steps), float(lr), float(wd)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    model = GPT(layers, d, heads, seq)
+    init = read_safetensors(f"{export}/init.safetensors")
+    model.load_state_dict(init, strict=True)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+    tokens = read_safetensors(f"{export}/tokens.safetensors")["tokens"]
+    micro = tokens.shape[1] // world
+
+    losses, times = [], []
+    for s in range(steps):
+        t0 = time.perf_counter()
+        batch = tokens[s, rank * micro : (rank + 1) * micro]
+        x, y = batch[:, :-1], batch[:, 1:]
+        logits = ddp(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        times.append((time.perf_counter() - t0) * 1000)
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(mean.item() / world)
+    steady = sorted(times[min(2, len(times) // 2) :])
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"peer": "torch DistributedDataParallel (gloo)", "torch": torch.__version__,
+                       "threads": torch.get_num_threads(), "losses": losses,
+                       "median_step_ms": steady[len(steady) // 2],
+                       "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
