@@ -68,13 +68,24 @@ class Block(torch.nn.Module):
         return h + F.linear(m, self.mlp_proj_weight, self.mlp_proj_bias)
 
 
+class Unit(torch.nn.Module):
+    """zero::Unit's naming: the wrapped block's params sit under "inner"."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
 class GPT(torch.nn.Module):
     def __init__(self, layers, d, n_head, seq, vocab=256):
         super().__init__()
         self.wte = torch.nn.Parameter(torch.empty(vocab, d))
         self.wpe = torch.nn.Parameter(torch.empty(seq, d))
         for i in range(layers):
-            self.add_module(f"h{i}", Block(d, n_head))
+            self.add_module(f"h{i}", Unit(Block(d, n_head)))
         self.layers = layers
         self.ln_f_weight = torch.nn.Parameter(torch.empty(d))
         self.ln_f_bias = torch.nn.Parameter(torch.empty(d))

@@ -23,6 +23,11 @@ zero_train_summary() {
   grep '"event":"summary"' "$tmp/log.jsonl"
 }
 
+# The per-step losses of the last zero_train_summary run, as a JSON array.
+last_losses() {
+  echo "[$(grep '"event":"step"' "$tmp/log.jsonl" | grep -o '"loss":[^,]*' | cut -d: -f2 | paste -sd, -)]"
+}
+
 # The two benchmark GPTs: sets `model_args` for "small" (4 x 256, 3.3M
 # params) or "big" (8 x 1024, ~101M params).
 bench_model() {

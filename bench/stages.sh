@@ -17,8 +17,10 @@ trap 'rm -rf "$tmp"' EXIT
 run() {  # name stage dtype steps zero-train-args...
   local name=$1 stage=$2 dtype=$3 steps=$4; shift 4
   bench_config "$stage" "$dtype"
-  printf '    {"run": "%s", "stage": %s, "dtype": "%s", "summary": %s}' "$name" "$stage" "$dtype" \
-    "$(zero_train_summary --steps "$steps" "$@")"
+  local summary
+  summary=$(zero_train_summary --steps "$steps" "$@")
+  printf '    {"run": "%s", "stage": %s, "dtype": "%s", "summary": %s, "losses": %s}' "$name" "$stage" "$dtype" \
+    "$summary" "$(last_losses)"
 }
 
 echo '{"bench": "stages", "ranks": 2, "omp_threads_per_rank": 1, "date": "'"$(date -u +%F)"'", "runs": ['
