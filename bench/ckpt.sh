@@ -6,9 +6,8 @@
 set -euo pipefail
 B=${1:-build}
 base=${2:-$(mktemp -d -p "${TMPDIR:-/tmp}")}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp" "$base/zero-ckpt-bench"' EXIT
 . "$(dirname "$0")/lib.sh"
+trap 'rm -rf "$tmp" "$base/zero-ckpt-bench"; rmdir "$base" 2>/dev/null || true' EXIT
 bench_model big
 field() { grep "\"event\":\"$1\"" "$tmp/log.jsonl" | grep -o "\"$2\":[0-9.e+]*" | head -1 | cut -d: -f2; }
 

@@ -11,8 +11,6 @@ set -euo pipefail
 B=${1:-build}
 STEPS=${2:-20}
 K=${3:-4}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/lib.sh"
 bench_model small
 

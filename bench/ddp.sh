@@ -8,8 +8,6 @@ set -euo pipefail
 B=${1:-build}
 STEPS_SMALL=${2:-30}
 STEPS_BIG=${3:-6}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/lib.sh"
 here=$(cd "$(dirname "$0")" && pwd)
 

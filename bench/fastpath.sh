@@ -9,8 +9,6 @@ set -euo pipefail
 B=${1:-build}
 STEPS_SMALL=${2:-30}
 STEPS_BIG=${3:-6}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/lib.sh"
 
 echo '{"bench": "fastpath", "ranks": 2, "omp_threads_per_rank": 1, "date": "'"$(date -u +%F)"'", "runs": ['

@@ -1,5 +1,7 @@
 # Helpers shared by the shell benchmarks. Source it after setting B (the
-# build dir) and tmp (a scratch dir).
+# build dir); it makes $tmp, a scratch dir removed at exit.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 
 # Writes a ds_config for the benchmark GPTs: stage $1, dtype $2 (fp32|bf16),
 # micro-batch $3, to $tmp/c.json.
