@@ -19,7 +19,7 @@ using zero::comm::ReduceOp;
 using zero::test::world;
 
 const at::ScalarType kDTypes[] = {at::kFloat, at::kHalf, at::kBFloat16};
-// 300001 fp32 elements span several shared-memory rounds (1 MiB slots).
+// 300001 fp32 elements span several shared-memory rounds (512 KiB slots).
 const int64_t kSizes[] = {1, 7, 1000, 65537, 300001};
 
 // Runs `body` on the shared-memory fast path, then on Gloo, and checks the
