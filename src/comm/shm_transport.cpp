@@ -55,24 +55,27 @@ std::optional<shm::Elem> reducible(at::ScalarType t) {
   }
 }
 
-// Keeps the tensors alive until the worker is done with them.
+// The caller's handle on a queued collective. The lane itself keeps the
+// tensors alive until the collective has run (see keep_alive).
 class ShmWork : public Work {
  public:
-  ShmWork(std::shared_ptr<shm::Job> job, std::vector<at::Tensor> keep) : job_(std::move(job)), keep_(std::move(keep)) {}
+  explicit ShmWork(std::shared_ptr<shm::Job> job) : job_(std::move(job)) {}
   void wait() override {
     try {
       job_->wait();
     } catch (const std::exception& e) {
       throw CommError(e.what());
     }
-    keep_.clear();
   }
   bool is_completed() override { return job_->done(); }
 
  private:
   std::shared_ptr<shm::Job> job_;
-  std::vector<at::Tensor> keep_;
 };
+
+shm::Lane::KeepAlive keep_alive(std::vector<at::Tensor> tensors) {
+  return std::make_shared<const std::vector<at::Tensor>>(std::move(tensors));
+}
 
 ShmGroup& shm_of(const Group& g) { return *g.impl().shm; }
 
@@ -177,26 +180,25 @@ int64_t ShmTransport::wire_bytes(const Group& g, CollectiveOp op, at::ScalarType
 }
 
 WorkHandle ShmTransport::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard) {
-  auto job = shm_of(g).main->all_gather(out_flat.data_ptr(), in_shard.data_ptr(),
-                                        static_cast<int64_t>(in_shard.nbytes()));
-  return std::make_shared<ShmWork>(std::move(job), std::vector<at::Tensor>{out_flat, in_shard});
+  return std::make_shared<ShmWork>(shm_of(g).main->all_gather(out_flat.data_ptr(), in_shard.data_ptr(),
+                                                              static_cast<int64_t>(in_shard.nbytes()),
+                                                              keep_alive({out_flat, in_shard})));
 }
 
 WorkHandle ShmTransport::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op) {
-  auto job = shm_of(g).reduce->reduce_scatter(out_shard.data_ptr(), *reducible(out_shard.scalar_type()),
-                                              in_flat.data_ptr(), *reducible(in_flat.scalar_type()),
-                                              out_shard.numel(), op == ReduceOp::Avg);
-  return std::make_shared<ShmWork>(std::move(job), std::vector<at::Tensor>{out_shard, in_flat});
+  return std::make_shared<ShmWork>(shm_of(g).reduce->reduce_scatter(
+      out_shard.data_ptr(), *reducible(out_shard.scalar_type()), in_flat.data_ptr(),
+      *reducible(in_flat.scalar_type()), out_shard.numel(), op == ReduceOp::Avg, keep_alive({out_shard, in_flat})));
 }
 
 WorkHandle ShmTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op) {
-  auto job = shm_of(g).main->all_reduce(t.data_ptr(), *reducible(t.scalar_type()), t.numel(), op == ReduceOp::Avg);
-  return std::make_shared<ShmWork>(std::move(job), std::vector<at::Tensor>{t});
+  return std::make_shared<ShmWork>(shm_of(g).main->all_reduce(t.data_ptr(), *reducible(t.scalar_type()), t.numel(),
+                                                              op == ReduceOp::Avg, keep_alive({t})));
 }
 
 WorkHandle ShmTransport::broadcast(const Group& g, at::Tensor t, int root) {
-  auto job = shm_of(g).main->broadcast(t.data_ptr(), static_cast<int64_t>(t.nbytes()), root);
-  return std::make_shared<ShmWork>(std::move(job), std::vector<at::Tensor>{t});
+  return std::make_shared<ShmWork>(
+      shm_of(g).main->broadcast(t.data_ptr(), static_cast<int64_t>(t.nbytes()), root, keep_alive({t})));
 }
 
 WorkHandle ShmTransport::barrier(const Group& g) {

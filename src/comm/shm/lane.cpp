@@ -129,11 +129,12 @@ char* Lane::slot(int r) const { return data_ + ((round_ & 1u) * size_ + r) * slo
 
 // ---- worker -------------------------------------------------------------------
 
-std::shared_ptr<Job> Lane::submit(const char* op, std::function<void()> body) {
+std::shared_ptr<Job> Lane::submit(const char* op, KeepAlive keep, std::function<void()> body) {
   auto job = std::make_shared<Job>();
   std::lock_guard<std::mutex> lock(mu_);
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
-  queue_.emplace_back(job, [this, op, body = std::move(body)] {
+  // `keep` lives in the queued closure: released once the collective has run.
+  queue_.emplace_back(job, [this, op, keep = std::move(keep), body = std::move(body)] {
     current_op_ = op;
     body();
   });
@@ -236,8 +237,8 @@ void Lane::end_round() {
 
 // ---- collectives ----------------------------------------------------------------
 
-std::shared_ptr<Job> Lane::all_gather(void* out, const void* in, int64_t shard_bytes) {
-  return submit("allgather", [=] {
+std::shared_ptr<Job> Lane::all_gather(void* out, const void* in, int64_t shard_bytes, KeepAlive keep) {
+  return submit("allgather", std::move(keep), [=] {
     char* o = static_cast<char*>(out);
     const char* i = static_cast<const char*>(in);
     const bool in_place = o + rank_ * shard_bytes == i;
@@ -257,8 +258,8 @@ std::shared_ptr<Job> Lane::all_gather(void* out, const void* in, int64_t shard_b
 }
 
 std::shared_ptr<Job> Lane::reduce_scatter(void* out, Elem out_type, const void* in, Elem in_type,
-                                          int64_t shard_numel, bool average) {
-  return submit("reduce_scatter", [=] {
+                                          int64_t shard_numel, bool average, KeepAlive keep) {
+  return submit("reduce_scatter", std::move(keep), [=] {
     const int64_t ei = elem_size(in_type), eo = elem_size(out_type);
     // Each slot holds one piece per destination rank.
     int64_t piece = std::max<int64_t>(1, slot_bytes_ / (size_ * ei));
@@ -280,8 +281,8 @@ std::shared_ptr<Job> Lane::reduce_scatter(void* out, Elem out_type, const void* 
   });
 }
 
-std::shared_ptr<Job> Lane::all_reduce(void* data, Elem type, int64_t numel, bool average) {
-  return submit("all_reduce", [=] {
+std::shared_ptr<Job> Lane::all_reduce(void* data, Elem type, int64_t numel, bool average, KeepAlive keep) {
+  return submit("all_reduce", std::move(keep), [=] {
     const int64_t e = elem_size(type);
     const int64_t piece = std::max<int64_t>(1, slot_bytes_ / e);
     char* d = static_cast<char*>(data);
@@ -300,8 +301,8 @@ std::shared_ptr<Job> Lane::all_reduce(void* data, Elem type, int64_t numel, bool
   });
 }
 
-std::shared_ptr<Job> Lane::broadcast(void* data, int64_t bytes, int root) {
-  return submit("broadcast", [=] {
+std::shared_ptr<Job> Lane::broadcast(void* data, int64_t bytes, int root, KeepAlive keep) {
+  return submit("broadcast", std::move(keep), [=] {
     char* d = static_cast<char*>(data);
     for (int64_t a = 0; a < bytes; a += slot_bytes_) {
       const int64_t n = std::min(slot_bytes_, bytes - a);

@@ -64,18 +64,21 @@ class Lane {
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
 
-  // Queue a collective; buffers must stay valid until the job is done.
-  std::shared_ptr<Job> all_gather(void* out, const void* in, int64_t shard_bytes);
+  // Queue a collective. `keep` owns the buffers (e.g. the caller's tensors):
+  // the lane holds it until the collective has run, even if the caller
+  // drops its handle without waiting.
+  using KeepAlive = std::shared_ptr<const void>;
+  std::shared_ptr<Job> all_gather(void* out, const void* in, int64_t shard_bytes, KeepAlive keep);
   std::shared_ptr<Job> reduce_scatter(void* out, Elem out_type, const void* in, Elem in_type, int64_t shard_numel,
-                                      bool average);
-  std::shared_ptr<Job> all_reduce(void* data, Elem type, int64_t numel, bool average);
-  std::shared_ptr<Job> broadcast(void* data, int64_t bytes, int root);
+                                      bool average, KeepAlive keep);
+  std::shared_ptr<Job> all_reduce(void* data, Elem type, int64_t numel, bool average, KeepAlive keep);
+  std::shared_ptr<Job> broadcast(void* data, int64_t bytes, int root, KeepAlive keep);
 
   int64_t slot_bytes() const { return slot_bytes_; }
 
  private:
   struct Header;
-  std::shared_ptr<Job> submit(const char* op, std::function<void()> body);
+  std::shared_ptr<Job> submit(const char* op, KeepAlive keep, std::function<void()> body);
   void worker_loop();
 
   // Round protocol (see the top of the file).
