@@ -183,7 +183,8 @@ int main(int argc, char** argv) {
     double last_loss = 0.0;
     zero::comm::OpCounts last_comm;
     const int64_t print_every = std::max<int64_t>(1, std::min<int64_t>(config.steps_per_print, 10));
-    for (int64_t s = trainer.steps_done() + 1; s <= args.steps; ++s) {
+    const int64_t first_step = trainer.steps_done() + 1;  // > 1 after --resume
+    for (int64_t s = first_step; s <= args.steps; ++s) {
       auto r = trainer.train_step();
       emit({{"event", "step"},
             {"step", r.step},
@@ -214,7 +215,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "step %5lld/%lld  loss %.4f  lr %.2e  %s%.0f tok/s  %.0f ms/step  ETA %.0f s\n",
                      static_cast<long long>(s), static_cast<long long>(args.steps), r.loss, r.lr,
                      r.stepped ? "" : "(skipped: overflow)  ", r.tokens_per_s, r.step_ms,
-                     elapsed / s * (args.steps - s));
+                     elapsed / (s - first_step + 1) * (args.steps - s));
       }
     }
     // One closing record for scripts and benchmarks: the median step time
