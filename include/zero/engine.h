@@ -60,7 +60,10 @@ class Engine {
 
   // Backpropagates loss * loss_scale / gradient_accumulation_steps and
   // reduces grads as the stage requires. Returns the unscaled loss / gas
-  // (as DeepSpeed's backward does).
+  // (as DeepSpeed's backward does). If the backward throws, the engine
+  // stays usable: reductions already launched are waited for and every
+  // grad accumulated since the last step is dropped (the failed backward's
+  // cannot be told apart from the others'); the next backward starts over.
   at::Tensor backward(const at::Tensor& loss);
   // At the accumulation boundary: unscale, check overflow, clip, update,
   // all-gather, zero grads. Elsewhere only counts the micro-step. Returns
@@ -108,9 +111,7 @@ class Engine {
   // no_sync() guard alive, and step() inside the guard. The reduction runs
   // in the destructor, which therefore may throw (a collective error); when
   // the scope is left by an exception it is skipped (the peers may not be
-  // there) and the next step() reduces instead. An exception inside a
-  // backward drops the grads accumulated since the last reduction at stages
-  // 2/3 (they cannot be told apart from the failed backward's).
+  // there) and the next step() reduces instead.
   class CoalesceGradReduction {
    public:
     explicit CoalesceGradReduction(Engine& e);

@@ -1,6 +1,7 @@
 #include "ckpt/checkpoint_dir.h"
 
 #include <fcntl.h>
+#include <linux/fs.h>  // RENAME_EXCHANGE
 #include <unistd.h>
 
 #include <algorithm>
@@ -176,10 +177,21 @@ void fsync_path(const std::string& path) {
 }
 
 void publish(const std::string& dir, const std::string& tag) {
-  const std::string final_dir = dir + "/" + tag, old = dir + "/.old-" + tag;
+  const std::string final_dir = dir + "/" + tag, partial = partial_dir(dir, tag), old = dir + "/.old-" + tag;
   fs::remove_all(old);
-  if (fs::exists(final_dir)) fs::rename(final_dir, old);  // a re-save of the same tag
-  fs::rename(partial_dir(dir, tag), final_dir);
+  if (!fs::exists(final_dir)) {
+    fs::rename(partial, final_dir);
+  } else if (renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    // A re-save of the tag: swapped in one step, so DIR/TAG always holds a
+    // complete checkpoint; the partial name now holds the old one.
+    fsync_path(dir);
+    fs::remove_all(partial);
+  } else {
+    // A filesystem without RENAME_EXCHANGE: two renames, with a window
+    // where only .old-TAG holds the previous copy.
+    fs::rename(final_dir, old);
+    fs::rename(partial, final_dir);
+  }
   fsync_path(dir);
   const std::string latest_tmp = dir + "/latest.tmp";
   {

@@ -94,9 +94,10 @@ void consolidate(const std::string& dir, const std::string& tag, const std::stri
 // Directory helpers for the atomic save.
 std::string partial_dir(const std::string& dir, const std::string& tag);
 void fsync_path(const std::string& path);  // a file or a directory
-// Moves a finished partial directory into place as DIR/TAG (replacing an
-// older one of the same tag), then points `latest` at it; each step is a
-// rename followed by an fsync of DIR, so a crash leaves the old or the new.
+// Moves a finished partial directory into place as DIR/TAG (an older one of
+// the same tag is swapped out atomically with RENAME_EXCHANGE), then points
+// `latest` at it; each step is a rename followed by an fsync of DIR, so a
+// crash leaves the old checkpoint or the new one.
 void publish(const std::string& dir, const std::string& tag);
 
 }  // namespace zero::ckpt

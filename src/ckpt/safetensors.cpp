@@ -169,23 +169,32 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   }
   data_ = map_ + 8 + n;
   const int64_t data_size = size_ - 8 - static_cast<int64_t>(n);
-  for (const auto& [name, v] : header.items()) {
-    if (name == "__metadata__") {
-      for (const auto& [k, val] : v.items()) metadata_[k] = val.get<std::string>();
-      continue;
+  std::string problem;
+  try {
+    for (const auto& [name, v] : header.items()) {
+      if (name == "__metadata__") {
+        for (const auto& [k, val] : v.items()) metadata_[k] = val.get<std::string>();
+        continue;
+      }
+      TensorEntry e;
+      e.dtype = v.at("dtype").get<std::string>();
+      e.shape = v.at("shape").get<std::vector<int64_t>>();
+      e.begin = v.at("data_offsets").at(0).get<int64_t>();
+      e.end = v.at("data_offsets").at(1).get<int64_t>();
+      int64_t numel = 1;
+      for (int64_t s : e.shape) {
+        if (s < 0 || (s > 0 && numel > (int64_t{1} << 50) / s)) throw std::runtime_error("tensor " + name + " has a bad shape");
+        numel *= s;
+      }
+      if (e.begin < 0 || e.end < e.begin || e.end - e.begin != numel * dtype_size(e.dtype))
+        throw std::runtime_error("tensor " + name + " has inconsistent offsets");
+      if (e.end > data_size) throw std::runtime_error("tensor " + name + " runs past the end of the file");
+      entries_[name] = std::move(e);
     }
-    TensorEntry e;
-    e.dtype = v.at("dtype").get<std::string>();
-    e.shape = v.at("shape").get<std::vector<int64_t>>();
-    e.begin = v.at("data_offsets").at(0).get<int64_t>();
-    e.end = v.at("data_offsets").at(1).get<int64_t>();
-    int64_t numel = 1;
-    for (int64_t s : e.shape) numel *= s;
-    if (e.begin < 0 || e.end < e.begin || e.end - e.begin != numel * dtype_size(e.dtype))
-      bad("tensor " + name + " has inconsistent offsets");
-    if (e.end > data_size) bad("tensor " + name + " runs past the end of the file");
-    entries_[name] = std::move(e);
+  } catch (const std::exception& e) {  // json type errors, unknown dtypes, the checks above
+    problem = e.what();
   }
+  if (!problem.empty()) bad(problem);
 }
 
 SafetensorsFile::~SafetensorsFile() {

@@ -111,11 +111,21 @@ std::shared_ptr<ShmGroup> try_shm_group(c10d::Store& store, const std::string& s
   std::string path = shm::Segment::directory() + "/" + segment_prefix + "-p" + std::to_string(getpid());
   const bool allowed = shm_fast_path_allowed_by_env();
   auto group = std::make_shared<ShmGroup>();
+  // If the agreement below throws (a peer died, the store timed out), the
+  // creator still removes the name: nothing is left in /dev/shm.
+  struct UnlinkOnError {
+    const std::string& path;
+    bool armed;
+    ~UnlinkOnError() {
+      if (armed) shm::Segment::unlink(path);
+    }
+  } unlink_on_error{path, false};
   std::string status = allowed ? "ok" : "off";
   if (g.rank() == 0) {
     if (allowed) {
       try {
         group->segment = shm::Segment::create(path, 2 * lane_bytes);
+        unlink_on_error.armed = true;
         shm::Lane::format(group->segment.data(), g.size(), slot);
         shm::Lane::format(static_cast<char*>(group->segment.data()) + lane_bytes, g.size(), slot);
       } catch (const std::exception& e) {
@@ -144,6 +154,7 @@ std::shared_ptr<ShmGroup> try_shm_group(c10d::Store& store, const std::string& s
     if (s != "ok" && verdict == "ok") verdict = s;
   }
   if (g.rank() == 0) shm::Segment::unlink(path);  // every member has opened it, or given up
+  unlink_on_error.armed = false;
   if (verdict != "ok") {
     if (g.rank() == 0 && verdict.rfind("fail:", 0) == 0) {
       static std::once_flag warned;

@@ -46,6 +46,19 @@ void agree_or_throw(Engine::Impl& m, const std::string& what, const std::string&
   if (failed.item<double>() > 0) throw std::runtime_error(what + " failed on another rank (see its error)");
 }
 
+// As agree_or_throw, for a load: if any rank failed after some rank had
+// started overwriting its shards, the engine refuses to train until a load
+// succeeds (a clean failure before any write leaves it as it was).
+void agree_after_fill(Engine::Impl& m, const std::string& what, const std::string& error, bool touched) {
+  auto flags = at::tensor({error.empty() ? 0.0 : 1.0, touched ? 1.0 : 0.0}, at::kDouble);
+  m.comm.all_reduce(m.dp, flags, comm::ReduceOp::Sum)->wait();
+  const bool failed = flags[0].item<double>() > 0, any_touched = flags[1].item<double>() > 0;
+  if (failed && any_touched) m.state_lost = what;
+  if (!failed) m.state_lost.clear();
+  if (!error.empty()) throw std::runtime_error(error);
+  if (failed) throw std::runtime_error(what + " failed on another rank (see its error)");
+}
+
 std::string shape_string(at::IntArrayRef s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
@@ -95,7 +108,7 @@ void params_from_masters(Engine::Impl& m) {
   }
   for (auto& w : works) w->wait();
   if (m.stage3) m.stage3->after_step();
-  m.reducer->zero_grads();
+  m.reducer->drop_grads();  // grads of the old state (and stale stage-2/3 buffers) go
 }
 
 json engine_state(const Engine::Impl& m) {
@@ -136,14 +149,19 @@ void check_same_params(const std::vector<std::pair<std::string, std::vector<int6
       throw std::runtime_error(where + " has param " + n + ", which the model does not: it was saved from a different model");
 }
 
+void check_outside_guards(const Engine::Impl& m, const char* what) {
+  if (m.coalescing || m.no_sync)
+    throw std::logic_error(std::string(what) + ": not inside coalesce_grad_reduction() or no_sync()");
+}
+
 }  // namespace
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const json& client_state) {
   auto& m = *impl_;
   if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.' || tag == "latest")
     throw std::invalid_argument("save_checkpoint: tag '" + tag + "' must be a plain name (no '/', not 'latest')");
-  if (m.coalescing || m.no_sync || m.micro_steps % m.batch.gradient_accumulation_steps != 0 ||
-      m.reducer->has_unreduced())
+  check_outside_guards(m, "save_checkpoint");
+  if (m.micro_steps % m.batch.gradient_accumulation_steps != 0 || m.reducer->has_unreduced())
     throw std::logic_error("save_checkpoint: call it at an accumulation boundary, after step() (grads in "
                            "flight are not saved)");
   const bool lead = m.dp.rank() == 0;
@@ -242,7 +260,9 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
 
 json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   auto& m = *impl_;
+  check_outside_guards(m, "load_checkpoint");
   std::string error;
+  bool touched = false;  // this rank has started overwriting its state
   std::unique_ptr<ckpt::CheckpointReader> reader;
   try {
     reader = std::make_unique<ckpt::CheckpointReader>(dir, tag);
@@ -256,13 +276,14 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
       if (std::find(man.kinds.begin(), man.kinds.end(), kind) == man.kinds.end())
         throw std::runtime_error("checkpoint " + reader->path() + " has no " + kind +
                                  " (saved with another optimizer?)");
+    touched = true;
     fill_state(m, [&](const std::string& n, const std::string& k, int64_t a, int64_t b, float* out) {
       reader->read(n, k, a, b, out);
     }, false);
   } catch (const std::exception& e) {
     error = std::string("load_checkpoint: ") + e.what();
   }
-  agree_or_throw(m, "load_checkpoint", error);
+  agree_after_fill(m, "load_checkpoint", error, touched);
   restore_engine_state(m, reader->manifest().engine_state);
   params_from_masters(m);
   return reader->manifest().client_state;
@@ -270,13 +291,16 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
 
 void Engine::load_weights(const std::string& path) {
   auto& m = *impl_;
+  check_outside_guards(m, "load_weights");
   std::string error;
+  bool touched = false;
   try {
     ckpt::SafetensorsFile f(path);
     std::vector<std::string> names;
     for (const auto& [n, e] : f.entries()) names.push_back(n);
     check_same_params(model_params(m), [&](const std::string& n) { return f.has(n) ? &f.entry(n).shape : nullptr; },
                       names, "weights file " + path);
+    touched = true;
     fill_state(m, [&](const std::string& n, const std::string&, int64_t a, int64_t b, float* out) {
       const auto& e = f.entry(n);
       const char* d = f.data(n);
@@ -292,7 +316,7 @@ void Engine::load_weights(const std::string& path) {
   } catch (const std::exception& e) {
     error = std::string("load_weights: ") + e.what();
   }
-  agree_or_throw(m, "load_weights", error);
+  agree_after_fill(m, "load_weights", error, touched);
   params_from_masters(m);
 }
 

@@ -26,6 +26,7 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
   if (!loss.requires_grad())
     throw std::invalid_argument("zero::Engine::backward: the loss does not require grad (computed under no_grad?)");
   auto& m = *impl_;
+  m.check_state();
   const double gas = static_cast<double>(m.batch.gradient_accumulation_steps);
   // Stages 2/3 keep only shards of the grads: every backward is reduced,
   // unless the caller coalesces several into one reduction.
@@ -34,7 +35,8 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
     torch::autograd::backward({loss * (m.scaler.scale() / gas)});
   } catch (...) {
     // Issue no further collectives (the peers may not be in this backward);
-    // drop this backward's grads and unit state so the engine stays usable.
+    // drop the grads since the last step and the unit state, so the engine
+    // stays usable.
     m.reducer->abort_backward();
     if (m.stage3) m.stage3->reset_after_error();
     throw;
@@ -45,6 +47,7 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
 }
 
 bool Engine::step() {
+  impl_->check_state();
   if (impl_->coalescing)
     throw std::logic_error("zero::Engine::step() inside coalesce_grad_reduction(): the grads are reduced when "
                            "the guard ends; leave its scope before stepping");

@@ -77,6 +77,15 @@ struct Engine::Impl {
   std::optional<bool> boundary_override;  // set_gradient_accumulation_boundary
   bool no_sync = false;
   bool coalescing = false;  // inside coalesce_grad_reduction()
+  // A load_checkpoint/load_weights failed after some ranks had overwritten
+  // their state: training on would mix old and new shards.
+  std::string state_lost;
+
+  void check_state() const {
+    if (!state_lost.empty())
+      throw std::logic_error("zero::Engine: " + state_lost +
+                             " failed part way, so the ranks' shards disagree; load again or build a new engine");
+  }
 
   Impl(torch::nn::Module& model, const Config& c, comm::Comm& cm, std::shared_ptr<comm::Group> owner,
        const comm::Group& group)

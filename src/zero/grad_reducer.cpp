@@ -195,8 +195,22 @@ void GradReducer::reduce_remaining() {
 
 void GradReducer::abort_backward() {
   active_ = false;
+  // Reductions already launched still write into the grad buffers when they
+  // complete (the transports hold the tensors): let them land before the
+  // buffers are cleared, or they would race with the next backward. A peer
+  // that never joins makes this end at the collective timeout; the error is
+  // dropped, as the backward's own exception is the one to report.
+  for (size_t i : in_flight_) {
+    try {
+      state_[i].work->wait();
+    } catch (const std::exception&) {
+    }
+  }
   in_flight_.clear();
-  if (opts_.stage >= 2) unreduced_ = false;  // the grad buffers go below
+  drop_grads();
+}
+
+void GradReducer::drop_grads() {
   for (size_t i = 0; i < groups_.size(); ++i) {
     state_[i] = {};
     if (opts_.stage >= 2) {
@@ -204,6 +218,7 @@ void GradReducer::abort_backward() {
       groups_[i].grad_flat = at::Tensor();
     }
   }
+  zero_grads();
 }
 
 void GradReducer::zero_grads() {

@@ -57,9 +57,12 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   void flush();
   // Grads accumulated by a backward that did not reduce, not reduced since.
   bool has_unreduced() const { return unreduced_; }
-  // After an exception in backward: no further collectives; this backward's
-  // grads are dropped (stages 2/3) and in-flight work abandoned.
+  // After an exception in backward: no new collectives; the ones already
+  // launched are waited for, then every grad accumulated since the last
+  // step is dropped (this backward's cannot be told apart from the rest).
   void abort_backward();
+  // Clears all grads and releases the transient grad buffers (stages 2/3).
+  void drop_grads();
   // After an optimizer step: grads start from zero again.
   void zero_grads();
 

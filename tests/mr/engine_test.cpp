@@ -1067,6 +1067,7 @@ TEST(Checkpoint, MismatchesAreNamedOnEveryRank) {
     EXPECT_NE(std::string(e.what()).find("has shape"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("different model"), std::string::npos) << e.what();
   }
+  t.train_step();  // refused before anything was written: the engine trains on
   // Truncate one rank's file: every rank fails (none hangs), naming it.
   world().comm().barrier(world().group())->wait();
   const std::string victim = dir + "/step1/rank_1.safetensors";
@@ -1080,6 +1081,13 @@ TEST(Checkpoint, MismatchesAreNamedOnEveryRank) {
     const std::string msg = e.what();
     EXPECT_TRUE(msg.find("rank_1.safetensors") != std::string::npos || msg.find("another rank") != std::string::npos)
         << msg;
+  }
+  // Rank 0 had already loaded its shards: the ranks disagree, so training is refused.
+  try {
+    same.train_step();
+    ADD_FAILURE() << "trained on after a load that failed part way";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("load again"), std::string::npos) << e.what();
   }
   remove_dir(dir);
 }
