@@ -33,6 +33,20 @@ def mb(b):
     return f"{b / 1e6:.0f} MB"
 
 
+def table(w, title, columns, rows):
+    w(f"## {title}\n")
+    w("| " + " | ".join(columns) + " |")
+    w("|" + "---|" * len(columns))
+    for r in rows:
+        w("| " + " | ".join(r) + " |")
+    w("")
+
+
+def pairs(runs):
+    """Consecutive runs two by two (each benchmark writes a pair per case)."""
+    return zip(runs[0::2], runs[1::2])
+
+
 def gnuplot(script):
     script = script.replace("\n", "\nset termoption noenhanced\n", 1)  # names with '_' print as they are
     try:
@@ -121,24 +135,20 @@ def main():
 
     fast = load("fastpath.json")
     if fast:
-        w("## Shared-memory fast path against Gloo (end to end)\n")
-        w("| model | dtype | stage | fast path ms | Gloo ms | Gloo ÷ fast | peak RSS fast / Gloo |")
-        w("|---|---|---|---|---|---|---|")
-        rs = fast["runs"]
-        for a, b in zip(rs[0::2], rs[1::2]):
-            sa, sb = a["summary"], b["summary"]
-            w(f"| {a['model']} | {a['dtype']} | {a['stage']} | {sa['median_step_ms']:.0f} | {sb['median_step_ms']:.0f} | "
-              f"{sb['median_step_ms'] / sa['median_step_ms']:.2f}× | {mb(sa['peak_rss_bytes'])} / {mb(sb['peak_rss_bytes'])} |")
-        w("")
+        table(w, "Shared-memory fast path against Gloo (end to end)",
+              ["model", "dtype", "stage", "fast path ms", "Gloo ms", "Gloo ÷ fast", "peak RSS fast / Gloo"],
+              [[a["model"], a["dtype"], str(a["stage"]), f"{sa['median_step_ms']:.0f}", f"{sb['median_step_ms']:.0f}",
+                f"{sb['median_step_ms'] / sa['median_step_ms']:.2f}×",
+                f"{mb(sa['peak_rss_bytes'])} / {mb(sb['peak_rss_bytes'])}"]
+               for a, b in pairs(fast["runs"]) for sa, sb in [(a["summary"], b["summary"])]])
 
     comm = load("comm.json")
     if comm:
-        w("## Collective bandwidth (fp32, 2 ranks; GB/s of the full buffer)\n")
-        w("| bytes | memcpy | allgather shm / gloo | reduce-scatter shm / gloo | all-reduce shm / gloo |")
-        w("|---|---|---|---|---|")
-        for r in comm["rows"]:
-            cells = [f"{r['shm'][k]:.2f} / {r['gloo'][k]:.2f}" for k in ("allgather_gbps", "reduce_scatter_gbps", "all_reduce_gbps")]
-            w(f"| {r['bytes']} | {r['memcpy_gbps']:.1f} | " + " | ".join(cells) + " |")
+        ops = ("allgather_gbps", "reduce_scatter_gbps", "all_reduce_gbps")
+        table(w, "Collective bandwidth (fp32, 2 ranks; GB/s of the full buffer)",
+              ["bytes", "memcpy", "allgather shm / gloo", "reduce-scatter shm / gloo", "all-reduce shm / gloo"],
+              [[str(r["bytes"]), f"{r['memcpy_gbps']:.1f}"] + [f"{r['shm'][k]:.2f} / {r['gloo'][k]:.2f}" for k in ops]
+               for r in comm["rows"]])
         dat = os.path.join(R, "comm.dat")
         with open(dat, "w") as f:
             for r in comm["rows"]:
@@ -152,26 +162,19 @@ def main():
 
     coal = load("coalesce.json")
     if coal:
-        w("## Four backward passes per step, with and without coalesce_grad_reduction\n")
-        w("| stage | separate ms | coalesced ms | ratio | reduce-scatter calls per step |")
-        w("|---|---|---|---|---|")
-        rs = coal["runs"]
-        for a, b in zip(rs[0::2], rs[1::2]):
-            ca = a["summary"]["last_step_comm"].get("reduce_scatter", {}).get("calls", 0)
-            cb = b["summary"]["last_step_comm"].get("reduce_scatter", {}).get("calls", 0)
-            w(f"| {a['stage']} | {a['summary']['median_step_ms']:.0f} | {b['summary']['median_step_ms']:.0f} | "
-              f"{a['summary']['median_step_ms'] / b['summary']['median_step_ms']:.2f}× | {ca} → {cb} |")
-        w("")
+        rs_calls = lambda run: str(run["summary"]["last_step_comm"].get("reduce_scatter", {}).get("calls", 0))
+        table(w, "Four backward passes per step, with and without coalesce_grad_reduction",
+              ["stage", "separate ms", "coalesced ms", "ratio", "reduce-scatter calls per step"],
+              [[str(a["stage"]), f"{a['summary']['median_step_ms']:.0f}", f"{b['summary']['median_step_ms']:.0f}",
+                f"{a['summary']['median_step_ms'] / b['summary']['median_step_ms']:.2f}×", f"{rs_calls(a)} → {rs_calls(b)}"]
+               for a, b in pairs(coal["runs"])])
 
     ck = load("ckpt.json")
     if ck:
-        w("## Checkpoints (GPT 8x1024, 2 ranks)\n")
-        w("| stage | bytes | save s | ÷ plain write | load s | ÷ plain read |")
-        w("|---|---|---|---|---|---|")
-        for r in ck["runs"]:
-            w(f"| {r['stage']} | {mb(r['bytes'])} | {r['save_ms'] / 1000:.2f} | {r['save_over_plain']:.2f} | "
-              f"{r['load_ms'] / 1000:.2f} | {r['load_over_plain']:.2f} |")
-        w("")
+        table(w, "Checkpoints (GPT 8x1024, 2 ranks)",
+              ["stage", "bytes", "save s", "÷ plain write", "load s", "÷ plain read"],
+              [[str(r["stage"]), mb(r["bytes"]), f"{r['save_ms'] / 1000:.2f}", f"{r['save_over_plain']:.2f}",
+                f"{r['load_ms'] / 1000:.2f}", f"{r['load_over_plain']:.2f}"] for r in ck["runs"]])
 
     w("## Largest model per stage\n")
     w("Measured separately (minutes per probe; see the README): a 1.02 B-param GPT (16 × 2304) trains with "

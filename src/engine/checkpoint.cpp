@@ -5,6 +5,7 @@
 // atomic publish live in ckpt/checkpoint_dir (no torch).
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <functional>
 #include <fstream>
 
@@ -22,11 +23,28 @@ using nlohmann::json;
 using RangeReader = std::function<void(const std::string& name, const std::string& kind, int64_t begin,
                                        int64_t end, float* out)>;
 
-// The element range of group g's flat layout this rank's master covers.
-std::pair<int64_t, int64_t> master_range(const Engine::Impl& m, const partition::FlatGroup& g) {
-  if (m.stage == 0) return {0, g.layout.padded_numel};
-  const int64_t s = g.layout.shard_numel;
-  return {m.dp.rank() * s, (m.dp.rank() + 1) * s};
+// A piece of one param held by one rank's master: the layout's fragment,
+// with the param's name.
+struct Piece {
+  const std::string& name;
+  partition::Fragment where;  // param_offset, shard_offset (into the master), numel
+};
+
+// What `rank`'s master holds of group g: its shard's fragments, or at
+// stage 0 (unsharded masters) every param whole.
+std::vector<Piece> pieces(const Engine::Impl& m, const partition::FlatGroup& g, int rank) {
+  std::vector<Piece> out;
+  if (m.stage == 0) {
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      const auto& slot = g.layout.params[i];
+      out.push_back({g.names[i], {slot.param_index, 0, slot.offset, slot.numel}});
+    }
+    return out;
+  }
+  std::unordered_map<int64_t, size_t> position;  // param_index -> place in the group
+  for (size_t i = 0; i < g.params.size(); ++i) position[g.layout.params[i].param_index] = i;
+  for (const auto& f : g.layout.fragments(rank)) out.push_back({g.names[position.at(f.param_index)], f});
+  return out;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> state_kinds(const partition::FlatGroup& g) {
@@ -38,23 +56,19 @@ std::vector<std::pair<std::string, at::Tensor>> state_kinds(const partition::Fla
 
 // Every rank learns whether any rank failed, so none goes on into a
 // collective its peers will never join; each throws (its own error, or a
-// pointer to the rank that has one).
-void agree_or_throw(Engine::Impl& m, const std::string& what, const std::string& error) {
-  auto failed = at::tensor({error.empty() ? 0.0 : 1.0}, at::kDouble);
-  m.comm.all_reduce(m.dp, failed, comm::ReduceOp::Sum)->wait();
-  if (!error.empty()) throw std::runtime_error(error);
-  if (failed.item<double>() > 0) throw std::runtime_error(what + " failed on another rank (see its error)");
-}
-
-// As agree_or_throw, for a load: if any rank failed after some rank had
-// started overwriting its shards, the engine refuses to train until a load
-// succeeds (a clean failure before any write leaves it as it was).
-void agree_after_fill(Engine::Impl& m, const std::string& what, const std::string& error, bool touched) {
-  auto flags = at::tensor({error.empty() ? 0.0 : 1.0, touched ? 1.0 : 0.0}, at::kDouble);
+// pointer to the rank that has one). For a load (`wrote_state` given): if it
+// failed after some rank had started overwriting its shards, the engine
+// refuses to train until a load succeeds; a clean failure before any write
+// leaves it as it was.
+void agree_or_throw(Engine::Impl& m, const std::string& what, const std::string& error,
+                    const bool* wrote_state = nullptr) {
+  auto flags = at::tensor({error.empty() ? 0.0 : 1.0, wrote_state && *wrote_state ? 1.0 : 0.0}, at::kDouble);
   m.comm.all_reduce(m.dp, flags, comm::ReduceOp::Sum)->wait();
-  const bool failed = flags[0].item<double>() > 0, any_touched = flags[1].item<double>() > 0;
-  if (failed && any_touched) m.state_lost = what;
-  if (!failed) m.state_lost.clear();
+  const bool failed = flags[0].item<double>() > 0;
+  if (wrote_state) {
+    if (!failed) m.state_lost.clear();
+    else if (flags[1].item<double>() > 0) m.state_lost = what;
+  }
   if (!error.empty()) throw std::runtime_error(error);
   if (failed) throw std::runtime_error(what + " failed on another rank (see its error)");
 }
@@ -81,15 +95,11 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> model_params(const Eng
 void fill_state(Engine::Impl& m, const RangeReader& read, bool master_only) {
   at::NoGradGuard no_grad;
   for (auto& g : m.groups) {
-    const auto [lo, hi] = master_range(m, g);
+    const auto mine = pieces(m, g, m.dp.rank());
     for (auto& [kind, t] : state_kinds(g)) {
       if (master_only && kind != "master") continue;
-      float* base = t.data_ptr<float>();
-      for (size_t i = 0; i < g.params.size(); ++i) {
-        const auto& slot = g.layout.params[i];
-        const int64_t a = std::max(lo, slot.offset), b = std::min(hi, slot.offset + slot.numel);
-        if (a < b) read(g.names[i], kind, a - slot.offset, b - slot.offset, base + (a - lo));
-      }
+      for (const auto& [name, f] : mine)
+        read(name, kind, f.param_offset, f.param_offset + f.numel, t.data_ptr<float>() + f.shard_offset);
     }
   }
 }
@@ -184,13 +194,10 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
   bool any = false;
   if (writes)
     for (const auto& g : m.groups) {
-      const auto [lo, hi] = master_range(m, g);
+      const auto mine = pieces(m, g, m.dp.rank());
       for (const auto& [kind, t] : state_kinds(g))
-        for (size_t i = 0; i < g.params.size(); ++i) {
-          const auto& slot = g.layout.params[i];
-          const int64_t a = std::max(lo, slot.offset), b = std::min(hi, slot.offset + slot.numel);
-          if (a >= b) continue;
-          writer.add(ckpt::tensor_name(g.names[i], kind), "F32", {b - a}, t.data_ptr<float>() + (a - lo));
+        for (const auto& [name, f] : mine) {
+          writer.add(ckpt::tensor_name(name, kind), "F32", {f.numel}, t.data_ptr<float>() + f.shard_offset);
           any = true;
         }
     }
@@ -220,23 +227,15 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
       man.config = m.config.to_json();
       man.engine_state = engine_state(m);
       man.client_state = client_state;
-      std::vector<std::pair<int64_t, ckpt::ParamRecord>> recs;
-      for (const auto& g : m.groups)
-        for (size_t i = 0; i < g.params.size(); ++i) {
-          const auto& slot = g.layout.params[i];
-          ckpt::ParamRecord r{g.names[i], g.params[i].sizes().vec(), slot.numel, {}};
-          if (m.stage == 0) {
-            r.fragments.push_back({0, 0, slot.numel});
-          } else {
-            const int64_t s = g.layout.shard_numel;
-            for (int q = 0; q < m.dp.size(); ++q) {
-              const int64_t a = std::max(q * s, slot.offset), b = std::min((q + 1) * s, slot.offset + slot.numel);
-              if (a < b) r.fragments.push_back({q, a - slot.offset, b - slot.offset});
-            }
-          }
-          recs.emplace_back(slot.param_index, std::move(r));
-        }
-      std::sort(recs.begin(), recs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      // Per param (in registration order), which rank's file holds which range.
+      std::map<int64_t, ckpt::ParamRecord> recs;
+      for (const auto& g : m.groups) {
+        for (size_t i = 0; i < g.params.size(); ++i)
+          recs[g.layout.params[i].param_index] = {g.names[i], g.params[i].sizes().vec(), g.layout.params[i].numel, {}};
+        for (int q = 0; q < (m.stage == 0 ? 1 : m.dp.size()); ++q)  // stage 0: rank 0 wrote it all
+          for (const auto& [name, f] : pieces(m, g, q))
+            recs[f.param_index].fragments.push_back({q, f.param_offset, f.param_offset + f.numel});
+      }
       for (auto& [idx, r] : recs) man.params.push_back(std::move(r));
       for (int q = 0; q < m.dp.size(); ++q)
         if (all[3 * q].item<int64_t>())
@@ -283,7 +282,7 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   } catch (const std::exception& e) {
     error = std::string("load_checkpoint: ") + e.what();
   }
-  agree_after_fill(m, "load_checkpoint", error, touched);
+  agree_or_throw(m, "load_checkpoint", error, &touched);
   restore_engine_state(m, reader->manifest().engine_state);
   params_from_masters(m);
   return reader->manifest().client_state;
@@ -316,7 +315,7 @@ void Engine::load_weights(const std::string& path) {
   } catch (const std::exception& e) {
     error = std::string("load_weights: ") + e.what();
   }
-  agree_after_fill(m, "load_weights", error, touched);
+  agree_or_throw(m, "load_weights", error, &touched);
   params_from_masters(m);
 }
 
