@@ -15,6 +15,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -63,9 +64,19 @@ class Group {
   std::shared_ptr<Impl> impl_;
 };
 
+// What every rank must agree on for one collective, as the dispatcher
+// describes it ("allgather of 4096 BFloat16 [params of unit 'h3']"): the
+// op, element count, dtype, root and the caller's label. Transports check
+// that all ranks of the group run the same signature before moving data.
+struct Signature {
+  std::string text;
+};
+
 // One way of moving bytes for a group: the backend (Gloo, NCCL) or a fast
 // path (e.g. shared memory between ranks on one host) that serves only what
-// supports() accepts.
+// supports() accepts. Every collective receives its Signature; a rank whose
+// signature differs from its peers' gets a CommError naming both, on every
+// rank, before any data moves.
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -76,18 +87,20 @@ class Transport {
                              int64_t numel) const = 0;
 
   // out_flat = concat over group ranks of in_shard (out_flat.numel() == size * in_shard.numel()).
-  virtual WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard) = 0;
+  virtual WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard, const Signature& sig) = 0;
   // out_shard = reduce over ranks of in_flat[rank * n, (rank + 1) * n). out_shard
   // may be fp32 for a 16-bit input: the sum is accumulated in fp32 either way.
-  virtual WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat,
-                                    ReduceOp op) = 0;
-  virtual WorkHandle all_reduce(const Group& g, at::Tensor t, ReduceOp op) = 0;
-  virtual WorkHandle broadcast(const Group& g, at::Tensor t, int root) = 0;
-  virtual WorkHandle barrier(const Group& g) = 0;
+  virtual WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op,
+                                    const Signature& sig) = 0;
+  virtual WorkHandle all_reduce(const Group& g, at::Tensor t, ReduceOp op, const Signature& sig) = 0;
+  virtual WorkHandle broadcast(const Group& g, at::Tensor t, int root, const Signature& sig) = 0;
+  virtual WorkHandle barrier(const Group& g, const Signature& sig) = 0;
 };
 
 // The dispatcher: validates arguments, counts every call, and routes it to
-// the first fast path that supports it, else the group's backend.
+// the first fast path that supports it, else the group's backend. `label`
+// says what the collective is for ("params of unit 'h3'"); it is part of the
+// signature the ranks must agree on and appears in errors.
 class Comm {
  public:
   explicit Comm(std::shared_ptr<Transport> backend);
@@ -100,13 +113,18 @@ class Comm {
   void set_fast_paths_enabled(bool on) { fast_paths_enabled_ = on; }
   bool fast_paths_enabled() const { return fast_paths_enabled_; }
 
-  WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard);
-  WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat,
-                            ReduceOp op = ReduceOp::Sum);
-  WorkHandle all_reduce(const Group& g, at::Tensor t, ReduceOp op = ReduceOp::Sum);
+  WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard, std::string_view label = {});
+  WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op = ReduceOp::Sum,
+                            std::string_view label = {});
+  WorkHandle all_reduce(const Group& g, at::Tensor t, ReduceOp op = ReduceOp::Sum, std::string_view label = {});
   // root is a rank inside the group.
-  WorkHandle broadcast(const Group& g, at::Tensor t, int root = 0);
+  WorkHandle broadcast(const Group& g, at::Tensor t, int root = 0, std::string_view label = {});
   WorkHandle barrier(const Group& g);
+  // Broadcasts every tensor from `root` (blocking): one broadcast per dtype
+  // of the tensors laid end to end, not one per tensor (as DDP's
+  // _broadcast_coalesced). Tensors may be non-contiguous.
+  void broadcast_coalesced(const Group& g, const std::vector<at::Tensor>& tensors, int root,
+                           std::string_view label);
 
   CommCounters& counters() { return counters_; }
 

@@ -1,6 +1,9 @@
 // The collective dispatcher: argument checks, counters, and routing between
 // fast paths and the backend. Also the shared Work handle types.
+#include <algorithm>
 #include <sstream>
+
+#include <ATen/core/grad_mode.h>
 
 #include "comm/group_impl.h"
 #include "comm/work.h"
@@ -75,6 +78,16 @@ void check_dense(CollectiveOp op, const Group& g, const at::Tensor& t, const cha
   if (!t.is_contiguous()) bad_args(op, g, std::string(role) + " must be contiguous");
 }
 
+// "reduce_scatter of 4096 BFloat16 into Float [grads of unit 'h3']": what the
+// ranks of the group must agree on (numel is the full buffer's).
+Signature signature(CollectiveOp op, const at::Tensor& full, std::string_view label, const std::string& extra = {}) {
+  std::string s = to_string(op);
+  if (full.defined()) s += " of " + std::to_string(full.numel()) + " " + c10::toString(full.scalar_type());
+  s += extra;
+  if (!label.empty()) s.append(" [").append(label).append("]");
+  return {s};
+}
+
 }  // namespace
 
 Comm::Comm(std::shared_ptr<Transport> backend) : backend_(std::move(backend)) {}
@@ -96,7 +109,7 @@ WorkHandle Comm::count(const Group& g, CollectiveOp op, Transport& t, const at::
   return w;
 }
 
-WorkHandle Comm::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard) {
+WorkHandle Comm::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard, std::string_view label) {
   const auto op = CollectiveOp::AllGather;
   check_dense(op, g, out_flat, "output");
   check_dense(op, g, in_shard, "input");
@@ -106,10 +119,11 @@ WorkHandle Comm::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_s
     bad_args(op, g, "output has " + std::to_string(out_flat.numel()) + " elements, expected " +
                         std::to_string(g.size()) + " x " + std::to_string(in_shard.numel()));
   Transport& t = route(g, op, out_flat);
-  return count(g, op, t, out_flat, t.all_gather(g, out_flat.view(-1), in_shard.view(-1)));
+  return count(g, op, t, out_flat, t.all_gather(g, out_flat.view(-1), in_shard.view(-1), signature(op, out_flat, label)));
 }
 
-WorkHandle Comm::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp rop) {
+WorkHandle Comm::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp rop,
+                                std::string_view label) {
   const auto op = CollectiveOp::ReduceScatter;
   check_dense(op, g, out_shard, "output");
   check_dense(op, g, in_flat, "input");
@@ -121,29 +135,59 @@ WorkHandle Comm::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor
     bad_args(op, g, "input has " + std::to_string(in_flat.numel()) + " elements, expected " +
                         std::to_string(g.size()) + " x " + std::to_string(out_shard.numel()));
   Transport& t = route(g, op, in_flat);
-  return count(g, op, t, in_flat, t.reduce_scatter(g, out_shard.view(-1), in_flat.view(-1), rop));
+  const std::string extra = std::string(rop == ReduceOp::Avg ? " (avg)" : " (sum)") +
+                            (widening ? std::string(" into ") + c10::toString(out_shard.scalar_type()) : "");
+  return count(g, op, t, in_flat,
+               t.reduce_scatter(g, out_shard.view(-1), in_flat.view(-1), rop, signature(op, in_flat, label, extra)));
 }
 
-WorkHandle Comm::all_reduce(const Group& g, at::Tensor tensor, ReduceOp rop) {
+WorkHandle Comm::all_reduce(const Group& g, at::Tensor tensor, ReduceOp rop, std::string_view label) {
   const auto op = CollectiveOp::AllReduce;
   check_dense(op, g, tensor, "tensor");
   Transport& t = route(g, op, tensor);
-  return count(g, op, t, tensor, t.all_reduce(g, tensor, rop));
+  return count(g, op, t, tensor,
+               t.all_reduce(g, tensor, rop, signature(op, tensor, label, rop == ReduceOp::Avg ? " (avg)" : " (sum)")));
 }
 
-WorkHandle Comm::broadcast(const Group& g, at::Tensor tensor, int root) {
+WorkHandle Comm::broadcast(const Group& g, at::Tensor tensor, int root, std::string_view label) {
   const auto op = CollectiveOp::Broadcast;
   check_dense(op, g, tensor, "tensor");
   if (root < 0 || root >= g.size())
     bad_args(op, g, "root " + std::to_string(root) + " is not a rank of the group (0.." +
                         std::to_string(g.size() - 1) + ")");
   Transport& t = route(g, op, tensor);
-  return count(g, op, t, tensor, t.broadcast(g, tensor, root));
+  return count(g, op, t, tensor,
+               t.broadcast(g, tensor, root, signature(op, tensor, label, " from rank " + std::to_string(root))));
 }
 
 WorkHandle Comm::barrier(const Group& g) {
   Transport& t = *backend_;
-  return count(g, CollectiveOp::Barrier, t, at::Tensor(), t.barrier(g));
+  return count(g, CollectiveOp::Barrier, t, at::Tensor(), t.barrier(g, signature(CollectiveOp::Barrier, {}, {})));
+}
+
+void Comm::broadcast_coalesced(const Group& g, const std::vector<at::Tensor>& tensors, int root,
+                               std::string_view label) {
+  // One flat buffer per dtype, in the tensors' order (the same on every rank).
+  std::vector<at::ScalarType> dtypes;
+  for (const auto& t : tensors)
+    if (std::find(dtypes.begin(), dtypes.end(), t.scalar_type()) == dtypes.end()) dtypes.push_back(t.scalar_type());
+  for (auto dt : dtypes) {
+    std::vector<at::Tensor> parts;
+    for (const auto& t : tensors)
+      if (t.scalar_type() == dt && t.numel() > 0) parts.push_back(t);
+    if (parts.empty()) continue;
+    std::vector<at::Tensor> flat_parts;
+    for (const auto& t : parts) flat_parts.push_back(t.reshape(-1));
+    at::Tensor flat = at::cat(flat_parts);
+    broadcast(g, flat, root, label)->wait();
+    if (g.rank() == root) continue;
+    at::NoGradGuard no_grad;
+    int64_t offset = 0;
+    for (auto& t : parts) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
 }
 
 }  // namespace zero::comm

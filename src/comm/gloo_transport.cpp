@@ -1,10 +1,12 @@
 #include "comm/gloo_transport.h"
 
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <optional>
 
 #include "comm/group_impl.h"
+#include "comm/signature.h"
 #include "comm/work.h"
 #include "memory/page_buffer.h"
 
@@ -22,6 +24,28 @@ at::Tensor gloo_view(const at::Tensor& t) {
 }
 
 std::string op_name(const char* op, const Group& g) { return std::string(op) + " on " + g.describe(); }
+
+// Before each collective, the ranks all-gather their signature records on
+// the same Gloo lane (so in the same order as the collectives themselves)
+// and compare them: a rank whose op, size, dtype or label differs is an
+// error naming both sides on every rank, before Gloo sees mismatched
+// buffers (which it may report late, or not at all). Costs one small
+// allgather per collective.
+void agree_on_signature(const Group& g, compat::CollectiveBackend& lane, const Signature& sig, const char* op) {
+  constexpr int64_t kBytes = sizeof(SignatureRecord);
+  const SignatureRecord mine = make_signature_record(sig.text);
+  auto in = at::empty({kBytes}, at::kByte);
+  std::memcpy(in.data_ptr(), &mine, kBytes);
+  auto all = at::empty({kBytes * g.size()}, at::kByte);
+  std::vector<std::vector<at::Tensor>> outs(1);
+  for (int r = 0; r < g.size(); ++r) outs[0].push_back(all.narrow(0, r * kBytes, kBytes));
+  std::vector<at::Tensor> ins{in};
+  BackendWork(lane.allgather(outs, ins), nullptr, op_name(op, g), g.impl().timeout).wait();
+  const auto* records = reinterpret_cast<const SignatureRecord*>(all.data_ptr());
+  const std::string error = describe_disagreement(
+      op, g.describe(), records, g.size(), [&](int q) { return "rank " + std::to_string(g.global_ranks()[q]); });
+  if (!error.empty()) throw CommError(error);
+}
 
 }  // namespace
 
@@ -44,12 +68,13 @@ int64_t GlooTransport::wire_bytes(const Group& g, CollectiveOp op, at::ScalarTyp
   return 0;
 }
 
-WorkHandle GlooTransport::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard) {
+WorkHandle GlooTransport::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard, const Signature& sig) {
   const int64_t n = in_shard.numel();
   if (g.size() == 1) {
     if (!out_flat.is_same(in_shard)) out_flat.copy_(in_shard);
     return completed_work();
   }
+  agree_on_signature(g, *g.impl().backend, sig, "allgather");
   at::Tensor out = gloo_view(out_flat);
   std::vector<std::vector<at::Tensor>> outs(1);
   for (int r = 0; r < g.size(); ++r) outs[0].push_back(out.narrow(0, r * n, n));
@@ -58,8 +83,8 @@ WorkHandle GlooTransport::all_gather(const Group& g, at::Tensor out_flat, at::Te
   return std::make_shared<BackendWork>(w, nullptr, op_name("allgather", g), g.impl().timeout);
 }
 
-WorkHandle GlooTransport::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat,
-                                         ReduceOp op) {
+WorkHandle GlooTransport::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op,
+                                         const Signature& sig) {
   const int64_t size = g.size();
   const int64_t n = out_shard.numel();
   // Sum the N received copies of this rank's shard in rank order, in fp32
@@ -77,6 +102,7 @@ WorkHandle GlooTransport::reduce_scatter(const Group& g, at::Tensor out_shard, a
     reduce_into_out(in_flat.view({1, n}));
     return completed_work();
   }
+  agree_on_signature(g, *g.impl().reduce_backend, sig, "reduce_scatter");
   at::Tensor recv = memory::zeros_flat(size * n, in_flat.scalar_type());  // pages freed with it
   at::Tensor recv_view = gloo_view(recv);
   at::Tensor send_view = gloo_view(in_flat);
@@ -86,9 +112,10 @@ WorkHandle GlooTransport::reduce_scatter(const Group& g, at::Tensor out_shard, a
       w, [=] { reduce_into_out(recv.view({size, n})); }, op_name("reduce_scatter", g), g.impl().timeout);
 }
 
-WorkHandle GlooTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op) {
+WorkHandle GlooTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op, const Signature& sig) {
   const int size = g.size();
   if (size == 1) return completed_work();
+  agree_on_signature(g, *g.impl().backend, sig, "all_reduce");
   // 16-bit floats are summed in fp32 (Gloo has no bf16 and sums fp16 in fp16).
   at::Tensor buf = is_16bit_float(t.scalar_type()) ? t.to(at::kFloat) : t;
   std::vector<at::Tensor> bufs{buf};
@@ -102,8 +129,9 @@ WorkHandle GlooTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op) 
   return std::make_shared<BackendWork>(w, finish, op_name("all_reduce", g), g.impl().timeout);
 }
 
-WorkHandle GlooTransport::broadcast(const Group& g, at::Tensor t, int root) {
+WorkHandle GlooTransport::broadcast(const Group& g, at::Tensor t, int root, const Signature& sig) {
   if (g.size() == 1) return completed_work();
+  agree_on_signature(g, *g.impl().backend, sig, "broadcast");
   std::vector<at::Tensor> bufs{gloo_view(t)};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
@@ -111,8 +139,9 @@ WorkHandle GlooTransport::broadcast(const Group& g, at::Tensor t, int root) {
   return std::make_shared<BackendWork>(w, nullptr, op_name("broadcast", g), g.impl().timeout);
 }
 
-WorkHandle GlooTransport::barrier(const Group& g) {
+WorkHandle GlooTransport::barrier(const Group& g, const Signature& sig) {
   if (g.size() == 1) return completed_work();
+  agree_on_signature(g, *g.impl().backend, sig, "barrier");
   auto w = g.impl().backend->barrier();
   return std::make_shared<BackendWork>(w, nullptr, op_name("barrier", g), g.impl().timeout);
 }

@@ -14,6 +14,8 @@
 //   (2(N-1)/N * 2B on the wire), then downcast; Gloo has no bf16 and sums
 //   fp16 in fp16.
 // - bf16 allgather / broadcast move the same bytes viewed as fp16 (exact).
+// - every collective is preceded by an allgather of the ranks' signatures
+//   (128 bytes each; see comm/signature.h): one extra round trip.
 #pragma once
 
 #include "zero/comm.h"
@@ -26,11 +28,12 @@ class GlooTransport : public Transport {
   bool supports(const Group&, CollectiveOp, at::ScalarType, int64_t) const override { return true; }
   int64_t wire_bytes(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel) const override;
 
-  WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard) override;
-  WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op) override;
-  WorkHandle all_reduce(const Group& g, at::Tensor t, ReduceOp op) override;
-  WorkHandle broadcast(const Group& g, at::Tensor t, int root) override;
-  WorkHandle barrier(const Group& g) override;
+  WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard, const Signature& sig) override;
+  WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op,
+                            const Signature& sig) override;
+  WorkHandle all_reduce(const Group& g, at::Tensor t, ReduceOp op, const Signature& sig) override;
+  WorkHandle broadcast(const Group& g, at::Tensor t, int root, const Signature& sig) override;
+  WorkHandle barrier(const Group& g, const Signature& sig) override;
 };
 
 }  // namespace zero::comm

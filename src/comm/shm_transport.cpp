@@ -190,29 +190,33 @@ int64_t ShmTransport::wire_bytes(const Group& g, CollectiveOp op, at::ScalarType
   return op == CollectiveOp::AllGather ? numel / g.size() * elem : numel * elem;
 }
 
-WorkHandle ShmTransport::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard) {
+WorkHandle ShmTransport::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard, const Signature& sig) {
   return std::make_shared<ShmWork>(shm_of(g).main->all_gather(out_flat.data_ptr(), in_shard.data_ptr(),
                                                               static_cast<int64_t>(in_shard.nbytes()),
+                                                              make_signature_record(sig.text),
                                                               keep_alive({out_flat, in_shard})));
 }
 
-WorkHandle ShmTransport::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op) {
+WorkHandle ShmTransport::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op,
+                                        const Signature& sig) {
   return std::make_shared<ShmWork>(shm_of(g).reduce->reduce_scatter(
       out_shard.data_ptr(), *reducible(out_shard.scalar_type()), in_flat.data_ptr(),
-      *reducible(in_flat.scalar_type()), out_shard.numel(), op == ReduceOp::Avg, keep_alive({out_shard, in_flat})));
+      *reducible(in_flat.scalar_type()), out_shard.numel(), op == ReduceOp::Avg, make_signature_record(sig.text),
+      keep_alive({out_shard, in_flat})));
 }
 
-WorkHandle ShmTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op) {
+WorkHandle ShmTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op, const Signature& sig) {
   return std::make_shared<ShmWork>(shm_of(g).main->all_reduce(t.data_ptr(), *reducible(t.scalar_type()), t.numel(),
-                                                              op == ReduceOp::Avg, keep_alive({t})));
+                                                              op == ReduceOp::Avg, make_signature_record(sig.text),
+                                                              keep_alive({t})));
 }
 
-WorkHandle ShmTransport::broadcast(const Group& g, at::Tensor t, int root) {
-  return std::make_shared<ShmWork>(
-      shm_of(g).main->broadcast(t.data_ptr(), static_cast<int64_t>(t.nbytes()), root, keep_alive({t})));
+WorkHandle ShmTransport::broadcast(const Group& g, at::Tensor t, int root, const Signature& sig) {
+  return std::make_shared<ShmWork>(shm_of(g).main->broadcast(t.data_ptr(), static_cast<int64_t>(t.nbytes()), root,
+                                                             make_signature_record(sig.text), keep_alive({t})));
 }
 
-WorkHandle ShmTransport::barrier(const Group& g) {
+WorkHandle ShmTransport::barrier(const Group& g, const Signature&) {
   throw CommError("barrier on " + g.describe() + ": not served by the shared-memory transport");
 }
 

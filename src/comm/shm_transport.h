@@ -47,11 +47,12 @@ class ShmTransport : public Transport {
   bool supports(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel) const override;
   int64_t wire_bytes(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel) const override;
 
-  WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard) override;
-  WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op) override;
-  WorkHandle all_reduce(const Group& g, at::Tensor t, ReduceOp op) override;
-  WorkHandle broadcast(const Group& g, at::Tensor t, int root) override;
-  WorkHandle barrier(const Group& g) override;
+  WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard, const Signature& sig) override;
+  WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op,
+                            const Signature& sig) override;
+  WorkHandle all_reduce(const Group& g, at::Tensor t, ReduceOp op, const Signature& sig) override;
+  WorkHandle broadcast(const Group& g, at::Tensor t, int root, const Signature& sig) override;
+  WorkHandle barrier(const Group& g, const Signature& sig) override;
 };
 
 }  // namespace zero::comm

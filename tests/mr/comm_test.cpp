@@ -5,6 +5,7 @@
 // Gloo, which must agree bit for bit.
 #include <chrono>
 #include <csignal>
+#include <functional>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -297,6 +298,89 @@ TEST(BadArguments, NameTheOpAndGroup) {
   expect_msg([&] { comm.reduce_scatter(g, at::empty({2}, at::kHalf), at::empty({2 * g.size()})); }, "dtype");
   expect_msg([&] { comm.broadcast(g, at::empty({2}), g.size()); }, "root");
   expect_msg([&] { comm.all_reduce(g, at::empty({4, 4}).t()); }, "contiguous");
+}
+
+// Ranks that disagree on a collective -- its size, dtype, op or label --
+// fail on every rank at once, naming the op, the group and both sides,
+// before any data moves (a size mismatch used to pair rounds by count on
+// the fast path and return a wrong sum). A failed shared-memory lane stays
+// failed, so each case runs on a fresh group.
+TEST(Disagreement, IsAnErrorOnEveryRankNamingBothSides) {
+  auto& w = world();
+  std::vector<int> all(w.size());
+  for (int r = 0; r < w.size(); ++r) all[r] = r;
+  const bool odd = w.rank() == w.size() - 1;  // the rank that disagrees
+  int fresh = 0;
+  struct Case {
+    const char* name;
+    std::function<void(zero::comm::Comm&, const Group&)> run;
+    std::vector<std::string> expect;  // parts of the message
+  };
+  const std::vector<Case> cases = {
+      {"size",
+       [&](auto& comm, const Group& g) { comm.all_reduce(g, at::ones({odd ? 100 : 200}))->wait(); },
+       {"all_reduce", "of 200 Float", "of 100 Float"}},
+      {"dtype",
+       [&](auto& comm, const Group& g) {
+         auto dt = odd ? at::kBFloat16 : at::kFloat;
+         comm.all_gather(g, at::empty({8 * g.size()}, dt), at::zeros({8}, dt))->wait();
+       },
+       {"allgather", "BFloat16", "Float"}},
+      {"op",
+       [&](auto& comm, const Group& g) {
+         auto t = at::ones({64});
+         if (odd) comm.broadcast(g, t, 0)->wait();
+         else comm.all_reduce(g, t)->wait();
+       },
+       {"broadcast of 64", "all_reduce of 64"}},
+      {"label",
+       [&](auto& comm, const Group& g) {
+         comm.all_gather(g, at::empty({4 * g.size()}), at::zeros({4}), odd ? "params of unit 'b'" : "params of unit 'a'")
+             ->wait();
+       },
+       {"unit 'a'", "unit 'b'"}},
+      {"empty against non-empty",
+       [&](auto& comm, const Group& g) { comm.all_reduce(g, at::ones({odd ? 0 : 5}))->wait(); },
+       {"of 5 Float", "of 0 Float"}},
+  };
+  for (const char* transport : {"shm", "gloo"})
+    for (const auto& c : cases) {
+      SCOPED_TRACE(std::string(transport) + ": " + c.name);
+      auto g = w.new_group(all, "disagree" + std::to_string(fresh++));
+      w.comm().set_fast_paths_enabled(std::string(transport) == "shm");
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        c.run(w.comm(), *g);
+        ADD_FAILURE() << "no error";
+      } catch (const CommError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("disagree"), std::string::npos) << msg;
+        EXPECT_NE(msg.find(g->describe()), std::string::npos) << msg;
+        for (const auto& part : c.expect) EXPECT_NE(msg.find(part), std::string::npos) << part << " in: " << msg;
+      }
+      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+      w.comm().set_fast_paths_enabled(true);
+    }
+  w.comm().barrier(w.group())->wait();
+}
+
+TEST(Collectives, BroadcastCoalescedOnePerDtype) {
+  for_each_transport([&] {
+    auto& comm = world().comm();
+    const Group& g = world().group();
+    const int r = g.rank();
+    std::vector<at::Tensor> ts = {at::full({3, 4}, r + 1.0), at::full({5}, static_cast<int64_t>(r + 7), at::kLong),
+                                  at::full({2}, r + 2.0), at::full({4, 2}, r + 3.0).t(), at::empty({0})};
+    const auto before = comm.counters().totals();
+    comm.broadcast_coalesced(g, ts, g.size() - 1, "buffers");
+    const auto d = zero::comm::diff(comm.counters().totals(), before);
+    EXPECT_EQ(d.at("broadcast").calls, 2);  // Float and Long
+    const int root = g.size() - 1;
+    EXPECT_TRUE(ts[0].eq(root + 1.0).all().item<bool>());
+    EXPECT_TRUE(ts[1].eq(root + 7).all().item<bool>());
+    EXPECT_TRUE(ts[2].eq(root + 2.0).all().item<bool>());
+    EXPECT_TRUE(ts[3].eq(root + 3.0).all().item<bool>());  // a non-contiguous view is written through
+  });
 }
 
 // Rank 0 waits in a collective the others never join; it must fail naming

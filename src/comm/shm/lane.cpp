@@ -38,6 +38,11 @@ inline void cpu_relax() {
 
 inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
 
+// The ranks run different collectives: reported as is (it names op and group).
+struct Disagreement : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 void futex_wait(uint32_t* word, uint32_t expected, std::chrono::milliseconds slice) {
   timespec ts{0, static_cast<long>(std::chrono::nanoseconds(slice).count())};
   syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);  // shared mapping: no PRIVATE flag
@@ -56,6 +61,10 @@ struct Lane::Header {
   uint64_t pid_ns[kMaxRanks];
   Cell written[kMaxRanks];
   Cell consumed[kMaxRanks];
+  // Each rank's signature for the rounds using buffer 0 and 1: round t's is
+  // read until every rank has consumed round t, and overwritten only by
+  // round t + 2, which waits for exactly that.
+  SignatureRecord sig[2][kMaxRanks];
 };
 
 // ---- Job ----------------------------------------------------------------------
@@ -83,7 +92,7 @@ void Job::finish(std::optional<std::string> error) {
 // ---- region -------------------------------------------------------------------
 
 // The header takes the first kHeaderBytes; the two buffers follow.
-constexpr int64_t kHeaderBytes = 4 * 4096;
+constexpr int64_t kHeaderBytes = 8 * 4096;
 
 size_t Lane::region_bytes(int size, int64_t slot_bytes) {
   static_assert(sizeof(Header) <= kHeaderBytes, "header fits its pages");
@@ -129,13 +138,15 @@ char* Lane::slot(int r) const { return data_ + ((round_ & 1u) * size_ + r) * slo
 
 // ---- worker -------------------------------------------------------------------
 
-std::shared_ptr<Job> Lane::submit(const char* op, KeepAlive keep, std::function<void()> body) {
+std::shared_ptr<Job> Lane::submit(const char* op, const SignatureRecord& sig, KeepAlive keep,
+                                  std::function<void()> body) {
   auto job = std::make_shared<Job>();
   std::lock_guard<std::mutex> lock(mu_);
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   // `keep` lives in the queued closure: released once the collective has run.
-  queue_.emplace_back(job, [this, op, keep = std::move(keep), body = std::move(body)] {
+  queue_.emplace_back(job, [this, op, sig, keep = std::move(keep), body = std::move(body)] {
     current_op_ = op;
+    current_sig_ = sig;
     body();
   });
   cv_.notify_one();
@@ -159,6 +170,9 @@ void Lane::worker_loop() {
     try {
       item.second();
       item.first->finish(std::nullopt);
+    } catch (const Disagreement& e) {
+      failed_ = e.what();
+      item.first->finish(failed_);
     } catch (const std::exception& e) {
       failed_ = std::string(current_op_) + " on " + what_ + " (shared memory) failed: " + e.what();
       item.first->finish(failed_);
@@ -223,11 +237,19 @@ void Lane::begin_round() {
 }
 
 void Lane::publish_written() {
+  header_->sig[round_ & 1u][rank_] = current_sig_;  // published by the release store below
   __atomic_store_n(written_word(rank_), round_ + 1, __ATOMIC_RELEASE);
   futex_wake_all(written_word(rank_));
 }
 
-void Lane::wait_written() { wait_all(&Lane::written_word, round_ + 1, "to write its part"); }
+void Lane::wait_written() {
+  wait_all(&Lane::written_word, round_ + 1, "to write its part");
+  const std::string error =
+      describe_disagreement(current_op_, what_ + " (shared memory)", header_->sig[round_ & 1u], size_, [&](int q) {
+        return "rank " + std::to_string(q) + " (pid " + std::to_string(header_->pid[q]) + ")";
+      });
+  if (!error.empty()) throw Disagreement(error);
+}
 
 void Lane::end_round() {
   __atomic_store_n(consumed_word(rank_), round_ + 1, __ATOMIC_RELEASE);
@@ -236,13 +258,16 @@ void Lane::end_round() {
 }
 
 // ---- collectives ----------------------------------------------------------------
+// Each loop runs at least one round (`a == 0 ||`), so an empty collective
+// still exchanges its signature and a size mismatch against zero is caught.
 
-std::shared_ptr<Job> Lane::all_gather(void* out, const void* in, int64_t shard_bytes, KeepAlive keep) {
-  return submit("allgather", std::move(keep), [=] {
+std::shared_ptr<Job> Lane::all_gather(void* out, const void* in, int64_t shard_bytes, const SignatureRecord& sig,
+                                      KeepAlive keep) {
+  return submit("allgather", sig, std::move(keep), [=] {
     char* o = static_cast<char*>(out);
     const char* i = static_cast<const char*>(in);
     const bool in_place = o + rank_ * shard_bytes == i;
-    for (int64_t a = 0; a < shard_bytes; a += slot_bytes_) {
+    for (int64_t a = 0; a == 0 || a < shard_bytes; a += slot_bytes_) {
       const int64_t n = std::min(slot_bytes_, shard_bytes - a);
       begin_round();
       std::memcpy(slot(rank_), i + a, n);
@@ -258,8 +283,9 @@ std::shared_ptr<Job> Lane::all_gather(void* out, const void* in, int64_t shard_b
 }
 
 std::shared_ptr<Job> Lane::reduce_scatter(void* out, Elem out_type, const void* in, Elem in_type,
-                                          int64_t shard_numel, bool average, KeepAlive keep) {
-  return submit("reduce_scatter", std::move(keep), [=] {
+                                          int64_t shard_numel, bool average, const SignatureRecord& sig,
+                                          KeepAlive keep) {
+  return submit("reduce_scatter", sig, std::move(keep), [=] {
     const int64_t ei = elem_size(in_type), eo = elem_size(out_type);
     // Each slot holds one piece per destination rank.
     int64_t piece = std::max<int64_t>(1, slot_bytes_ / (size_ * ei));
@@ -267,7 +293,7 @@ std::shared_ptr<Job> Lane::reduce_scatter(void* out, Elem out_type, const void* 
     const char* i = static_cast<const char*>(in);
     char* o = static_cast<char*>(out);
     std::vector<const void*> srcs(size_);
-    for (int64_t a = 0; a < shard_numel; a += piece) {
+    for (int64_t a = 0; a == 0 || a < shard_numel; a += piece) {
       const int64_t n = std::min(piece, shard_numel - a);
       begin_round();
       for (int r = 0; r < size_; ++r)
@@ -281,13 +307,14 @@ std::shared_ptr<Job> Lane::reduce_scatter(void* out, Elem out_type, const void* 
   });
 }
 
-std::shared_ptr<Job> Lane::all_reduce(void* data, Elem type, int64_t numel, bool average, KeepAlive keep) {
-  return submit("all_reduce", std::move(keep), [=] {
+std::shared_ptr<Job> Lane::all_reduce(void* data, Elem type, int64_t numel, bool average,
+                                      const SignatureRecord& sig, KeepAlive keep) {
+  return submit("all_reduce", sig, std::move(keep), [=] {
     const int64_t e = elem_size(type);
     const int64_t piece = std::max<int64_t>(1, slot_bytes_ / e);
     char* d = static_cast<char*>(data);
     std::vector<const void*> srcs(size_);
-    for (int64_t a = 0; a < numel; a += piece) {
+    for (int64_t a = 0; a == 0 || a < numel; a += piece) {
       const int64_t n = std::min(piece, numel - a);
       begin_round();
       std::memcpy(slot(rank_), d + a * e, n * e);
@@ -301,10 +328,11 @@ std::shared_ptr<Job> Lane::all_reduce(void* data, Elem type, int64_t numel, bool
   });
 }
 
-std::shared_ptr<Job> Lane::broadcast(void* data, int64_t bytes, int root, KeepAlive keep) {
-  return submit("broadcast", std::move(keep), [=] {
+std::shared_ptr<Job> Lane::broadcast(void* data, int64_t bytes, int root, const SignatureRecord& sig,
+                                     KeepAlive keep) {
+  return submit("broadcast", sig, std::move(keep), [=] {
     char* d = static_cast<char*>(data);
-    for (int64_t a = 0; a < bytes; a += slot_bytes_) {
+    for (int64_t a = 0; a == 0 || a < bytes; a += slot_bytes_) {
       const int64_t n = std::min(slot_bytes_, bytes - a);
       begin_round();
       if (rank_ == root) std::memcpy(slot(root), d + a, n);

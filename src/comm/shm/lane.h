@@ -9,6 +9,10 @@
 //   2. copy this rank's part into its slot; written[me] = t+1
 //   3. wait until written[q] >= t+1 for every q
 //   4. read / reduce the slots it needs; consumed[me] = t+1
+// With its part, each rank writes the collective's signature record (op,
+// size, dtype, label; comm/signature.h) into the round's header cell; after
+// step 3 every rank compares all records, so ranks running different
+// collectives all fail in the same round, naming both, before reading data.
 // Counters are 32-bit futex words (waiters sleep in the kernel after a
 // short spin); comparisons are wrap-safe. Every wait is bounded by the
 // collective timeout and notices a peer process that died, so a killed rank
@@ -28,6 +32,7 @@
 #include <thread>
 
 #include "comm/shm/reduce_kernels.h"
+#include "comm/signature.h"
 
 namespace zero::comm::shm {
 
@@ -67,25 +72,28 @@ class Lane {
   // Queue a collective. `keep` owns the buffers (e.g. the caller's tensors):
   // the lane holds it until the collective has run, even if the caller
   // drops its handle without waiting.
+  // `sig` is what every rank must agree this collective is.
   using KeepAlive = std::shared_ptr<const void>;
-  std::shared_ptr<Job> all_gather(void* out, const void* in, int64_t shard_bytes, KeepAlive keep);
+  std::shared_ptr<Job> all_gather(void* out, const void* in, int64_t shard_bytes, const SignatureRecord& sig,
+                                  KeepAlive keep);
   std::shared_ptr<Job> reduce_scatter(void* out, Elem out_type, const void* in, Elem in_type, int64_t shard_numel,
-                                      bool average, KeepAlive keep);
-  std::shared_ptr<Job> all_reduce(void* data, Elem type, int64_t numel, bool average, KeepAlive keep);
-  std::shared_ptr<Job> broadcast(void* data, int64_t bytes, int root, KeepAlive keep);
+                                      bool average, const SignatureRecord& sig, KeepAlive keep);
+  std::shared_ptr<Job> all_reduce(void* data, Elem type, int64_t numel, bool average, const SignatureRecord& sig,
+                                  KeepAlive keep);
+  std::shared_ptr<Job> broadcast(void* data, int64_t bytes, int root, const SignatureRecord& sig, KeepAlive keep);
 
   int64_t slot_bytes() const { return slot_bytes_; }
 
  private:
   struct Header;
-  std::shared_ptr<Job> submit(const char* op, KeepAlive keep, std::function<void()> body);
+  std::shared_ptr<Job> submit(const char* op, const SignatureRecord& sig, KeepAlive keep, std::function<void()> body);
   void worker_loop();
 
   // Round protocol (see the top of the file).
   char* slot(int rank) const;  // this round's slot of `rank`
   void begin_round();
-  void publish_written();
-  void wait_written();
+  void publish_written();   // with the current signature
+  void wait_written();      // then checks every rank's signature
   void end_round();
   void wait_all(uint32_t* (Lane::*word)(int) const, uint32_t target, const char* what);
   void wait_word(uint32_t* word, uint32_t target, int peer, const char* what);
@@ -100,6 +108,7 @@ class Lane {
   std::chrono::milliseconds timeout_;
   std::string what_;
   const char* current_op_ = "";
+  SignatureRecord current_sig_;
   uint32_t round_ = 0;
 
   std::mutex mu_;
