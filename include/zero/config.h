@@ -132,6 +132,10 @@ struct Config {
   // backend (Gloo) instead of the shared-memory transport between ranks on
   // one host (as ZERO_COMM_FASTPATH=off does).
   bool comm_fast_path = true;
+  // "zero_cpp": {"broadcast_buffers": false} stops the engine from copying
+  // rank 0's module buffers (BatchNorm running statistics) to every rank at
+  // each step boundary (DDP's broadcast_buffers; on by default, as there).
+  bool broadcast_buffers = true;
 
   // Parses and validates; throws ConfigError naming the offending key.
   static Config from_json(const nlohmann::json& j);

@@ -59,6 +59,8 @@ class UnitBase : public torch::nn::Module {
   // Set when the unit was sharded at construction (inside zero::Init): its
   // flat group, holding only this rank's shard. The engine adopts it.
   std::shared_ptr<partition::FlatGroup> sharded_at_init;
+  // Set when zero::Init synced the unit's frozen params and buffers from rank 0.
+  bool synced_at_init = false;
 
  protected:
   detail::UnitRuntime* runtime_ = nullptr;

@@ -30,13 +30,16 @@ json Manifest::to_json() const {
     for (const auto& f : p.fragments) fr.push_back({f.rank, f.begin, f.end});
     ps.push_back({{"name", p.name}, {"shape", p.shape}, {"numel", p.numel}, {"fragments", fr}});
   }
+  json rp = json::array();
+  for (const auto& r : replicated)
+    rp.push_back({{"name", r.name}, {"kind", r.kind}, {"dtype", r.dtype}, {"shape", r.shape}});
   json fl = json::object();
   for (const auto& [r, f] : files)
     fl[std::to_string(r)] = {{"file", f.file}, {"bytes", f.bytes}, {"hash", std::to_string(f.hash)}};
   return {{"format", "zero-cpp checkpoint"}, {"format_version", format_version}, {"tag", tag},
           {"world_size", world_size}, {"dp_size", dp_size}, {"stage", stage}, {"dtype", dtype},
           {"kinds", kinds}, {"config", config}, {"engine_state", engine_state},
-          {"client_state", client_state}, {"params", ps}, {"files", fl}};
+          {"client_state", client_state}, {"params", ps}, {"replicated", rp}, {"files", fl}};
 }
 
 Manifest Manifest::from_json(const json& j, const std::string& where) {
@@ -63,6 +66,9 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
       for (const auto& f : p.at("fragments")) r.fragments.push_back({f.at(0), f.at(1), f.at(2)});
       m.params.push_back(std::move(r));
     }
+    for (const auto& r : j.value("replicated", json::array()))
+      m.replicated.push_back({r.at("name").get<std::string>(), r.at("kind").get<std::string>(),
+                              r.at("dtype").get<std::string>(), r.at("shape").get<std::vector<int64_t>>()});
     for (const auto& [r, f] : j.at("files").items())
       m.files[std::stoi(r)] = {f.at("file").get<std::string>(), f.at("bytes").get<int64_t>(),
                                std::stoull(f.at("hash").get<std::string>())};
@@ -101,6 +107,23 @@ CheckpointReader::CheckpointReader(const std::string& dir, const std::string& ta
   }
   manifest_ = Manifest::from_json(j, mpath);
   for (size_t i = 0; i < manifest_.params.size(); ++i) index_[manifest_.params[i].name] = i;
+  for (size_t i = 0; i < manifest_.replicated.size(); ++i) replicated_index_[manifest_.replicated[i].name] = i;
+}
+
+const ReplicatedRecord* CheckpointReader::find_replicated(const std::string& name) const {
+  auto it = replicated_index_.find(name);
+  return it == replicated_index_.end() ? nullptr : &manifest_.replicated[it->second];
+}
+
+const char* CheckpointReader::replicated_data(const std::string& name) {
+  const ReplicatedRecord* r = find_replicated(name);
+  if (!r) throw std::runtime_error("checkpoint " + path_ + " has no frozen param or buffer " + name);
+  const SafetensorsFile& f = file(0);
+  const std::string t = tensor_name(name, "value");
+  const TensorEntry& e = f.entry(t);
+  if (e.dtype != r->dtype || e.shape != r->shape)
+    throw std::runtime_error("checkpoint file " + f.path() + ": tensor " + t + " does not match the manifest");
+  return f.data(t);
 }
 
 const ParamRecord* CheckpointReader::find(const std::string& name) const {
@@ -158,6 +181,20 @@ void consolidate(const std::string& dir, const std::string& tag, const std::stri
       w.add(p.name, "BF16", p.shape, half.back().data());
     } else {
       w.add(p.name, "F32", p.shape, full.back().data());
+    }
+  }
+  // Frozen params and buffers as saved (float32 ones rounded to bf16 when asked).
+  for (const auto& rec : r.manifest().replicated) {
+    const char* data = r.replicated_data(rec.name);
+    if (dtype == "bf16" && rec.dtype == "F32") {
+      int64_t n = 1;
+      for (int64_t d : rec.shape) n *= d;
+      half.emplace_back(static_cast<size_t>(n));
+      const auto* src = reinterpret_cast<const float*>(data);
+      for (int64_t i = 0; i < n; ++i) half.back()[i] = bits::to_bf16(src[i]);
+      w.add(rec.name, "BF16", rec.shape, half.back().data());
+    } else {
+      w.add(rec.name, rec.dtype, rec.shape, data);
     }
   }
   w.set_metadata("format", "pt");

@@ -6,7 +6,9 @@
 //   DIR/TAG/manifest.json           written last, by rank 0
 //   DIR/TAG/rank_R.safetensors      rank R's fragments: tensor "<param>/<kind>"
 //                                   holds elements [begin, end) of the
-//                                   flattened param, kind master | exp_avg | exp_avg_sq (fp32)
+//                                   flattened param, kind master | exp_avg | exp_avg_sq (fp32);
+//                                   rank 0's also "<name>/value": each frozen
+//                                   param and buffer whole, in its own dtype
 //   DIR/.partial-TAG/               a save in progress (or one that died)
 //
 // The manifest records, per param, its shape and which rank file holds which
@@ -40,6 +42,14 @@ struct ParamRecord {
   std::vector<Fragment> fragments;  // cover [0, numel) exactly once
 };
 
+// A frozen param or buffer (replicated on every rank): saved whole by rank 0.
+struct ReplicatedRecord {
+  std::string name;
+  std::string kind;   // "param" (frozen) or "buffer"
+  std::string dtype;  // safetensors dtype, e.g. "F32", "I64"
+  std::vector<int64_t> shape;
+};
+
 struct RankFile {
   std::string file;  // relative to the tag directory
   int64_t bytes = 0;
@@ -58,6 +68,7 @@ struct Manifest {
   nlohmann::json engine_state;   // step counters, loss scaler, scheduler
   nlohmann::json client_state;   // the caller's (e.g. zero-train's data position)
   std::vector<ParamRecord> params;
+  std::vector<ReplicatedRecord> replicated;  // in rank 0's file
   std::map<int, RankFile> files;  // by rank; ranks without fragments write none
 
   nlohmann::json to_json() const;
@@ -79,12 +90,16 @@ class CheckpointReader {
   const ParamRecord* find(const std::string& name) const;
   // Copies elements [begin, end) of `kind` of param `name` into out (fp32).
   void read(const std::string& name, const std::string& kind, int64_t begin, int64_t end, float* out);
+  const ReplicatedRecord* find_replicated(const std::string& name) const;
+  // A frozen param's or buffer's bytes, whole, in the dtype its record names.
+  const char* replicated_data(const std::string& name);
 
  private:
   const SafetensorsFile& file(int rank);  // opened on first use; size and hash checked
   std::string path_;
   Manifest manifest_;
   std::map<std::string, size_t> index_;
+  std::map<std::string, size_t> replicated_index_;
   std::map<int, std::unique_ptr<SafetensorsFile>> files_;
 };
 

@@ -347,6 +347,7 @@ Config Config::from_json(const json& j) {
     // zero-cpp's own settings (DeepSpeed has no such block).
     ObjectReader own = top.child("zero_cpp");
     c.comm_fast_path = own.get_bool("comm_fast_path", c.comm_fast_path);
+    c.broadcast_buffers = own.get_bool("broadcast_buffers", c.broadcast_buffers);
     own.finish();
   }
 
@@ -468,7 +469,7 @@ json Config::to_json() const {
                {"consecutive_hysteresis", fp16.consecutive_hysteresis},
                {"min_loss_scale", fp16.min_loss_scale}};
   j["bf16"] = {{"enabled", bf16.enabled}};
-  j["zero_cpp"] = {{"comm_fast_path", comm_fast_path}};
+  j["zero_cpp"] = {{"comm_fast_path", comm_fast_path}, {"broadcast_buffers", broadcast_buffers}};
   if (optimizer.given) {
     json p = {{"lr", optimizer.lr}, {"weight_decay", optimizer.weight_decay}};
     if (optimizer.type == OptimizerType::SGD) {

@@ -73,6 +73,34 @@ void agree_or_throw(Engine::Impl& m, const std::string& what, const std::string&
   if (failed) throw std::runtime_error(what + " failed on another rank (see its error)");
 }
 
+// safetensors' name for a dtype, and back.
+const std::vector<std::pair<at::ScalarType, const char*>>& dtype_names() {
+  static const std::vector<std::pair<at::ScalarType, const char*>> names = {
+      {at::kFloat, "F32"}, {at::kDouble, "F64"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"}, {at::kLong, "I64"},
+      {at::kInt, "I32"},   {at::kShort, "I16"},  {at::kChar, "I8"},  {at::kByte, "U8"},       {at::kBool, "BOOL"}};
+  return names;
+}
+
+std::string safetensors_dtype(at::ScalarType t) {
+  for (const auto& [st, name] : dtype_names())
+    if (st == t) return name;
+  throw std::runtime_error(std::string("checkpoints cannot store a tensor of dtype ") + c10::toString(t));
+}
+
+at::ScalarType scalar_type_of(const std::string& name) {
+  for (const auto& [st, n] : dtype_names())
+    if (name == n) return st;
+  throw std::runtime_error("unknown safetensors dtype " + name);
+}
+
+// Copies a frozen param or buffer stored as `dtype` bytes into the module's
+// tensor (converting, e.g., from a bf16 consolidation).
+void copy_replicated(const ReplicatedTensor& r, const std::string& dtype, const char* data) {
+  at::NoGradGuard no_grad;
+  auto src = at::from_blob(const_cast<char*>(data), r.tensor.sizes(), at::TensorOptions().dtype(scalar_type_of(dtype)));
+  r.tensor.copy_(src);
+}
+
 std::string shape_string(at::IntArrayRef s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
@@ -88,6 +116,13 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> model_params(const Eng
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (auto& [idx, name, shape] : all) out.emplace_back(name, shape);
+  return out;
+}
+
+// Frozen params and buffers (name -> shape).
+std::vector<std::pair<std::string, std::vector<int64_t>>> model_replicated(const Engine::Impl& m) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& r : m.replicated) out.emplace_back(r.name, r.tensor.sizes().vec());
   return out;
 }
 
@@ -201,6 +236,15 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
           any = true;
         }
     }
+  // Frozen params and buffers: replicated, so rank 0 writes them whole.
+  std::vector<at::Tensor> replicated_bytes;  // contiguous copies, alive until the write
+  if (lead)
+    for (const auto& r : m.replicated) {
+      replicated_bytes.push_back(r.tensor.detach().contiguous());
+      writer.add(ckpt::tensor_name(r.name, "value"), safetensors_dtype(r.tensor.scalar_type()), r.tensor.sizes().vec(),
+                 replicated_bytes.back().data_ptr());
+      any = true;
+    }
   ckpt::FileDigest digest;
   if (any) {
     try {
@@ -237,6 +281,9 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
             recs[f.param_index].fragments.push_back({q, f.param_offset, f.param_offset + f.numel});
       }
       for (auto& [idx, r] : recs) man.params.push_back(std::move(r));
+      for (const auto& r : m.replicated)
+        man.replicated.push_back({r.name, r.buffer ? "buffer" : "param", safetensors_dtype(r.tensor.scalar_type()),
+                                  r.tensor.sizes().vec()});
       for (int q = 0; q < m.dp.size(); ++q)
         if (all[3 * q].item<int64_t>())
           man.files[q] = {ckpt::rank_file_name(q), all[3 * q + 1].item<int64_t>(),
@@ -271,6 +318,17 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     check_same_params(
         model_params(m), [&](const std::string& n) { return reader->find(n) ? &reader->find(n)->shape : nullptr; },
         names, "checkpoint " + reader->path());
+    std::vector<std::string> replicated_names;
+    for (const auto& r : man.replicated) replicated_names.push_back(r.name);
+    check_same_params(
+        model_replicated(m),
+        [&](const std::string& n) { return reader->find_replicated(n) ? &reader->find_replicated(n)->shape : nullptr; },
+        replicated_names, "checkpoint " + reader->path() + " (frozen params and buffers)");
+    for (const auto& r : m.replicated)
+      if (reader->find_replicated(r.name)->dtype != safetensors_dtype(r.tensor.scalar_type()))
+        throw std::runtime_error("checkpoint " + reader->path() + ": " + r.name + " is " +
+                                 reader->find_replicated(r.name)->dtype + ", the model's is " +
+                                 c10::toString(r.tensor.scalar_type()));
     for (const auto& [kind, t] : state_kinds(m.groups.front()))
       if (std::find(man.kinds.begin(), man.kinds.end(), kind) == man.kinds.end())
         throw std::runtime_error("checkpoint " + reader->path() + " has no " + kind +
@@ -279,6 +337,8 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     fill_state(m, [&](const std::string& n, const std::string& k, int64_t a, int64_t b, float* out) {
       reader->read(n, k, a, b, out);
     }, false);
+    for (const auto& r : m.replicated)
+      copy_replicated(r, reader->find_replicated(r.name)->dtype, reader->replicated_data(r.name));
   } catch (const std::exception& e) {
     error = std::string("load_checkpoint: ") + e.what();
   }
@@ -297,7 +357,9 @@ void Engine::load_weights(const std::string& path) {
     ckpt::SafetensorsFile f(path);
     std::vector<std::string> names;
     for (const auto& [n, e] : f.entries()) names.push_back(n);
-    check_same_params(model_params(m), [&](const std::string& n) { return f.has(n) ? &f.entry(n).shape : nullptr; },
+    auto expected = model_params(m);
+    for (auto& r : model_replicated(m)) expected.push_back(std::move(r));
+    check_same_params(expected, [&](const std::string& n) { return f.has(n) ? &f.entry(n).shape : nullptr; },
                       names, "weights file " + path);
     touched = true;
     fill_state(m, [&](const std::string& n, const std::string&, int64_t a, int64_t b, float* out) {
@@ -312,6 +374,7 @@ void Engine::load_weights(const std::string& path) {
         throw std::runtime_error("weights file " + path + ": param " + n + " is " + e.dtype + " (F32, BF16 or F16 expected)");
       }
     }, true);
+    for (const auto& r : m.replicated) copy_replicated(r, f.entry(r.name).dtype, f.data(r.name));
   } catch (const std::exception& e) {
     error = std::string("load_weights: ") + e.what();
   }

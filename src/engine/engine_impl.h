@@ -15,6 +15,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>
 
+#include "engine/module_state.h"
 #include "memory/page_buffer.h"
 #include "optim/kernels.h"
 #include "optim/loss_scaler.h"
@@ -64,6 +65,7 @@ struct Engine::Impl {
   std::unique_ptr<Stage3Runtime> stage3;   // stage 3 only
   std::vector<UnitBase*> units;            // stage 3: the model's units, attached to `stage3`
   std::string init_note;                   // what init did, for describe()
+  std::vector<ReplicatedTensor> replicated;  // frozen params and buffers (engine/module_state.h)
   optim::LossScaler scaler;
   int64_t num_params = 0;
   int64_t micro_steps = 0;
@@ -97,6 +99,9 @@ struct Engine::Impl {
     if (!config.comm_fast_path) comm.set_fast_paths_enabled(false);  // every rank builds its engine at the same point
     optim::set_kernel_threads(at::get_num_threads());
     batch = config.resolve_batch(dp.size());
+    check_same_model_on_all_ranks(model, comm, dp);
+    replicated = replicated_tensors(model);
+    sync_replicated_at_construction(model);
     ReducerOptions ro{stage, config.zero.overlap_comm(), config.zero.contiguous_gradients, grad_dtype, nullptr};
     if (stage == 3) {
       build_unit_groups(model);
@@ -282,6 +287,31 @@ struct Engine::Impl {
     init_optimizer_state(g);
   }
 
+  // Every rank starts from rank 0's frozen params and buffers (as DDP);
+  // those of units zero::Init built were synced when the unit was built.
+  void sync_replicated_at_construction(torch::nn::Module& model) {
+    std::unordered_set<const void*> synced;
+    for (const auto& item : model.named_modules("", /*include_self=*/false))
+      if (auto* u = dynamic_cast<UnitBase*>(item.value().get()); u && u->synced_at_init) {
+        for (const auto& p : u->parameters()) synced.insert(p.unsafeGetTensorImpl());
+        for (const auto& b : u->buffers()) synced.insert(b.unsafeGetTensorImpl());
+      }
+    std::vector<at::Tensor> tensors;
+    for (const auto& r : replicated)
+      if (!synced.count(r.tensor.unsafeGetTensorImpl())) tensors.push_back(r.tensor);
+    comm.broadcast_coalesced(dp, tensors, 0, "frozen params and buffers");
+  }
+
+  // DDP's broadcast_buffers, at each step boundary: rank 0's running
+  // statistics (and other buffers forward updated) on every rank.
+  void sync_buffers() {
+    if (!config.broadcast_buffers) return;
+    std::vector<at::Tensor> buffers;
+    for (const auto& r : replicated)
+      if (r.buffer) buffers.push_back(r.tensor);
+    comm.broadcast_coalesced(dp, buffers, 0, "buffers");
+  }
+
   void init_optimizer_state(partition::FlatGroup& g) {
     g.exp_avg = at::zeros_like(g.master);
     if (config.optimizer.type != OptimizerType::SGD) g.exp_avg_sq = at::zeros_like(g.master);
@@ -413,8 +443,10 @@ struct Engine::Impl {
     }
   }
 
+  // The end of every boundary step, taken or skipped.
   void finish_step() {
     reducer->zero_grads();
+    sync_buffers();
     ++micro_steps;
   }
 

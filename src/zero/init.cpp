@@ -41,6 +41,14 @@ Init::~Init() {
 
 void Init::shard(UnitBase& unit) {
   at::NoGradGuard no_grad;
+  // Frozen params and buffers stay whole (replicated); all ranks take rank 0's.
+  std::vector<at::Tensor> replicated;
+  for (const auto& p : unit.parameters(/*recurse=*/true))
+    if (!p.requires_grad()) replicated.push_back(p);
+  for (const auto& b : unit.buffers(/*recurse=*/true))
+    if (b.defined()) replicated.push_back(b);
+  comm_.broadcast_coalesced(dp_, replicated, 0, "frozen params and buffers of a unit built under zero::Init");
+  unit.synced_at_init = true;
   auto g = std::make_shared<partition::FlatGroup>();
   std::unordered_set<const void*> seen;
   std::vector<int64_t> numels, indices;

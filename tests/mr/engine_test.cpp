@@ -16,121 +16,14 @@
 #include <fstream>
 #include <optional>
 
-#include "mr.h"
+#include "fixtures.h"
 #include "train/gpt_trainer.h"
 #include "ckpt/checkpoint_dir.h"
 #include "zero/init.h"
 
 namespace {
 
-using zero::Config;
-using zero::test::world;
-using zero::train::GptTrainer;
-
-const zero::data::ByteCorpus& corpus() {
-  static auto c = zero::data::ByteCorpus::load(zero::data::ByteCorpus::default_path());
-  return c;
-}
-
-zero::models::GPTConfig small_gpt() {
-  zero::models::GPTConfig c;
-  c.n_layer = 2;
-  c.d_model = 64;
-  c.n_head = 4;
-  c.seq_len = 32;
-  return c;
-}
-
-struct RunSpec {
-  int stage = 0;
-  int64_t micro = 2;
-  int64_t gas = 1;
-  const char* dtype = "fp32";  // fp32, bf16, fp16
-  double clip = 1.0;
-  bool overlap = true;
-  bool contiguous = true;
-  int64_t bucket = 20000;  // small, so the small GPT spans several groups
-  // Stage 3: small enough that the GPT's blocks are sharded units, and
-  // release after every forward (the classic gather-twice schedule).
-  int64_t persistence = 1000;
-  int64_t reuse_distance = 0;
-  int64_t max_live = 1'000'000'000;
-  int64_t prefetch = 50'000'000;
-};
-
-Config make_config(const RunSpec& s) {
-  nlohmann::json j = {
-      {"train_micro_batch_size_per_gpu", s.micro},
-      {"gradient_accumulation_steps", s.gas},
-      {"gradient_clipping", s.clip},
-      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}}}}},
-      {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 5}, {"warmup_type", "linear"},
-                                                      {"warmup_min_lr", 1e-4}}}}},
-      {"zero_optimization", {{"stage", s.stage}, {"overlap_comm", s.overlap},
-                             {"contiguous_gradients", s.contiguous}, {"reduce_bucket_size", s.bucket},
-                             {"stage3_param_persistence_threshold", s.persistence},
-                             {"stage3_max_reuse_distance", s.reuse_distance},
-                             {"stage3_max_live_parameters", s.max_live},
-                             {"stage3_prefetch_bucket_size", s.prefetch}}}};
-  if (std::string(s.dtype) == "bf16") j["bf16"] = {{"enabled", true}};
-  // A start scale the small model's grads never overflow at, so the fp16
-  // run takes the same steps as fp32 (overflow skips are tested apart).
-  if (std::string(s.dtype) == "fp16") j["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
-  return Config::from_json(j);
-}
-
-std::shared_ptr<zero::comm::Group> dp_group() {
-  static auto g = world().split(world().size(), "dp");
-  return g;
-}
-// A group of this rank alone: the single-process reference runs on it.
-std::shared_ptr<zero::comm::Group> solo_group() {
-  static auto g = world().split(1, "solo");
-  return g;
-}
-
-struct RunResult {
-  std::vector<double> losses;
-  std::map<std::string, at::Tensor> params;  // fp32 copies by name
-};
-
-RunResult train(const RunSpec& s, std::shared_ptr<zero::comm::Group> g, int steps = 20) {
-  GptTrainer t(small_gpt(), make_config(s), corpus(), /*seed=*/7, world().comm(), g);
-  RunResult r;
-  for (int i = 0; i < steps; ++i) r.losses.push_back(t.train_step().loss);
-  r.params = t.engine().full_parameters();
-  return r;
-}
-
-// The reference: one process, the whole global batch as its micro-batch.
-RunResult reference(RunSpec s, int steps = 20) {
-  s.stage = 0;
-  s.micro *= world().size();
-  return train(s, solo_group(), steps);
-}
-
-double max_abs_diff(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double d = 0;
-  for (const auto& [name, t] : a) d = std::max(d, (t - b.at(name)).abs().max().item<double>());
-  return d;
-}
-
-double max_rel_loss_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
-  return d;
-}
-
-// fp32 tolerance: the only difference from the reference is the order of
-// float sums (per-rank partial batch means, then the average across ranks,
-// instead of one mean over the whole batch): ~1e-7 relative per step.
-// Adam normalizes updates, so over 20 steps params drift apart by far less
-// than one lr-sized step (3e-3): 2e-5 absolute bounds it with margin, while
-// any real error (a missing or doubled shard, a wrong scale) moves params
-// by ~lr and losses by >1e-3.
-constexpr double kLossRelTol = 2e-5;
-constexpr double kParamAbsTol = 2e-5;
+using namespace zero::test;
 
 TEST(Parity, StagesMatchSingleProcess) {
   for (int stage : {0, 1, 2, 3}) {
@@ -302,18 +195,6 @@ TEST(Communication, FastPathServesEveryCollectiveOfAStep) {
   }
 }
 
-// One step of a toy model: each rank trains on its 4 rows of a global batch
-// drawn from `seed`; the reference engine (on a group of one) on all of it.
-template <typename Model>
-void step_with_reference(zero::Engine& e, Model& m, zero::Engine& er, Model& ref, uint64_t seed, int64_t features) {
-  at::manual_seed(seed);
-  auto x = at::randn({4 * world().size(), features});
-  e.backward(m.loss(x.narrow(0, 4 * dp_group()->rank(), 4)));
-  e.step();
-  er.backward(ref.loss(x));
-  er.step();
-}
-
 // A module with a param that no forward uses, and an odd total size.
 struct WithUnused : torch::nn::Module {
   WithUnused() {
@@ -385,16 +266,6 @@ struct UnitNet : torch::nn::Module {
   zero::Unit<Scale> d{nullptr};
   at::Tensor head;
 };
-
-// AdamW at lr 0.01 for the toy modules; the reference runs stage 0 with
-// the whole global batch as its micro-batch.
-Config toy_config(int stage, int64_t micro, int64_t persistence = 100000, int64_t prefetch = 50000000) {
-  return Config::from_json({{"train_micro_batch_size_per_gpu", micro},
-                            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
-                            {"zero_optimization", {{"stage", stage},
-                                                   {"stage3_param_persistence_threshold", persistence},
-                                                   {"stage3_prefetch_bucket_size", prefetch}}}});
-}
 
 TEST(Stage3, UnitCasesTrainWithParity) {
   auto cfg = toy_config(3, 4, 20);
@@ -795,17 +666,6 @@ std::pair<std::map<std::string, at::Tensor>, int64_t> run_chunks(int stage, int 
   return {e.full_parameters(), rs_calls};
 }
 
-// `fn` throws an E whose message contains `part`.
-template <typename E = std::exception, typename Fn>
-void expect_error(Fn&& fn, const std::string& part) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error, expected one saying: " << part;
-  } catch (const E& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
-
 TEST(MultipleBackward, CoalescedReductionMatchesSeparateOnes) {
   for (int stage : {1, 2, 3})
     for (bool overlap : {true, false})
@@ -914,17 +774,6 @@ TEST(MultipleBackward, CoalesceMisuseIsAnError) {
 
 // ---- checkpoints ---------------------------------------------------------------
 
-// A directory every rank of this job names alike (zero-run sets ZERO_JOB_ID).
-std::string ckpt_dir(const std::string& name) {
-  const char* job = std::getenv("ZERO_JOB_ID");
-  return std::string("/tmp/zero-test-ckpt-") + (job ? job : "local") + "-" + name;
-}
-
-void remove_dir(const std::string& dir) {
-  world().comm().barrier(world().group())->wait();
-  if (world().rank() == 0) std::filesystem::remove_all(dir);
-}
-
 // Save at step 3, load into a fresh engine, steps 4..6: losses and params
 // bit for bit those of an uninterrupted run (data order, LR schedule, Adam
 // moments, loss scale all restored).
@@ -952,18 +801,6 @@ TEST(Checkpoint, ResumeIsExact) {
       EXPECT_EQ(max_abs_diff(resumed.engine().full_parameters(), full.engine().full_parameters()), 0.0);
       remove_dir(dir);
     }
-}
-
-// A group of ranks 0..n-1 of the world (null on the others); cached, as
-// creating one is collective.
-std::shared_ptr<zero::comm::Group> first_ranks(int n) {
-  static std::map<int, std::shared_ptr<zero::comm::Group>> cache;
-  if (!cache.count(n)) {
-    std::vector<int> ranks(n);
-    for (int i = 0; i < n; ++i) ranks[i] = i;
-    cache[n] = world().new_group(ranks, "first" + std::to_string(n));
-  }
-  return cache[n];
 }
 
 // Saved by `from` at stage_from, loaded by `to` at stage_to (groups may be

@@ -1,0 +1,223 @@
+// What users' own models do that the bundled GPT does not: stock torch::nn
+// layers, frozen parts, buffers (BatchNorm), weights shared or used twice,
+// and ranks that disagree. Each test holds the engine to an oracle -- a
+// single-process reference, rank 0's own values, a local replay -- and each
+// failed on the code before the fix it guards.
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/linear.h>
+
+#include "ckpt/checkpoint_dir.h"
+#include "fixtures.h"
+#include "zero/init.h"
+#include "zero/unit.h"
+
+namespace {
+
+using namespace zero::test;
+
+// Every rank's copy of `t`, stacked: row q is rank q's.
+at::Tensor gather_from_all(const at::Tensor& t) {
+  const auto& g = *dp_group();
+  auto flat = t.detach().reshape(-1).contiguous();
+  auto all = at::empty({g.size() * flat.numel()}, flat.options());
+  world().comm().all_gather(g, all, flat)->wait();
+  return all.view({g.size(), flat.numel()});
+}
+
+bool same_on_all_ranks(const at::Tensor& t) {
+  auto all = gather_from_all(t);
+  for (int q = 1; q < all.size(0); ++q)
+    if (!all[q].equal(all[0])) return false;
+  return true;
+}
+
+// Every registered tensor (params, frozen or not, and buffers) by name.
+std::map<std::string, at::Tensor> module_state(torch::nn::Module& m) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : m.named_parameters()) out[p.key()] = p.value().detach().clone();
+  for (const auto& b : m.named_buffers()) out[b.key()] = b.value().detach().clone();
+  return out;
+}
+
+// ---- 1. frozen params and buffers ----------------------------------------------
+
+// Stock layers: a frozen Linear backbone, a BatchNorm, a trainable head.
+// `seed` differs per rank in the tests, as it does in users' programs that
+// forget to seed alike; BatchNorm's running mean is set from it too.
+struct FrozenBnNet : torch::nn::Module {
+  explicit FrozenBnNet(uint64_t seed) {
+    at::manual_seed(seed);
+    backbone = register_module("backbone", torch::nn::Linear(8, 16));
+    bn = register_module("bn", torch::nn::BatchNorm1d(16));
+    head = register_module("head", torch::nn::Linear(16, 1));
+    for (auto& p : backbone->parameters()) p.set_requires_grad(false);
+    bn->running_mean.fill_(0.01 * static_cast<double>(seed % 100));
+  }
+  at::Tensor features(const at::Tensor& x) { return backbone->forward(x); }
+  at::Tensor loss(const at::Tensor& x) { return head->forward(torch::relu(bn->forward(features(x)))).pow(2).mean(); }
+  torch::nn::Linear backbone{nullptr}, head{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+
+uint64_t rank_seed() { return 100 + static_cast<uint64_t>(dp_group()->rank()); }
+
+// Ranks seeded differently train rank 0's model: frozen params and buffers
+// are broadcast at construction, as trainable ones always were. (BatchNorm
+// in eval mode, so the single-process reference sees the same statistics.)
+TEST(FrozenAndBuffers, StartFromRankZeroAndTrainWithParity) {
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    FrozenBnNet m(rank_seed()), ref(100);
+    m.bn->eval();
+    ref.bn->eval();
+    zero::Engine e(m, toy_config(stage, 4), world().comm(), dp_group());
+    zero::Engine er(ref, toy_config(0, 4 * world().size()), world().comm(), solo_group());
+    const auto frozen_before = module_state(ref);
+    for (int step = 0; step < 5; ++step) step_with_reference(e, m, er, ref, 600 + step, 8);
+    const auto got = module_state(m), want = module_state(ref);
+    EXPECT_TRUE(got.at("backbone.weight").equal(frozen_before.at("backbone.weight")));
+    EXPECT_TRUE(got.at("bn.running_mean").equal(want.at("bn.running_mean")));
+    EXPECT_LT(max_abs_diff(got, want), 1e-5);
+  }
+}
+
+// In training mode each rank's BatchNorm updates its statistics from its own
+// rows; at each step boundary they become rank 0's (DDP's broadcast_buffers).
+// The oracle replays rank 0's rows (or, with the switch off, this rank's)
+// through a BatchNorm of its own.
+TEST(FrozenAndBuffers, BuffersFollowRankZeroAtEachStep) {
+  for (bool broadcast : {true, false}) {
+    SCOPED_TRACE(broadcast ? "broadcast_buffers" : "broadcast_buffers off");
+    auto j = nlohmann::json{{"train_micro_batch_size_per_gpu", 4},
+                            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                            {"zero_optimization", {{"stage", 2}}},
+                            {"zero_cpp", {{"broadcast_buffers", broadcast}}}};
+    FrozenBnNet m(100);
+    zero::Engine e(m, Config::from_json(j), world().comm(), dp_group());
+    torch::nn::BatchNorm1d shadow(16);
+    {
+      at::NoGradGuard no_grad;
+      shadow->running_mean.copy_(m.bn->running_mean);
+    }
+    const int r = dp_group()->rank();
+    for (int step = 0; step < 3; ++step) {
+      at::manual_seed(700 + step);
+      auto x = at::randn({4 * world().size(), 8});
+      e.backward(m.loss(x.narrow(0, 4 * r, 4)));
+      e.step();
+      at::NoGradGuard no_grad;
+      shadow->forward(m.features(x.narrow(0, broadcast ? 0 : 4 * r, 4)));
+      EXPECT_TRUE(m.bn->running_mean.equal(shadow->running_mean)) << "step " << step;
+      EXPECT_TRUE(m.bn->running_var.equal(shadow->running_var)) << "step " << step;
+      EXPECT_EQ(m.bn->num_batches_tracked.item<int64_t>(), step + 1);
+      if (world().size() > 1) EXPECT_EQ(same_on_all_ranks(m.bn->running_mean), broadcast);
+    }
+  }
+}
+
+// A resumed run keeps its BatchNorm statistics and frozen params (saved by
+// rank 0, restored on every rank) and goes on bit for bit; the consolidated
+// file holds every tensor of the plain model under its name, and
+// load_weights puts them all back.
+TEST(FrozenAndBuffers, CheckpointsConsolidationAndLoadWeightsCarryThem) {
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const auto dir = ckpt_dir("frozen-bn-" + std::to_string(stage));
+    auto run = [&](FrozenBnNet& m, zero::Engine& e, int from, int to) {
+      std::vector<double> losses;
+      for (int step = from; step < to; ++step) {
+        at::manual_seed(800 + step);
+        auto x = at::randn({4 * world().size(), 8}).narrow(0, 4 * dp_group()->rank(), 4);
+        auto loss = m.loss(x);
+        losses.push_back(loss.item<double>());
+        e.backward(loss);
+        e.step();
+      }
+      return losses;
+    };
+    FrozenBnNet full(100);
+    zero::Engine ef(full, toy_config(stage, 4), world().comm(), dp_group());
+    const auto want = run(full, ef, 0, 6);
+    {
+      FrozenBnNet first(100);
+      zero::Engine e1(first, toy_config(stage, 4), world().comm(), dp_group());
+      run(first, e1, 0, 3);
+      e1.save_checkpoint(dir, "step3");
+    }
+    FrozenBnNet resumed(999);  // other weights, other statistics
+    zero::Engine er(resumed, toy_config(stage, 4), world().comm(), dp_group());
+    er.load_checkpoint(dir);
+    EXPECT_EQ(run(resumed, er, 3, 6), std::vector<double>(want.begin() + 3, want.end()));
+    const auto state = module_state(resumed);
+    EXPECT_EQ(max_abs_diff(state, module_state(full)), 0.0);
+
+    const std::string out = dir + "-weights.safetensors";
+    er.save_checkpoint(dir, "final");
+    if (world().rank() == 0) zero::ckpt::consolidate(dir, "", out, "fp32");
+    world().comm().barrier(world().group())->wait();
+    {
+      zero::ckpt::SafetensorsFile f(out);
+      EXPECT_EQ(f.entries().size(), state.size());
+      for (const auto& [name, t] : state) {
+        ASSERT_TRUE(f.has(name)) << name;
+        EXPECT_EQ(f.entry(name).shape, t.sizes().vec()) << name;
+        EXPECT_EQ(std::memcmp(f.data(name), t.contiguous().data_ptr(), t.nbytes()), 0) << name;
+      }
+      EXPECT_EQ(f.entry("bn.num_batches_tracked").dtype, "I64");
+    }
+    FrozenBnNet fresh(555);
+    zero::Engine ew(fresh, toy_config(stage, 4), world().comm(), dp_group());
+    ew.load_weights(out);
+    EXPECT_EQ(max_abs_diff(module_state(fresh), state), 0.0);
+    world().comm().barrier(world().group())->wait();
+    if (world().rank() == 0) std::filesystem::remove(out);
+    remove_dir(dir);
+  }
+}
+
+// A unit built under zero::Init with a frozen part and a BatchNorm: its
+// frozen params and buffers are rank 0's as soon as the unit is built.
+struct BnBlockImpl : torch::nn::Module {
+  BnBlockImpl() {
+    frozen = register_module("frozen", torch::nn::Linear(8, 8));
+    for (auto& p : frozen->parameters()) p.set_requires_grad(false);
+    fc = register_module("fc", torch::nn::Linear(8, 8));
+    bn = register_module("bn", torch::nn::BatchNorm1d(8));
+    bn->running_var.fill_(1.0 + dp_group()->rank());
+  }
+  at::Tensor forward(const at::Tensor& x) { return bn->forward(fc->forward(frozen->forward(x))); }
+  torch::nn::Linear frozen{nullptr}, fc{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(BnBlock);
+
+struct InitNet : torch::nn::Module {
+  InitNet() {
+    block = register_module("block", zero::Unit<BnBlock>());
+    head = register_parameter("head", at::randn({8, 1}));
+  }
+  at::Tensor loss(const at::Tensor& x) { return at::matmul(block->forward(x), head).pow(2).mean(); }
+  zero::Unit<BnBlock> block{nullptr};
+  at::Tensor head;
+};
+
+TEST(FrozenAndBuffers, ZeroInitSyncsThemFromRankZero) {
+  const auto cfg = toy_config(3, 4, 0);
+  at::manual_seed(rank_seed());
+  std::shared_ptr<InitNet> m;
+  {
+    zero::Init init(world().comm(), dp_group(), cfg);
+    m = std::make_shared<InitNet>();
+  }
+  auto& inner = m->block->inner;
+  EXPECT_TRUE(same_on_all_ranks(inner->frozen->weight));
+  EXPECT_TRUE(same_on_all_ranks(inner->bn->running_var));
+  zero::Engine e(*m, cfg, world().comm(), dp_group());
+  e.backward(m->loss(at::randn({4, 8})));
+  e.step();
+  EXPECT_TRUE(same_on_all_ranks(inner->bn->running_mean));
+}
+
+}  // namespace
