@@ -4,12 +4,28 @@
 #include <exception>
 
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
 
 #include "engine/engine_impl.h"
 
 namespace zero {
 
 at::Tensor compute(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); }
+
+// A grad arrived from a backward the engine did not start (loss.backward()):
+// begin one as engine.backward() would, end it when autograd finishes, and
+// scale the grads on their way in by what engine.backward() scales the loss
+// by. fp16 is refused: its loss scale must apply before backward, or small
+// grads underflow in the 16-bit cast before anything could scale them.
+float Engine::Impl::begin_implicit_backward() {
+  if (config.fp16.enabled)
+    throw std::logic_error("zero::Engine: loss.backward() was called directly with fp16 enabled; fp16 needs the "
+                           "loss scaled before backward: call engine.backward(loss) instead");
+  check_state();
+  reducer->begin_backward(reduce_this_backward());
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
+  return static_cast<float>(1.0 / static_cast<double>(batch.gradient_accumulation_steps));
+}
 
 Engine::Engine(torch::nn::Module& model, const Config& config, World& world)
     : impl_(std::make_unique<Impl>(model, config, world.comm(), nullptr, world.group())) {}
@@ -27,10 +43,9 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
     throw std::invalid_argument("zero::Engine::backward: the loss does not require grad (computed under no_grad?)");
   auto& m = *impl_;
   m.check_state();
+  m.recover_if_backward_failed();
   const double gas = static_cast<double>(m.batch.gradient_accumulation_steps);
-  // Stages 2/3 keep only shards of the grads: every backward is reduced,
-  // unless the caller coalesces several into one reduction.
-  m.reducer->begin_backward(!m.coalescing && (m.stage >= 2 || (m.boundary() && !m.no_sync)));
+  m.reducer->begin_backward(m.reduce_this_backward());
   try {
     torch::autograd::backward({loss * (m.scaler.scale() / gas)});
   } catch (...) {
@@ -41,13 +56,13 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
     if (m.stage3) m.stage3->reset_after_error();
     throw;
   }
-  m.reducer->end_backward();
-  if (m.stage3) m.stage3->after_backward();
+  m.end_backward();
   return loss.detach() / gas;
 }
 
 bool Engine::step() {
   impl_->check_state();
+  impl_->recover_if_backward_failed();
   if (impl_->coalescing)
     throw std::logic_error("zero::Engine::step() inside coalesce_grad_reduction(): the grads are reduced when "
                            "the guard ends; leave its scope before stepping");

@@ -102,7 +102,8 @@ struct Engine::Impl {
     check_same_model_on_all_ranks(model, comm, dp);
     replicated = replicated_tensors(model);
     sync_replicated_at_construction(model);
-    ReducerOptions ro{stage, config.zero.overlap_comm(), config.zero.contiguous_gradients, grad_dtype, nullptr};
+    ReducerOptions ro{stage, config.zero.overlap_comm(), config.zero.contiguous_gradients, grad_dtype, nullptr,
+                      [this] { return begin_implicit_backward(); }};
     if (stage == 3) {
       build_unit_groups(model);
       ro.on_group_complete = [this](size_t g) { stage3->on_grads_complete(g); };
@@ -360,6 +361,26 @@ struct Engine::Impl {
 
   bool boundary() const {
     return boundary_override.value_or((micro_steps + 1) % batch.gradient_accumulation_steps == 0);
+  }
+
+  // Stages 2/3 keep only shards of the grads: every backward is reduced,
+  // unless the caller coalesces several into one reduction.
+  bool reduce_this_backward() const { return !coalescing && (stage >= 2 || (boundary() && !no_sync)); }
+
+  // The end of a backward, begun by engine.backward() or by a grad arriving
+  // from a plain loss.backward() (engine.cpp).
+  void end_backward() {
+    reducer->end_backward();
+    if (stage3) stage3->after_backward();
+  }
+  float begin_implicit_backward();
+
+  // A backward that threw inside autograd never reached its end (a plain
+  // loss.backward() has no place to catch it): drop what it left behind.
+  void recover_if_backward_failed() {
+    if (!reducer->in_backward()) return;
+    reducer->abort_backward();
+    if (stage3) stage3->reset_after_error();
   }
 
   // The fp32 grads the optimizer reads for group g (a shard, or all of it in stage 0).

@@ -1,5 +1,6 @@
 #include "zero/grad_reducer.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <torch/csrc/autograd/function.h>
@@ -14,19 +15,22 @@ namespace {
 
 using torch::autograd::variable_list;
 
-// Runs before AccumulateGrad: lets stage 2 point .grad into a freshly
-// allocated group buffer so the grad is accumulated straight into it.
+// Runs before AccumulateGrad: begins a backward the engine did not start,
+// makes room for a grad whose group was already reduced, and lets stage 2
+// point .grad into a freshly allocated group buffer so the grad is
+// accumulated straight into it.
 struct BeforeAccumulate : torch::autograd::FunctionPreHook {
   BeforeAccumulate(std::weak_ptr<GradReducer> r, size_t group) : reducer(std::move(r)), group(group) {}
   variable_list operator()(const variable_list& grads) override {
-    if (auto r = reducer.lock()) r->on_grad_about_to_accumulate(group);
-    return grads;
+    auto r = reducer.lock();
+    if (!r || grads.empty() || !grads[0].defined()) return grads;
+    return {r->on_grad_about_to_accumulate(group, grads[0])};
   }
   std::weak_ptr<GradReducer> reducer;
   size_t group;
 };
 
-// Runs after AccumulateGrad: the param's grad for this backward is complete.
+// Runs after AccumulateGrad: one arrival of the param's grad is in.
 struct AfterAccumulate : torch::autograd::FunctionPostHook {
   AfterAccumulate(std::weak_ptr<GradReducer> r, size_t group, size_t param)
       : reducer(std::move(r)), group(group), param(param) {}
@@ -44,6 +48,8 @@ GradReducer::GradReducer(std::vector<partition::FlatGroup>& groups, comm::Comm& 
                          ReducerOptions opts)
     : groups_(groups), comm_(comm), dp_(dp), opts_(opts), state_(groups.size()) {
   for (auto& g : groups_) {
+    expected_.emplace_back(g.params.size(), 1);
+    arrived_.emplace_back(g.params.size(), 0);
     if (opts_.stage <= 1) {
       g.grad_flat = memory::zeros_flat(g.layout.padded_numel, opts_.grad_dtype);
       g.attach_grads();
@@ -63,8 +69,7 @@ void GradReducer::install_hooks() {
   for (size_t gi = 0; gi < groups_.size(); ++gi)
     for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
       auto acc = torch::autograd::impl::grad_accumulator(groups_[gi].params[pi]);
-      if (opts_.stage >= 2 && opts_.contiguous_gradients)
-        acc->add_pre_hook(std::make_unique<BeforeAccumulate>(self, gi));
+      acc->add_pre_hook(std::make_unique<BeforeAccumulate>(self, gi));
       acc->add_post_hook(std::make_unique<AfterAccumulate>(self, gi, pi));
       grad_accumulators_.push_back(std::move(acc));
     }
@@ -74,8 +79,17 @@ void GradReducer::begin_backward(bool reduce) {
   if (flat_reduced_) restart_after_reduction();
   active_ = true;
   reduce_ = reduce;
+  grad_scale_ = 1.0f;
   next_launch_ = 0;
-  for (size_t i = 0; i < groups_.size(); ++i) state_[i] = {static_cast<int64_t>(groups_[i].params.size()), false, nullptr, {}};
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    auto& s = state_[i];
+    s.pending = 0;
+    for (int n : expected_[i]) s.pending += n;
+    s.launched = s.late = false;
+    s.work = nullptr;
+    s.partial = at::Tensor();
+    std::fill(arrived_[i].begin(), arrived_[i].end(), 0);
+  }
   if (opts_.stage <= 1)  // re-point .grad at the buffers in case user code cleared them
     for (auto& g : groups_)
       if (!g.params.front().grad().defined()) g.attach_grads();
@@ -84,11 +98,14 @@ void GradReducer::begin_backward(bool reduce) {
 void GradReducer::restart_after_reduction() {
   // Rare (several reductions in one step), so the fp32 in-place shard is
   // only copied out here, never on the common one-reduction path.
-  for (auto& g : groups_) {
-    if (g.grad_shard.is_alias_of(g.grad_flat)) g.grad_shard = g.grad_shard.clone();
-    g.grad_flat.zero_();
-  }
+  for (size_t i = 0; i < groups_.size(); ++i) restart_group(i);
   flat_reduced_ = false;
+}
+
+void GradReducer::restart_group(size_t i) {
+  auto& g = groups_[i];
+  if (g.grad_shard.is_alias_of(g.grad_flat)) g.grad_shard = g.grad_shard.clone();
+  g.grad_flat.zero_();
 }
 
 void GradReducer::ensure_grad_buffer(partition::FlatGroup& g) {
@@ -97,12 +114,33 @@ void GradReducer::ensure_grad_buffer(partition::FlatGroup& g) {
   if (opts_.contiguous_gradients) g.attach_grads();
 }
 
-void GradReducer::on_grad_about_to_accumulate(size_t group) {
-  if (active_) ensure_grad_buffer(groups_[group]);
+at::Tensor GradReducer::on_grad_about_to_accumulate(size_t group, const at::Tensor& grad) {
+  if (!active_) {
+    if (!opts_.begin_implicit_backward)
+      throw std::logic_error("zero::Engine: a grad arrived outside engine.backward()");
+    grad_scale_ = opts_.begin_implicit_backward();  // calls begin_backward()
+  }
+  if (state_[group].launched) reopen(group);
+  if (opts_.stage >= 2 && opts_.contiguous_gradients) ensure_grad_buffer(groups_[group]);
+  return grad_scale_ == 1.0f ? grad : grad * grad_scale_;
+}
+
+void GradReducer::reopen(size_t i) {
+  auto& s = state_[i];
+  if (s.work) {
+    in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), i));
+    finish(i);  // stages 2/3: drops the full buffer; the next grad gets a fresh one
+  }
+  s.launched = false;
+  s.late = true;
+  // Stage 1 reduced in place: keep the shard, start the buffer over. Stage 0's
+  // averaged grads A stay: the late ones add on top, and averaging A + b
+  // again gives A + avg(b), as A is the same on every rank.
+  if (opts_.stage == 1) restart_group(i);
 }
 
 void GradReducer::on_grad_accumulated(size_t group, size_t param) {
-  if (!active_) return;
+  if (!active_) throw std::logic_error("zero::Engine: a grad was accumulated outside any backward");
   auto& g = groups_[group];
   if (opts_.stage >= 2 && !opts_.contiguous_gradients) {
     // The grad arrived as its own tensor: copy it into the group buffer and drop it.
@@ -112,7 +150,9 @@ void GradReducer::on_grad_accumulated(size_t group, size_t param) {
     g.grad_flat.narrow(0, slot.offset, slot.numel).add_(grad.reshape(-1));
     grad = at::Tensor();
   }
-  if (--state_[group].pending == 0) {
+  auto& s = state_[group];
+  if (++arrived_[group][param] <= expected_[group][param]) --s.pending;
+  if (s.pending == 0) {
     if (opts_.on_group_complete) opts_.on_group_complete(group);
     if (opts_.overlap_comm && reduce_) launch_ready_in_order();
   }
@@ -140,14 +180,15 @@ void GradReducer::launch(size_t i) {
   s.launched = true;
   switch (opts_.stage) {
     case 0:
-      s.work = comm_.all_reduce(dp_, g.grad_flat, comm::ReduceOp::Avg);
+      s.work = comm_.all_reduce(dp_, g.grad_flat, comm::ReduceOp::Avg, "grads");
       break;
     default: {
       ensure_grad_buffer(g);  // stages 2/3: a group none of whose params got a grad still takes part
       // A later reduction in the same step lands apart and is added in finish().
-      if (!shard_fresh_) s.partial = at::empty_like(g.grad_shard);
-      at::Tensor out = shard_fresh_ ? g.grad_shard : s.partial;
-      s.work = comm_.reduce_scatter(dp_, out, g.grad_flat, comm::ReduceOp::Avg);
+      if (!s.shard_fresh) s.partial = at::empty_like(g.grad_shard);
+      at::Tensor out = s.shard_fresh ? g.grad_shard : s.partial;
+      s.work = comm_.reduce_scatter(dp_, out, g.grad_flat, comm::ReduceOp::Avg, "grads");
+      s.shard_fresh = false;
     }
   }
   in_flight_.push_back(i);
@@ -169,14 +210,38 @@ void GradReducer::finish(size_t i) {
 
 void GradReducer::end_backward() {
   active_ = false;
-  if (reduce_) reduce_remaining();
-  else unreduced_ = true;
+  for (size_t i = 0; i < groups_.size(); ++i)
+    for (size_t p = 0; p < expected_[i].size(); ++p)
+      if (arrived_[i][p] > 0) expected_[i][p] = arrived_[i][p];  // unused this time: keep the count
+  if (!reduce_) {
+    unreduced_ = true;
+    return;
+  }
+  reduce_remaining();
+  // Only early launches (overlap) can be overtaken by a later grad.
+  if (opts_.overlap_comm) reduce_late_groups();
+}
+
+void GradReducer::reduce_late_groups() {
+  auto late = at::zeros({static_cast<int64_t>(groups_.size())}, at::kFloat);
+  for (size_t i = 0; i < groups_.size(); ++i)
+    if (state_[i].late) late[static_cast<int64_t>(i)] = 1.0f;
+  comm_.all_reduce(dp_, late, comm::ReduceOp::Sum, "grads that arrived after their group's reduction")->wait();
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    if (late[static_cast<int64_t>(i)].item<float>() == 0.0f) continue;
+    // A rank without late grads here still takes part, adding nothing new.
+    if (!state_[i].late && opts_.stage == 1) restart_group(i);
+    launch(i);
+    retire(false);
+    ++late_reductions_;
+  }
+  retire(true);
 }
 
 void GradReducer::flush() {
   if (active_) throw std::logic_error("GradReducer::flush() during a backward");
   if (flat_reduced_) return;  // stage 1: nothing accumulated since the last reduction
-  for (auto& s : state_) s = {};
+  for (auto& s : state_) s.launched = s.late = false;
   next_launch_ = 0;
   reduce_remaining();
 }
@@ -188,7 +253,6 @@ void GradReducer::reduce_remaining() {
   }
   next_launch_ = groups_.size();
   retire(true);
-  shard_fresh_ = false;
   unreduced_ = false;
   if (opts_.stage == 1) flat_reduced_ = true;
 }
@@ -235,7 +299,7 @@ void GradReducer::zero_grads() {
   // to it; zeroed too, so a step with no backward in between applies nothing.
   if (opts_.stage >= 2)
     for (auto& g : groups_) g.grad_shard.zero_();
-  shard_fresh_ = true;
+  for (auto& s : state_) s.shard_fresh = true;
   flat_reduced_ = false;
   unreduced_ = false;
 }

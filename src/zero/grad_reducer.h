@@ -2,12 +2,24 @@
 // as stage 2 does).
 //
 // Hooks on each param's AccumulateGrad node count, per flat group, the
-// params whose grads are complete in this backward. A group whose count
-// reaches zero is ready; ready groups are launched strictly in group order
-// (groups are in reverse registration order, which is about backward order),
-// so every rank issues the same collectives in the same order even when a
+// grads that arrived in this backward. A group whose expected arrivals are
+// all in is ready; ready groups are launched strictly in group order (groups
+// are in reverse registration order, which is about backward order), so
+// every rank issues the same collectives in the same order even when a
 // rank's unused params make a group ready late. end_backward() launches what
 // is left (groups with unused params), waits, and folds the results.
+//
+// Arrivals per backward. A param's grad usually arrives once per backward,
+// but recompute-style activation checkpointing runs a nested backward per
+// checkpointed piece, so a weight used in two pieces gets two arrivals. Each
+// param's expected count is learned from the previous backward (1 at first).
+// A grad that arrives after its group's reduction was launched (more
+// arrivals than expected) is never lost: the pre-hook waits for that
+// reduction and sets the buffers up to accumulate on top, and at the end of
+// the backward the ranks agree (one small all-reduce, only with
+// overlap_comm) which groups to reduce again, so all issue the same
+// collectives; the second reduction adds to the first. After the first step
+// the learned counts make that rare.
 //
 // A backward that does not reduce (stages 0/1 before the boundary or under
 // no_sync; any stage under coalesce_grad_reduction) leaves its grads in the
@@ -15,6 +27,12 @@
 // reduces everything accumulated in one pass. Reductions add into the
 // shard, so several of them before a step (several backward calls at the
 // boundary) sum as they should.
+//
+// A backward the engine did not start (a plain loss.backward()) is noticed
+// at its first grad: ReducerOptions::begin_implicit_backward lets the engine
+// begin it (and queue its end), and returns the factor the grads are scaled
+// by on their way into the buffers (1 / gradient_accumulation_steps, the
+// scaling engine.backward applies to the loss).
 #pragma once
 
 #include <deque>
@@ -37,8 +55,13 @@ struct ReducerOptions {
   bool contiguous_gradients = true;   // stage 2: grads land directly in the group buffer
   at::ScalarType grad_dtype = at::kFloat;
   // Stage 3: called when all of a group's grads are accumulated in this
-  // backward (its params are no longer needed for it).
+  // backward (its params are no longer needed for it); called again if
+  // more arrive later.
   std::function<void(size_t group)> on_group_complete;
+  // A grad arrived outside any backward begun by the engine (see above).
+  // Must call begin_backward() and may throw (e.g. fp16, which needs the
+  // loss scaled before backward).
+  std::function<float()> begin_implicit_backward;
 };
 
 class GradReducer : public std::enable_shared_from_this<GradReducer> {
@@ -52,6 +75,7 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   // stage 2; at the accumulation boundary in stages 0/1).
   void begin_backward(bool reduce);
   void end_backward();
+  bool in_backward() const { return active_; }
   // Reduces every group's accumulated grads now, outside a backward: the
   // one reduction pass at the end of a coalesce_grad_reduction() scope.
   void flush();
@@ -66,8 +90,14 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   // After an optimizer step: grads start from zero again.
   void zero_grads();
 
-  // Hook entry points.
-  void on_grad_about_to_accumulate(size_t group);
+  // Arrivals each param's grad made per backward, as learned so far.
+  int expected_arrivals(size_t group, size_t param) const { return expected_[group][param]; }
+  // Groups reduced a second time because grads arrived after their
+  // reduction was launched, since construction (for tests).
+  int64_t late_reductions() const { return late_reductions_; }
+
+  // Hook entry points. The first returns the grad to accumulate.
+  at::Tensor on_grad_about_to_accumulate(size_t group, const at::Tensor& grad);
   void on_grad_accumulated(size_t group, size_t param);
 
  private:
@@ -75,8 +105,15 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   // Stage 1, before grads accumulate on top of already-reduced ones: keep
   // the reduced shard apart and restart the full buffer from zero.
   void restart_after_reduction();
+  void restart_group(size_t group);
+  // A grad is about to arrive for a group whose reduction was launched in
+  // this backward: wait for it, and make room for the grads still coming.
+  void reopen(size_t group);
   // Launches the groups not launched yet, in order, and waits for all.
   void reduce_remaining();
+  // With overlap: the ranks agree which groups got grads after their
+  // reduction (on any rank) and reduce those again, in order.
+  void reduce_late_groups();
   void launch_ready_in_order();
   void launch(size_t group);
   void finish(size_t group);
@@ -93,18 +130,23 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;  // keeps hooks alive
 
   struct GroupState {
-    int64_t pending = 0;
-    bool launched = false;
+    int64_t pending = 0;      // expected arrivals still to come in this backward
+    bool launched = false;    // its reduction of this backward is in flight or done
+    bool late = false;        // got grads after that: to be reduced again
+    bool shard_fresh = true;  // grad_shard holds nothing since the last step (reduce straight into it)
     comm::WorkHandle work;
-    at::Tensor partial;  // stage 2: this backward's reduced shard, to add into grad_shard
+    at::Tensor partial;  // a later reduction's shard, to add into grad_shard
   };
   std::vector<GroupState> state_;
+  std::vector<std::vector<int>> expected_;  // per group and param: arrivals per backward (learned)
+  std::vector<std::vector<int>> arrived_;   // ... in this backward
   bool active_ = false;
   bool reduce_ = false;
-  bool shard_fresh_ = true;   // grad_shard holds nothing yet (reduce straight into it)
+  float grad_scale_ = 1.0f;    // applied to arriving grads (implicit backward only)
   bool unreduced_ = false;
   bool flat_reduced_ = false;  // stage 1: grad_flat's contents are already in grad_shard
   size_t next_launch_ = 0;
+  int64_t late_reductions_ = 0;
   std::deque<size_t> in_flight_;  // launched, not finished, in launch order
 };
 

@@ -14,9 +14,12 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include "mr.h"
 #include "train/gpt_trainer.h"
+#include "zero/unit.h"
 
 namespace zero::test {
 
@@ -184,5 +187,61 @@ inline std::shared_ptr<zero::comm::Group> first_ranks(int n) {
   }
   return cache[n];
 }
+
+// ---- toy models -----------------------------------------------------------------
+
+// A module with a param that no forward uses, and an odd total size.
+struct WithUnused : torch::nn::Module {
+  WithUnused() {
+    at::manual_seed(3);
+    used = register_parameter("used", at::randn({13, 7}));
+    unused = register_parameter("unused", at::randn({5}));
+    bias = register_parameter("bias", at::randn({7}));
+  }
+  at::Tensor loss(const at::Tensor& x) {
+    return (at::matmul(x, zero::compute(used)) + zero::compute(bias)).pow(2).mean();
+  }
+  at::Tensor used, unused, bias;
+};
+
+// Stage-3 unit cases: a unit called twice in one forward, a param shared by
+// two units (it moves to the root), a unit with an unused param, and a
+// persistent (small) unit.
+struct LinImpl : torch::nn::Module {
+  LinImpl(at::Tensor weight, bool with_unused) {
+    w = register_parameter("w", weight);
+    if (with_unused) register_parameter("unused", at::randn({3}));
+  }
+  at::Tensor forward(const at::Tensor& x) { return at::tanh(at::matmul(x, zero::compute(w))); }
+  at::Tensor w;
+};
+TORCH_MODULE(Lin);
+
+struct ScaleImpl : torch::nn::Module {
+  ScaleImpl() { s = register_parameter("s", at::ones({8})); }
+  at::Tensor forward(const at::Tensor& x) { return x * zero::compute(s); }
+  at::Tensor s;
+};
+TORCH_MODULE(Scale);
+
+struct UnitNet : torch::nn::Module {
+  UnitNet() {
+    at::manual_seed(5);
+    auto shared = at::randn({8, 8}) * 0.5;
+    a = register_module("a", zero::Unit<Lin>(at::randn({8, 8}) * 0.5, true));
+    b = register_module("b", zero::Unit<Lin>(shared, false));
+    c = register_module("c", zero::Unit<Lin>(shared, false));
+    d = register_module("d", zero::Unit<Scale>());
+    head = register_parameter("head", at::randn({8, 1}));
+  }
+  at::Tensor loss(const at::Tensor& x) {
+    auto h = a->forward(a->forward(x));  // called twice
+    h = d->forward(c->forward(b->forward(h)));
+    return at::matmul(h, zero::compute(head)).pow(2).mean();
+  }
+  zero::Unit<Lin> a{nullptr}, b{nullptr}, c{nullptr};
+  zero::Unit<Scale> d{nullptr};
+  at::Tensor head;
+};
 
 }  // namespace zero::test

@@ -3,7 +3,11 @@
 // and ranks that disagree. Each test holds the engine to an oracle -- a
 // single-process reference, rank 0's own values, a local replay -- and each
 // failed on the code before the fix it guards.
+#include <functional>
+
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/linear.h>
@@ -218,6 +222,148 @@ TEST(FrozenAndBuffers, ZeroInitSyncsThemFromRankZero) {
   e.backward(m->loss(at::randn({4, 8})));
   e.step();
   EXPECT_TRUE(same_on_all_ranks(inner->bn->running_mean));
+}
+
+// ---- 2. a grad that arrives twice in one backward ------------------------------
+
+using Piece = std::function<at::Tensor(const at::Tensor&)>;
+
+// Recompute-style activation checkpointing, as torch.utils.checkpoint's
+// reentrant variant (the C++ frontend has none): forward runs the piece
+// without keeping its graph; backward runs it again with grad and
+// backpropagates through it in a nested backward, where the params it uses
+// get their grads -- a weight used in two pieces gets two.
+struct Recompute : torch::autograd::Function<Recompute> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x, int64_t piece) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["piece"] = piece;
+    return (*reinterpret_cast<const Piece*>(piece))(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    const auto* piece = reinterpret_cast<const Piece*>(ctx->saved_data["piece"].toInt());
+    at::Tensor y;
+    {
+      at::AutoGradMode grad(true);
+      y = (*piece)(x);
+    }
+    torch::autograd::backward({y}, {grad_out[0]});
+    return {x.grad(), at::Tensor()};
+  }
+};
+
+// `shared` is used in both checkpointed pieces (at stage 3 it is a unit of
+// its own, gathered again for each recompute); the rest is plain.
+struct RecomputeNet : torch::nn::Module {
+  explicit RecomputeNet(bool checkpoint) : checkpoint(checkpoint) {
+    at::manual_seed(21);
+    in = register_module("in", torch::nn::Linear(8, 8));
+    shared = register_module("shared", zero::Unit<torch::nn::Linear>(8, 8));
+    b = register_module("b", torch::nn::Linear(8, 8));
+    head = register_module("head", torch::nn::Linear(8, 1));
+    first = [this](const at::Tensor& h) { return at::tanh(shared->forward(h)); };
+    second = [this](const at::Tensor& h) { return at::tanh(b->forward(shared->forward(h))); };
+  }
+  at::Tensor run(const Piece& p, const at::Tensor& h) {
+    return checkpoint ? Recompute::apply(h, reinterpret_cast<int64_t>(&p)) : p(h);
+  }
+  at::Tensor loss(const at::Tensor& x) { return head->forward(run(second, run(first, in->forward(x)))).pow(2).mean(); }
+  bool checkpoint;
+  torch::nn::Linear in{nullptr}, b{nullptr}, head{nullptr};
+  zero::Unit<torch::nn::Linear> shared{nullptr};
+  Piece first, second;
+};
+
+// Grads equal the same model's without checkpointing, at every stage, with
+// overlap on and off. The first backward learns that `shared` gets two
+// arrivals (its group was reduced at the first and is reduced again);
+// later steps issue exactly the plain model's collectives.
+TEST(RepeatedGrads, RecomputedPiecesSharingAWeightMatchThePlainModel) {
+  for (int stage : {0, 1, 2, 3})
+    for (bool overlap : {false, true}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + (overlap ? " overlap" : ""));
+      auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                    {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                                    {"zero_optimization", {{"stage", stage}, {"overlap_comm", overlap},
+                                                           {"reduce_bucket_size", 100},
+                                                           {"stage3_param_persistence_threshold", 0}}}});
+      std::map<std::string, at::Tensor> params[2];
+      zero::comm::OpCounts later_steps[2];
+      for (bool checkpoint : {false, true}) {
+        RecomputeNet m(checkpoint);
+        zero::Engine e(m, cfg, world().comm(), dp_group());
+        for (int step = 0; step < 4; ++step) {
+          at::manual_seed(1000 + step);
+          auto x = at::randn({4 * world().size(), 8}).narrow(0, 4 * dp_group()->rank(), 4);
+          const auto before = world().comm().counters().totals();
+          e.backward(m.loss(x));
+          e.step();
+          if (step >= 1)
+            for (auto& [op, c] : zero::comm::diff(world().comm().counters().totals(), before))
+              later_steps[checkpoint][op] += c;
+        }
+        params[checkpoint] = e.full_parameters();
+      }
+      EXPECT_LT(max_abs_diff(params[1], params[0]), 1e-6);
+      for (const char* op : {"all_reduce", "reduce_scatter", "allgather"}) {
+        const auto calls = [&](int k) {
+          return later_steps[k].count(op) ? later_steps[k].at(op).calls : int64_t{0};
+        };
+        // Stage 3 gathers `shared` again for each recompute: more allgathers, by design.
+        if (!(stage == 3 && std::string(op) == "allgather")) EXPECT_EQ(calls(1), calls(0)) << op;
+      }
+    }
+}
+
+// ---- 7. a plain loss.backward() --------------------------------------------------
+
+// loss.backward() instead of engine.backward(loss): the engine notices the
+// first grad, scales grads by 1 / gradient_accumulation_steps on their way
+// in (what engine.backward does to the loss) and reduces as usual -- bit for
+// bit the same as engine.backward with 2 accumulation steps (a power of two:
+// the scaling is exact either way).
+TEST(PlainBackward, EqualsEngineBackwardAtEveryStage) {
+  for (const char* dtype : {"fp32", "bf16"})
+    for (int stage : {0, 1, 2, 3}) {
+      SCOPED_TRACE(std::string(dtype) + " stage " + std::to_string(stage));
+      nlohmann::json j = {{"train_micro_batch_size_per_gpu", 4},
+                          {"gradient_accumulation_steps", 2},
+                          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                          {"zero_optimization", {{"stage", stage}, {"stage3_param_persistence_threshold", 0}}}};
+      if (std::string(dtype) == "bf16") j["bf16"] = {{"enabled", true}};
+      std::map<std::string, at::Tensor> params[2];
+      for (bool plain : {false, true}) {
+        UnitNet m;
+        zero::Engine e(m, Config::from_json(j), world().comm(), dp_group());
+        for (int micro = 0; micro < 6; ++micro) {
+          at::manual_seed(1100 + micro);
+          auto loss = m.loss(at::randn({4 * world().size(), 8}).narrow(0, 4 * dp_group()->rank(), 4));
+          if (plain) loss.backward();
+          else e.backward(loss);
+          e.step();
+        }
+        EXPECT_EQ(e.global_steps(), 3);
+        params[plain] = e.full_parameters();
+      }
+      EXPECT_EQ(max_abs_diff(params[1], params[0]), 0.0);
+    }
+}
+
+// fp16 needs its loss scaled before backward, which only engine.backward
+// can do: a plain backward is refused on every rank, naming the fix, and
+// the engine trains on.
+TEST(PlainBackward, Fp16IsRefusedWithTheFix) {
+  auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                {"fp16", {{"enabled", true}, {"initial_scale_power", 8}}},
+                                {"optimizer", {{"type", "AdamW"}}},
+                                {"zero_optimization", {{"stage", 2}}}});
+  WithUnused m;
+  zero::Engine e(m, cfg, world().comm(), dp_group());
+  auto x = at::randn({4, 13});
+  expect_error([&] { m.loss(x).backward(); }, "call engine.backward(loss)");
+  e.backward(m.loss(x));
+  EXPECT_TRUE(e.step());
 }
 
 }  // namespace
