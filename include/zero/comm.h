@@ -30,6 +30,13 @@ class CommError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The ranks of a group issued different collectives (op, size, dtype or
+// label; see Signature): raised on every rank, naming both sides.
+class CollectiveMismatch : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 enum class ReduceOp { Sum, Avg };
 
 // Completion handle of an asynchronous collective.

@@ -24,7 +24,9 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -146,9 +148,59 @@ class Engine {
   // Stage 3: padded elements of the groups that stay gathered (root unit and
   // units under stage3_param_persistence_threshold); 0 otherwise.
   int64_t persistent_params() const;
-  // Every trainable param in fp32 by name (a copy). Under stage 3 this
-  // gathers each unit in turn: every rank must call it.
+  // Every trainable param in fp32 by name (a copy of the param's value).
+  // Under stage 3 this gathers each unit in turn: every rank must call it.
   std::map<std::string, at::Tensor> full_parameters();
+
+  // Full params outside forward and backward, at any stage (DeepSpeed's
+  // GatheredParameters, FSDP2's unshard()). While the guard lives, `params`
+  // (every trainable param when empty) hold their full values on every
+  // rank -- at stage 3 their units are gathered and kept -- so code may
+  // read them, print them or run evaluation with them. With
+  // `modifier_rank`, the changes that rank makes to them are written back
+  // when the guard finishes: broadcast to every rank, into the fp32 master
+  // weights the optimizer updates (16-bit params: only the elements that
+  // changed), and at stage 3 into the shards. Frozen params and buffers may
+  // be passed too (broadcast likewise). Every rank creates and finishes the
+  // guard alike (collective); backward and step() inside it are errors.
+  // Outside such a scope, at stage 3, a unit's param may be used only
+  // inside its unit's forward and backward: any other read or write stops
+  // the process with a message naming the param.
+  class GatheredParameters {
+   public:
+    GatheredParameters(Engine& e, std::vector<at::Tensor> params, std::optional<int> modifier_rank);
+    // Writes back and releases (collective). Called by the destructor if
+    // not called before, unless the scope is left by an exception (the
+    // peers may not be there): then the units are released, nothing is
+    // written back, and no collective is issued.
+    void finish();
+    ~GatheredParameters() noexcept(false);
+    GatheredParameters(const GatheredParameters&) = delete;
+    GatheredParameters& operator=(const GatheredParameters&) = delete;
+
+   private:
+    Engine& engine_;
+    std::vector<size_t> groups_;          // flat groups holding the params
+    std::vector<at::Tensor> replicated_;  // frozen params and buffers passed
+    std::optional<int> modifier_rank_;
+    int uncaught_at_entry_;
+    bool finished_ = false;
+  };
+  GatheredParameters gathered_parameters(std::vector<at::Tensor> params = {},
+                                         std::optional<int> modifier_rank = std::nullopt) {
+    return GatheredParameters(*this, std::move(params), modifier_rank);
+  }
+
+  // The whole model by name, as a plain (unsharded) model registers it:
+  // every trainable param (its fp32 master value, under each name it is
+  // registered by), every frozen param and buffer -- for saving and
+  // evaluation. Every rank must call it; with rank0_only the other ranks
+  // get an empty map (and hold no full copy).
+  std::map<std::string, at::Tensor> state_dict(bool rank0_only = false);
+  // Writes state_dict() as one safetensors file (rank 0 writes, every rank
+  // calls): the same file zero-ckpt consolidate makes from a checkpoint,
+  // readable by load_weights() and any safetensors reader.
+  void save_weights(const std::string& path);
 
   // Checkpoints (every rank calls these; DIR must be one directory all
   // ranks see). save_checkpoint writes this rank's fp32 master weights and

@@ -44,7 +44,7 @@ void agree_on_signature(const Group& g, compat::CollectiveBackend& lane, const S
   const auto* records = reinterpret_cast<const SignatureRecord*>(all.data_ptr());
   const std::string error = describe_disagreement(
       op, g.describe(), records, g.size(), [&](int q) { return "rank " + std::to_string(g.global_ranks()[q]); });
-  if (!error.empty()) throw CommError(error);
+  if (!error.empty()) throw CollectiveMismatch(error);
 }
 
 }  // namespace

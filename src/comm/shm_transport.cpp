@@ -63,6 +63,8 @@ class ShmWork : public Work {
   void wait() override {
     try {
       job_->wait();
+    } catch (const shm::Mismatch& e) {
+      throw CollectiveMismatch(e.what());
     } catch (const std::exception& e) {
       throw CommError(e.what());
     }

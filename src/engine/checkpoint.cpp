@@ -54,45 +54,6 @@ std::vector<std::pair<std::string, at::Tensor>> state_kinds(const partition::Fla
   return k;
 }
 
-// Every rank learns whether any rank failed, so none goes on into a
-// collective its peers will never join; each throws (its own error, or a
-// pointer to the rank that has one). For a load (`wrote_state` given): if it
-// failed after some rank had started overwriting its shards, the engine
-// refuses to train until a load succeeds; a clean failure before any write
-// leaves it as it was.
-void agree_or_throw(Engine::Impl& m, const std::string& what, const std::string& error,
-                    const bool* wrote_state = nullptr) {
-  auto flags = at::tensor({error.empty() ? 0.0 : 1.0, wrote_state && *wrote_state ? 1.0 : 0.0}, at::kDouble);
-  m.comm.all_reduce(m.dp, flags, comm::ReduceOp::Sum)->wait();
-  const bool failed = flags[0].item<double>() > 0;
-  if (wrote_state) {
-    if (!failed) m.state_lost.clear();
-    else if (flags[1].item<double>() > 0) m.state_lost = what;
-  }
-  if (!error.empty()) throw std::runtime_error(error);
-  if (failed) throw std::runtime_error(what + " failed on another rank (see its error)");
-}
-
-// safetensors' name for a dtype, and back.
-const std::vector<std::pair<at::ScalarType, const char*>>& dtype_names() {
-  static const std::vector<std::pair<at::ScalarType, const char*>> names = {
-      {at::kFloat, "F32"}, {at::kDouble, "F64"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"}, {at::kLong, "I64"},
-      {at::kInt, "I32"},   {at::kShort, "I16"},  {at::kChar, "I8"},  {at::kByte, "U8"},       {at::kBool, "BOOL"}};
-  return names;
-}
-
-std::string safetensors_dtype(at::ScalarType t) {
-  for (const auto& [st, name] : dtype_names())
-    if (st == t) return name;
-  throw std::runtime_error(std::string("checkpoints cannot store a tensor of dtype ") + c10::toString(t));
-}
-
-at::ScalarType scalar_type_of(const std::string& name) {
-  for (const auto& [st, n] : dtype_names())
-    if (name == n) return st;
-  throw std::runtime_error("unknown safetensors dtype " + name);
-}
-
 // Copies a frozen param or buffer stored as `dtype` bytes into the module's
 // tensor (converting, e.g., from a bf16 consolidation).
 void copy_replicated(const ReplicatedTensor& r, const std::string& dtype, const char* data) {
@@ -145,9 +106,7 @@ void params_from_masters(Engine::Impl& m) {
   at::NoGradGuard no_grad;
   std::vector<comm::WorkHandle> works;
   for (auto& g : m.groups) {
-    at::Tensor target = m.stage == 0 ? g.param_flat
-                        : m.stage == 3 ? g.param_shard
-                                       : g.own_slot(g.param_flat, m.dp.rank());
+    at::Tensor target = m.shard_destination(g);
     if (target.data_ptr() != g.master.data_ptr()) target.copy_(g.master);  // fp32 aliases; 16-bit rounds as the kernel
     if (m.stage == 1 || m.stage == 2) works.push_back(m.comm.all_gather(m.dp, g.param_flat, target));
   }
@@ -200,6 +159,42 @@ void check_outside_guards(const Engine::Impl& m, const char* what) {
 }
 
 }  // namespace
+
+// Every rank learns whether any rank failed, so none goes on into a
+// collective its peers will never join; each throws (its own error, or a
+// pointer to the rank that has one). For a load (`wrote_state` given): if it
+// failed after some rank had started overwriting its shards, the engine
+// refuses to train until a load succeeds; a clean failure before any write
+// leaves it as it was.
+void agree_or_throw(Engine::Impl& m, const std::string& what, const std::string& error, const bool* wrote_state) {
+  auto flags = at::tensor({error.empty() ? 0.0 : 1.0, wrote_state && *wrote_state ? 1.0 : 0.0}, at::kDouble);
+  m.comm.all_reduce(m.dp, flags, comm::ReduceOp::Sum)->wait();
+  const bool failed = flags[0].item<double>() > 0;
+  if (wrote_state) {
+    if (!failed) m.state_lost.clear();
+    else if (flags[1].item<double>() > 0) m.state_lost = what;
+  }
+  if (!error.empty()) throw std::runtime_error(error);
+  if (failed) throw std::runtime_error(what + " failed on another rank (see its error)");
+}
+
+namespace {
+const std::pair<at::ScalarType, const char*> kDtypeNames[] = {
+    {at::kFloat, "F32"}, {at::kDouble, "F64"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"}, {at::kLong, "I64"},
+    {at::kInt, "I32"},   {at::kShort, "I16"},  {at::kChar, "I8"},  {at::kByte, "U8"},       {at::kBool, "BOOL"}};
+}  // namespace
+
+std::string safetensors_dtype(at::ScalarType t) {
+  for (const auto& [st, name] : kDtypeNames)
+    if (st == t) return name;
+  throw std::runtime_error(std::string("checkpoints cannot store a tensor of dtype ") + c10::toString(t));
+}
+
+at::ScalarType scalar_type_of(const std::string& name) {
+  for (const auto& [st, n] : kDtypeNames)
+    if (name == n) return st;
+  throw std::runtime_error("unknown safetensors dtype " + name);
+}
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const json& client_state) {
   auto& m = *impl_;

@@ -22,6 +22,7 @@ float Engine::Impl::begin_implicit_backward() {
     throw std::logic_error("zero::Engine: loss.backward() was called directly with fp16 enabled; fp16 needs the "
                            "loss scaled before backward: call engine.backward(loss) instead");
   check_state();
+  check_no_gathered_scope("backward (a plain loss.backward())");
   reducer->begin_backward(reduce_this_backward());
   torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
   return static_cast<float>(1.0 / static_cast<double>(batch.gradient_accumulation_steps));
@@ -43,6 +44,7 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
     throw std::invalid_argument("zero::Engine::backward: the loss does not require grad (computed under no_grad?)");
   auto& m = *impl_;
   m.check_state();
+  m.check_no_gathered_scope("backward()");
   m.recover_if_backward_failed();
   const double gas = static_cast<double>(m.batch.gradient_accumulation_steps);
   m.reducer->begin_backward(m.reduce_this_backward());
@@ -62,6 +64,7 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
 
 bool Engine::step() {
   impl_->check_state();
+  impl_->check_no_gathered_scope("step()");
   impl_->recover_if_backward_failed();
   if (impl_->coalescing)
     throw std::logic_error("zero::Engine::step() inside coalesce_grad_reduction(): the grads are reduced when "

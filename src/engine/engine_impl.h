@@ -42,9 +42,7 @@ inline optim::Out16 out16_kind(at::ScalarType t) {
   return t == at::kBFloat16 ? optim::Out16::BF16 : t == at::kHalf ? optim::Out16::FP16 : optim::Out16::None;
 }
 
-inline int64_t storage_bytes(const at::Tensor& t) {
-  return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
-}
+inline int64_t storage_bytes(const at::Tensor& t) { return memory::resident_bytes(t); }
 
 inline bool same_storage(const at::Tensor& a, const at::Tensor& b) {
   return a.defined() && b.defined() && a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
@@ -79,6 +77,10 @@ struct Engine::Impl {
   std::optional<bool> boundary_override;  // set_gradient_accumulation_boundary
   bool no_sync = false;
   bool coalescing = false;  // inside coalesce_grad_reduction()
+  int gathered_scopes = 0;  // gathered_parameters() guards alive
+  // Trainable params registered under more than one name (tied weights):
+  // the other names, for state_dict().
+  std::unordered_map<const void*, std::vector<std::string>> other_names;
   // A load_checkpoint/load_weights failed after some ranks had overwritten
   // their state: training on would mix old and new shards.
   std::string state_lost;
@@ -127,13 +129,17 @@ struct Engine::Impl {
                         "); zero-cpp communicates grads in their accumulation dtype");
   }
 
-  // The model's trainable params in registration order (shared ones once).
-  static void trainable_params(torch::nn::Module& model, std::vector<at::Tensor>& params,
-                               std::vector<std::string>& names) {
+  // The model's trainable params in registration order (shared ones once,
+  // under their first name; the others are kept in other_names).
+  void trainable_params(torch::nn::Module& model, std::vector<at::Tensor>& params, std::vector<std::string>& names) {
     std::unordered_set<const void*> seen;
     for (const auto& item : model.named_parameters(/*recurse=*/true)) {
       const at::Tensor& p = item.value();
-      if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      if (!p.requires_grad()) continue;
+      if (!seen.insert(p.unsafeGetTensorImpl()).second) {
+        other_names[p.unsafeGetTensorImpl()].push_back(item.key());
+        continue;
+      }
       if (p.scalar_type() != at::kFloat)
         throw std::invalid_argument("zero::Engine: param " + item.key() + " is " + c10::toString(p.scalar_type()) +
                                     "; build the model in fp32 (the engine casts to bf16/fp16 as configured)");
@@ -165,6 +171,19 @@ struct Engine::Impl {
     return g;
   }
 
+  // Where the optimizer writes group g's updated shard (in the params'
+  // dtype): the flat params at stage 0, this rank's slot of them at stages
+  // 1/2, the shard kept at rest at stage 3. Same size as g.master.
+  at::Tensor shard_destination(const partition::FlatGroup& g) const {
+    return stage == 0 ? g.param_flat : stage == 3 ? g.param_shard : g.own_slot(g.param_flat, dp.rank());
+  }
+
+  void check_no_gathered_scope(const char* what) const {
+    if (gathered_scopes > 0)
+      throw std::logic_error(std::string("zero::Engine::") + what +
+                             " inside gathered_parameters(): finish the guard (or leave its scope) first");
+  }
+
   // Stage 3: one group per zero::Unit, in reverse registration order (about
   // backward order), then the root unit: params outside every unit or
   // shared by several. The root, and units under the persistence
@@ -185,7 +204,6 @@ struct Engine::Impl {
     if (dynamic_cast<UnitBase*>(&model))
       throw std::invalid_argument("zero::Engine: the root model is itself a zero::Unit; wrap its blocks instead");
     std::vector<std::vector<int64_t>> unit_params(units.size());
-    std::vector<int> owners(params.size(), 0);
     for (size_t u = 0; u < units.size(); ++u) {
       for (const auto& sub : units[u]->modules(/*include_self=*/false))
         if (dynamic_cast<UnitBase*>(sub.get()))
@@ -193,12 +211,26 @@ struct Engine::Impl {
       std::unordered_set<int64_t> mine;
       for (const auto& p : units[u]->parameters(/*recurse=*/true)) {
         auto it = index_of.find(p.unsafeGetTensorImpl());
-        if (it != index_of.end() && mine.insert(it->second).second) {
-          unit_params[u].push_back(it->second);
-          ++owners[it->second];
-        }
+        if (it != index_of.end() && mine.insert(it->second).second) unit_params[u].push_back(it->second);
       }
     }
+    // A param belongs to one unit only if every module it is registered in
+    // lies inside that unit. One registered in several units, or also
+    // outside every unit (a tied LM head registered beside an embedding in a
+    // unit), is used outside its unit's forward, so it belongs to the root,
+    // which outlives all its uses.
+    std::vector<std::set<int>> registered_in(params.size());  // unit index, -1 for outside every unit
+    for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+      auto it = index_of.find(item.value().unsafeGetTensorImpl());
+      if (it == index_of.end()) continue;
+      int owner = -1;
+      for (size_t u = 0; u < units.size() && owner < 0; ++u)
+        if (item.key().rfind(unit_names[u] + ".", 0) == 0) owner = static_cast<int>(u);
+      registered_in[it->second].insert(owner);
+    }
+    std::vector<int> owners(params.size(), 0);
+    for (size_t i = 0; i < params.size(); ++i)
+      owners[i] = registered_in[i].count(-1) ? 0 : static_cast<int>(registered_in[i].size());
     std::vector<int64_t> root;
     for (size_t i = 0; i < params.size(); ++i)
       if (owners[i] != 1) root.push_back(static_cast<int64_t>(i));
@@ -206,12 +238,20 @@ struct Engine::Impl {
     std::vector<size_t> unit_to_group(units.size(), 0);
     std::vector<bool> persistent;
     for (size_t k = units.size(); k-- > 0;) {
-      if (auto pre = std::move(units[k]->sharded_at_init)) {  // built inside zero::Init
+      auto pre = std::move(units[k]->sharded_at_init);
+      if (pre && std::any_of(unit_params[k].begin(), unit_params[k].end(), [&](int64_t i) { return owners[i] != 1; })) {
+        // zero::Init sharded a unit one of whose params turns out to be
+        // shared: gather it back whole and group it afresh (one unit's worth
+        // of memory, once).
+        gather_params(*pre, comm, dp, "params of unit '" + unit_names[k] + "'");
+        pre.reset();
+      }
+      if (pre) {  // built inside zero::Init
         adopt_sharded_at_init(*pre, unit_names[k], index_of, owners, names);
         sharded_at_init_units += 1;
         unit_to_group[k] = groups.size();
         persistent.push_back(pre->layout.numel < config.zero.param_persistence_threshold);
-        if (persistent.back()) Stage3Runtime::fill_from_shards(*pre, comm, dp);
+        if (persistent.back()) gather_params(*pre, comm, dp, "params of unit '" + unit_names[k] + "'");
         num_params += pre->layout.numel;
         groups.push_back(std::move(*pre));
         continue;
@@ -225,7 +265,7 @@ struct Engine::Impl {
       unit_to_group[k] = groups.size();
       persistent.push_back(numel < config.zero.param_persistence_threshold);
       groups.push_back(make_group(params, names, members));
-      if (!persistent.back()) Stage3Runtime::release_storage(groups.back());
+      if (!persistent.back()) partition::release_params(groups.back());
       num_params += numel;
     }
     const size_t root_group = groups.size();
@@ -283,7 +323,7 @@ struct Engine::Impl {
         g.params[i].set_data(low.narrow(0, s.offset, s.numel).view(g.params[i].sizes()));
       }
       g.param_flat = low;
-      Stage3Runtime::release_storage(g);
+      partition::release_params(g);
     }
     init_optimizer_state(g);
   }
@@ -447,8 +487,7 @@ struct Engine::Impl {
     const int64_t n = g.master.numel();
     void* out16 = nullptr;
     const auto kind = out16_kind(param_dtype);
-    if (kind != optim::Out16::None)
-      out16 = (stage == 0 ? g.param_flat : stage == 3 ? g.param_shard : g.own_slot(g.param_flat, dp.rank())).data_ptr();
+    if (kind != optim::Out16::None) out16 = shard_destination(g).data_ptr();
     const auto& o = config.optimizer;
     if (o.type == OptimizerType::SGD) {
       optim::SgdHyper h{static_cast<float>(lr), static_cast<float>(o.momentum), static_cast<float>(o.dampening),
@@ -486,5 +525,13 @@ struct Engine::Impl {
     return b;
   }
 };
+
+// Shared by the engine's checkpoint and weights code (engine/checkpoint.cpp).
+// Every rank learns whether any rank failed and throws (see there).
+void agree_or_throw(Engine::Impl& m, const std::string& what, const std::string& error,
+                    const bool* wrote_state = nullptr);
+// safetensors' name for a dtype ("F32", "I64", ...), and back.
+std::string safetensors_dtype(at::ScalarType t);
+at::ScalarType scalar_type_of(const std::string& safetensors_dtype);
 
 }  // namespace zero

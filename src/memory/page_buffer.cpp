@@ -1,6 +1,7 @@
 #include "memory/page_buffer.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <new>
@@ -9,6 +10,7 @@
 #include <c10/core/Allocator.h>
 
 #include "compat/torch_compat.h"
+#include "memory/release_guard.h"
 
 namespace zero::memory {
 
@@ -17,12 +19,33 @@ namespace {
 struct Mapping {
   void* ptr;
   size_t bytes;
+  bool committed = true;
+  int guard_id = -1;  // its registration in memory/release_guard.h
 };
 
 void unmap(void* ctx) {
   auto* m = static_cast<Mapping*>(ctx);
+  unregister_released_region(m->guard_id);
   munmap(m->ptr, m->bytes);
   delete m;
+}
+
+size_t page_rounded(size_t bytes) {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
+// The mapping behind a page-backed tensor, or null for other storage.
+Mapping* mapping_of(const at::Tensor& t) {
+  if (!t.defined()) return nullptr;
+  const c10::DataPtr& dp = t.storage().data_ptr();
+  return dp.get_deleter() == &unmap ? static_cast<Mapping*>(dp.get_context()) : nullptr;
+}
+
+Mapping& page_mapping(const at::Tensor& t, const char* what) {
+  Mapping* m = mapping_of(t);
+  if (!m) throw std::logic_error(std::string("zero-cpp: ") + what + " needs a page-backed buffer (memory::zeros_flat)");
+  return *m;
 }
 
 class PageAllocator final : public c10::Allocator {
@@ -66,6 +89,42 @@ PageBackedScope::PageBackedScope() : previous_(c10::GetAllocator(c10::DeviceType
 }
 
 PageBackedScope::~PageBackedScope() { c10::SetAllocator(c10::DeviceType::CPU, previous_); }
+
+void release_pages(const at::Tensor& flat) {
+  if (flat.storage().nbytes() == 0) return;
+  Mapping& m = page_mapping(flat, "release_pages");
+  if (!m.committed) return;
+  const size_t len = page_rounded(m.bytes);
+  if (madvise(m.ptr, len, MADV_DONTNEED) != 0 || mprotect(m.ptr, len, PROT_NONE) != 0)
+    throw std::runtime_error(std::string("zero-cpp: releasing a flat buffer failed: ") + std::strerror(errno));
+  m.committed = false;
+}
+
+void restore_pages(const at::Tensor& flat) {
+  if (flat.storage().nbytes() == 0) return;
+  Mapping& m = page_mapping(flat, "restore_pages");
+  if (m.committed) return;
+  if (mprotect(m.ptr, page_rounded(m.bytes), PROT_READ | PROT_WRITE) != 0)
+    throw std::runtime_error(std::string("zero-cpp: restoring a flat buffer failed: ") + std::strerror(errno));
+  m.committed = true;
+}
+
+bool pages_released(const at::Tensor& flat) {
+  const Mapping* m = mapping_of(flat);
+  return m && !m->committed;
+}
+
+int64_t resident_bytes(const at::Tensor& t) {
+  if (!t.defined() || pages_released(t)) return 0;
+  return static_cast<int64_t>(t.storage().nbytes());
+}
+
+void name_released_contents(const at::Tensor& flat, std::vector<NamedRange> ranges, std::string advice) {
+  if (flat.storage().nbytes() == 0) return;
+  Mapping& m = page_mapping(flat, "name_released_contents");
+  unregister_released_region(m.guard_id);
+  m.guard_id = register_released_region(m.ptr, page_rounded(m.bytes), std::move(ranges), std::move(advice));
+}
 
 at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype) {
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);

@@ -12,10 +12,27 @@
 #include <ATen/ATen.h>
 #include <c10/core/Allocator.h>
 
+#include "memory/release_guard.h"
+
 namespace zero::memory {
 
 // A 1-D tensor of `numel` zeros of `dtype` on page-backed storage.
 at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype);
+
+// Stage 3's release and regather of a page-backed buffer: release returns
+// its pages to the OS and makes the range inaccessible; restore makes it
+// accessible again, zero-filled. Its address and storage never change, so
+// params and the tensors autograd saved -- views of it -- see the
+// regathered data, and an access while released faults (see
+// name_released_contents) instead of reading freed or stale memory.
+void release_pages(const at::Tensor& flat);
+void restore_pages(const at::Tensor& flat);
+bool pages_released(const at::Tensor& flat);
+// Bytes of `t`'s storage resident in memory: 0 while its pages are released.
+int64_t resident_bytes(const at::Tensor& t);
+// Names what `flat` holds, for the message a process stops with when it
+// reads or writes the buffer while released (memory/release_guard.h).
+void name_released_contents(const at::Tensor& flat, std::vector<NamedRange> ranges, std::string advice);
 
 // While alive, CPU tensors of at least 64 KiB are page-backed too (smaller
 // ones keep libtorch's allocator). zero::Init uses it so the params of each

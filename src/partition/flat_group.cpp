@@ -28,6 +28,10 @@ void flatten_into_group(FlatGroup& g, at::ScalarType dtype) {
   }
 }
 
+void release_params(const FlatGroup& g) { memory::release_pages(g.param_flat); }
+void restore_params(const FlatGroup& g) { memory::restore_pages(g.param_flat); }
+bool params_released(const FlatGroup& g) { return memory::pages_released(g.param_flat); }
+
 void FlatGroup::attach_grads() const {
   for (size_t i = 0; i < params.size(); ++i)
     params[i].mutable_grad() = param_view(grad_flat, layout.params[i], params[i]);

@@ -37,6 +37,16 @@ struct FlatGroup {
   void detach_grads() const;
 };
 
+// Stage 3: frees the full param buffer's memory at rest, and makes it usable
+// again (zero-filled) before a gather fills it. The buffer keeps its address
+// and storage throughout, so the params (views of it) and the tensors
+// autograd saved see the regathered data, and no version counter moves.
+// While released, an access to it stops the process with a message naming
+// the param (memory/release_guard.h). param_flat must be page-backed.
+void release_params(const FlatGroup& g);
+void restore_params(const FlatGroup& g);
+bool params_released(const FlatGroup& g);
+
 // Moves `params` (the module's own tensors) into one new flat fp32 buffer,
 // one param at a time, each original freed as soon as it is copied: the
 // peak is the model plus this one group, never a second model.

@@ -57,7 +57,7 @@ void Init::shard(UnitBase& unit) {
     if (p.scalar_type() != at::kFloat)
       throw std::invalid_argument("zero::Init: unit params must be built in fp32, got " +
                                   std::string(c10::toString(p.scalar_type())));
-    if (p.numel() > 0 && p.storage().nbytes() == 0)
+    if (memory::pages_released(p))
       throw std::invalid_argument("zero::Init: a param of this unit was already sharded by another unit (shared "
                                   "between units, or a nested unit); build shared params outside zero::Init, "
                                   "where they belong to the root unit");
@@ -74,7 +74,22 @@ void Init::shard(UnitBase& unit) {
   // reusable holes in the heap for the next unit instead of fragments.
   g->param_shard = memory::zeros_flat(g->layout.shard_numel, at::kFloat);
   g->param_shard.copy_(g->own_slot(g->param_flat, dp_.rank()));
-  Stage3Runtime::release_storage(*g);
+  // Until the engine adopts the unit (and names its params in full), an
+  // access to a released param names it relative to its unit.
+  std::vector<memory::NamedRange> ranges;
+  const size_t elem = g->param_flat.element_size();
+  size_t k = 0;
+  std::unordered_set<const void*> named;
+  for (const auto& item : unit.named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad() || !named.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    const auto& slot = g->layout.params[k++];
+    ranges.push_back({static_cast<size_t>(slot.offset) * elem, static_cast<size_t>(slot.numel) * elem,
+                      "stage 3: param '" + item.key() + "' of a unit built under zero::Init"});
+  }
+  memory::name_released_contents(g->param_flat, std::move(ranges),
+                                 "between uses only this rank's shard of it exists; pass the model to its "
+                                 "zero::Engine and read full params inside engine.gathered_parameters(...)");
+  partition::release_params(*g);
   unit.sharded_at_init = std::move(g);
   ++units_sharded_;
 }

@@ -1,17 +1,12 @@
 #include "zero/stage3.h"
 
+#include <algorithm>
+
 #include <ATen/core/grad_mode.h>
-#include <ATen/native/Resize.h>
+
+#include "memory/page_buffer.h"
 
 namespace zero {
-
-namespace {
-
-void resize_storage(const at::Tensor& t, size_t bytes) {
-  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), bytes);
-}
-
-}  // namespace
 
 Stage3Runtime::Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vector<bool> persistent,
                              std::vector<size_t> unit_to_group, std::vector<std::string> unit_names,
@@ -19,19 +14,70 @@ Stage3Runtime::Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vec
     : groups_(groups), persistent_(std::move(persistent)), unit_to_group_(std::move(unit_to_group)),
       unit_names_(std::move(unit_names)), comm_(comm), dp_(dp), opts_(opts), gathered_(persistent_),
       inflight_(groups.size()), in_forward_(groups.size(), 0), awaiting_grads_(groups.size(), false),
-      prefetched_(groups.size(), false) {}
+      prefetched_(groups.size(), false), pinned_(groups.size(), 0), labels_(groups.size()) {
+  // Each gather's label names its unit: ranks whose unit orders diverge get
+  // an error naming both units at the first gather that differs.
+  for (size_t u = 0; u < unit_to_group_.size(); ++u) {
+    auto& label = labels_[unit_to_group_[u]];
+    label += (label.empty() ? "params of unit '" : ", '") + unit_names_[u] + "'";
+  }
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    if (labels_[i].empty()) labels_[i] = "params of the root unit";
+    if (!persistent_[i]) name_released_contents(i);
+  }
+}
 
-void Stage3Runtime::release_storage(partition::FlatGroup& g) { resize_storage(g.param_flat, 0); }
+void Stage3Runtime::name_released_contents(size_t i) {
+  const auto& g = groups_[i];
+  const size_t elem = g.param_flat.element_size();
+  std::vector<memory::NamedRange> ranges;
+  for (size_t p = 0; p < g.params.size(); ++p)
+    ranges.push_back({static_cast<size_t>(g.layout.params[p].offset) * elem,
+                      static_cast<size_t>(g.layout.params[p].numel) * elem,
+                      "stage 3: param '" + g.names[p] + "' (" + labels_[i].substr(10) + ")"});
+  memory::name_released_contents(
+      g.param_flat, std::move(ranges),
+      "between uses only this rank's shard of it exists. Read or change full params inside "
+      "engine.gathered_parameters(...); save them with engine.state_dict() or engine.save_weights(); and a "
+      "param that code outside its unit uses must be registered in that code's module too (it then stays "
+      "gathered). See docs/troubleshooting.md.");
+}
 
-void Stage3Runtime::fill_from_shards(partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp) {
-  resize_storage(g.param_flat, g.layout.padded_numel * g.param_flat.element_size());
-  comm.all_gather(dp, g.param_flat, g.param_shard)->wait();
+void Stage3Runtime::pin(size_t i) {
+  gather(i);
+  ++pinned_[i];
+}
+
+void Stage3Runtime::unpin(size_t i) {
+  if (pinned_[i] > 0 && --pinned_[i] == 0) release(i);
+}
+
+bool Stage3Runtime::any_pinned() const {
+  return std::any_of(pinned_.begin(), pinned_.end(), [](int n) { return n > 0; });
+}
+
+template <typename F>
+void Stage3Runtime::naming_divergence(size_t unit, Phase phase, F&& gathers) {
+  try {
+    gathers();
+  } catch (const comm::CollectiveMismatch& e) {
+    throw comm::CollectiveMismatch(
+        "stage 3: the ranks of " + dp_.describe() + " run their units in different orders (every rank must call "
+        "the same units in the same order); this rank was at use #" + std::to_string(position_ + 1) +
+        " of its step, the " + (phase == Phase::Forward ? "forward" : "backward") + " of unit '" +
+        unit_names_[unit] + "': " + e.what());
+  }
+}
+
+void gather_params(const partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp, const std::string& label) {
+  partition::restore_params(g);
+  comm.all_gather(dp, g.param_flat, g.param_shard, label)->wait();
 }
 
 void Stage3Runtime::start_gather(size_t i) {
   auto& g = groups_[i];
-  resize_storage(g.param_flat, g.layout.padded_numel * g.param_flat.element_size());
-  inflight_[i] = comm_.all_gather(dp_, g.param_flat, g.param_shard);
+  partition::restore_params(g);
+  inflight_[i] = comm_.all_gather(dp_, g.param_flat, g.param_shard, labels_[i]);
   gathered_[i] = true;
   live_ += g.layout.padded_numel;
   if (!in_backward_) peak_live_forward_ = std::max(peak_live_forward_, live_);
@@ -56,46 +102,26 @@ void Stage3Runtime::gather(size_t i) {
 }
 
 void Stage3Runtime::release(size_t i) {
-  if (!gathered_[i] || persistent_[i]) return;
+  if (!gathered_[i] || persistent_[i] || pinned_[i]) return;
   if (inflight_[i]) gather(i);  // never free a buffer a collective is writing
-  release_storage(groups_[i]);
+  partition::release_params(groups_[i]);
   gathered_[i] = false;
   live_ -= groups_[i].layout.padded_numel;
 }
 
-void Stage3Runtime::check_same_unit_on_all_ranks(size_t unit, Phase phase) {
-  // Before each gather of the first step: every rank says which unit it is
-  // about to gather; any difference is an error on all ranks at once.
-  auto mine = at::tensor({static_cast<int64_t>(unit), static_cast<int64_t>(phase)}, at::kLong);
-  auto all = at::empty({2 * dp_.size()}, at::kLong);
-  comm_.all_gather(dp_, all, mine)->wait();
-  auto a = all.accessor<int64_t, 1>();
-  for (int r = 0; r < dp_.size(); ++r) {
-    if (a[2 * r] == a[0] && a[2 * r + 1] == a[1]) continue;
-    auto describe = [&](int rank) {
-      const char* ph = a[2 * rank + 1] == static_cast<int64_t>(Phase::Forward) ? "forward" : "backward";
-      return "rank " + std::to_string(dp_.global_ranks()[rank]) + " runs unit '" +
-             unit_names_[static_cast<size_t>(a[2 * rank])] + "' (" + ph + ")";
-    };
-    throw comm::CommError("stage 3: the ranks of " + dp_.describe() + " run their units in different orders; at use #" +
-                          std::to_string(position_ + 1) + " of the first step " + describe(0) + " but " +
-                          describe(r) + ". Every rank must call the same units in the same order.");
-  }
-}
-
 void Stage3Runtime::use(size_t unit, Phase phase) {
   const size_t g = group_of(unit);
-  step_hash_ = step_hash_ * 1000003u + 2 * unit + static_cast<uint64_t>(phase) + 1;
   if (recording_) {
-    check_same_unit_on_all_ranks(unit, phase);
     trace_.push_back({unit, phase});
   } else if (on_trace_ && (position_ >= trace_.size() || trace_[position_].unit != unit ||
                            trace_[position_].phase != phase)) {
     on_trace_ = false;  // the order changed this step: gather on demand only
   }
-  gather(g);
+  naming_divergence(unit, phase, [&] {
+    gather(g);
+    if (!recording_ && on_trace_) prefetch_after(position_ + 1);
+  });
   ++position_;
-  if (!recording_ && on_trace_) prefetch_after(position_);
 }
 
 void Stage3Runtime::prefetch_after(size_t position) {
@@ -126,7 +152,7 @@ bool Stage3Runtime::reused_soon(size_t unit, size_t position) const {
 void Stage3Runtime::before_forward(size_t unit) {
   if (!at::GradMode::is_enabled()) {
     // Evaluation: gather on demand, outside the recorded training schedule.
-    gather(group_of(unit));
+    naming_divergence(unit, Phase::Forward, [&] { gather(group_of(unit)); });
   } else {
     use(unit, Phase::Forward);
   }
@@ -169,27 +195,10 @@ void Stage3Runtime::after_backward() {
   std::fill(awaiting_grads_.begin(), awaiting_grads_.end(), false);
   std::fill(prefetched_.begin(), prefetched_.end(), false);
   for (size_t i = 0; i < groups_.size(); ++i) release(i);
-  if (!recording_) {
-    // A rank whose order changed after the first step would pair its
-    // gathers with other units' on its peers; say so instead of training on.
-    const uint64_t h = step_hash_;
-    auto mine = at::tensor({static_cast<int64_t>(h & 0xffffffffu), static_cast<int64_t>(h >> 32),
-                            static_cast<int64_t>(position_)}, at::kLong);
-    auto all = at::empty({3 * dp_.size()}, at::kLong);
-    comm_.all_gather(dp_, all, mine)->wait();
-    for (int r = 1; r < dp_.size(); ++r)
-      if (!all.narrow(0, 3 * r, 3).equal(all.narrow(0, 0, 3)))
-        throw comm::CommError("stage 3: the ranks of " + dp_.describe() +
-                              " ran their units in different orders in this step (rank " +
-                              std::to_string(dp_.global_ranks()[r]) + " differs from rank " +
-                              std::to_string(dp_.global_ranks()[0]) +
-                              "); every rank must call the same units in the same order");
-  }
   recording_ = false;
   in_backward_ = false;
   position_ = 0;
   on_trace_ = true;
-  step_hash_ = 0;
 }
 
 void Stage3Runtime::reset_after_error() {
@@ -201,14 +210,14 @@ void Stage3Runtime::reset_after_error() {
   in_backward_ = false;
   position_ = 0;
   on_trace_ = true;
-  step_hash_ = 0;
 }
 
 void Stage3Runtime::after_step() {
   for (size_t i = 0; i < groups_.size(); ++i) release(i);  // no-op for persistent groups
   std::vector<comm::WorkHandle> works;
   for (size_t i = 0; i < groups_.size(); ++i)
-    if (persistent_[i]) works.push_back(comm_.all_gather(dp_, groups_[i].param_flat, groups_[i].param_shard));
+    if (persistent_[i] || pinned_[i])
+      works.push_back(comm_.all_gather(dp_, groups_[i].param_flat, groups_[i].param_shard, labels_[i]));
   for (auto& w : works) w->wait();
 }
 

@@ -15,13 +15,20 @@
 // -- stay gathered and are refreshed from their shards after each step.
 //
 // Schedule. The first step records the order units run in (forward and
-// backward) and, before each of its gathers, checks with the other ranks
-// that they are about to gather the same unit, so a rank whose order differs
-// gets an error naming the unit on every rank instead of a hang. From the
-// second step on, gathers run ahead of use along the recorded order: at most
-// stage3_prefetch_bucket_size elements in flight and stage3_max_live_parameters
-// gathered; a unit whose next use is within stage3_max_reuse_distance
-// elements stays gathered after its forward.
+// backward). From the second step on, gathers run ahead of use along the
+// recorded order: at most stage3_prefetch_bucket_size elements in flight and
+// stage3_max_live_parameters gathered; a unit whose next use is within
+// stage3_max_reuse_distance elements stays gathered after its forward.
+//
+// Every gather is labelled with its unit (comm::Signature), so ranks whose
+// unit orders diverge -- in any step, prefetching or not -- fail at the
+// first gather that differs, on every rank, with an error naming both
+// units, instead of pairing one unit's shards with another's or hanging.
+//
+// A released group's buffer is inaccessible (partition::release_params):
+// code that reads a unit's param outside its forward and backward stops
+// with a message naming the param; engine.gathered_parameters() pins groups
+// gathered for such code.
 #pragma once
 
 #include <string>
@@ -39,17 +46,17 @@ struct Stage3Options {
   int64_t max_reuse_distance = 1'000'000'000;
 };
 
+// Restores a group's full param buffer and fills it from every rank's
+// param_shard (blocking).
+void gather_params(const partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp, const std::string& label);
+
 class Stage3Runtime : public detail::UnitRuntime {
  public:
-  // Non-persistent groups must already be released (release_storage).
+  // Non-persistent groups must already be released (partition::release_params).
   Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vector<bool> persistent,
                 std::vector<size_t> unit_to_group, std::vector<std::string> unit_names, comm::Comm& comm,
                 const comm::Group& dp, Stage3Options opts);
 
-  // Frees a group's full param buffer (its storage keeps its identity).
-  static void release_storage(partition::FlatGroup& g);
-  // Reallocates it and fills it from every rank's param_shard (blocking).
-  static void fill_from_shards(partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp);
 
   void before_forward(size_t unit) override;
   at::Tensor after_forward(size_t unit, const at::Tensor& out) override;
@@ -69,7 +76,11 @@ class Stage3Runtime : public detail::UnitRuntime {
   void reset_after_error();
 
   void gather(size_t group);   // synchronous; waits for a prefetch in flight
-  void release(size_t group);  // no-op for persistent groups
+  void release(size_t group);  // no-op for persistent and pinned groups
+  // Gathered and kept until unpinned (engine.gathered_parameters()); pins nest.
+  void pin(size_t group);
+  void unpin(size_t group);
+  bool any_pinned() const;
   bool gathered(size_t group) const { return gathered_[group]; }
   bool persistent(size_t group) const { return persistent_[group]; }
 
@@ -90,7 +101,11 @@ class Stage3Runtime : public detail::UnitRuntime {
   // elements fit under stage3_max_live_parameters, or none is left.
   void evict_for(int64_t need);
   void use(size_t unit, Phase phase);
-  void check_same_unit_on_all_ranks(size_t unit, Phase phase);
+  // Runs `gathers`; a CollectiveMismatch from them (ranks gathering other
+  // units) is rethrown naming this rank's unit and position.
+  template <typename F>
+  void naming_divergence(size_t unit, Phase phase, F&& gathers);
+  void name_released_contents(size_t group);
   void prefetch_after(size_t position);
   bool reused_soon(size_t unit, size_t position) const;
   size_t group_of(size_t unit) const { return unit_to_group_[unit]; }
@@ -108,6 +123,8 @@ class Stage3Runtime : public detail::UnitRuntime {
   std::vector<int> in_forward_;           // forward calls of the group running now
   std::vector<bool> awaiting_grads_;      // gathered for backward, grads not all in yet
   std::vector<bool> prefetched_;          // gathered ahead of use, not used yet
+  std::vector<int> pinned_;               // gathered_parameters() scopes holding it
+  std::vector<std::string> labels_;       // "params of unit 'h3'": every gather's label
   int64_t live_ = 0;       // elements of non-persistent groups gathered or in flight
   int64_t peak_live_forward_ = 0;
   bool in_backward_ = false;
@@ -116,7 +133,6 @@ class Stage3Runtime : public detail::UnitRuntime {
   std::vector<Use> trace_; // the recorded uses, forward then backward
   size_t position_ = 0;    // uses seen this step
   bool on_trace_ = true;   // this step follows the recorded order so far
-  uint64_t step_hash_ = 0; // this step's uses, checked across ranks at the end of backward
 };
 
 }  // namespace zero

@@ -83,6 +83,15 @@ inline std::shared_ptr<zero::comm::Group> dp_group() {
   return g;
 }
 
+// A new group of all ranks, for tests whose collectives are meant to fail
+// (a shared-memory lane that saw its ranks disagree stays failed).
+inline std::shared_ptr<zero::comm::Group> fresh_dp_group() {
+  static int n = 0;
+  std::vector<int> all(world().size());
+  for (int r = 0; r < world().size(); ++r) all[r] = r;
+  return world().new_group(all, "fresh" + std::to_string(n++));
+}
+
 // A group of this rank alone: the single-process reference runs on it.
 inline std::shared_ptr<zero::comm::Group> solo_group() {
   static auto g = world().split(1, "solo");

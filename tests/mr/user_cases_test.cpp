@@ -3,13 +3,17 @@
 // and ranks that disagree. Each test holds the engine to an oracle -- a
 // single-process reference, rank 0's own values, a local replay -- and each
 // failed on the code before the fix it guards.
+#include <chrono>
+#include <cstdio>
 #include <functional>
+#include <set>
 
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
 #include "ckpt/checkpoint_dir.h"
@@ -314,6 +318,206 @@ TEST(RepeatedGrads, RecomputedPiecesSharingAWeightMatchThePlainModel) {
         if (!(stage == 3 && std::string(op) == "allgather")) EXPECT_EQ(calls(1), calls(0)) << op;
       }
     }
+}
+
+// ---- 3. a weight shared between a unit and code outside it ----------------------
+
+// An embedding in a unit whose weight the LM head, outside every unit, also
+// uses (registered there as "head", as tied weights are).
+struct TiedUnitNet : torch::nn::Module {
+  TiedUnitNet() {
+    at::manual_seed(41);
+    emb = register_module("emb", zero::Unit<torch::nn::Embedding>(16, 8));
+    block = register_module("block", zero::Unit<Lin>(at::randn({8, 8}) * 0.5, false));
+    head = register_parameter("head", emb->inner->weight);
+  }
+  at::Tensor loss(const at::Tensor& tokens) {
+    auto logits = at::linear(block->forward(emb->forward(tokens)), head);
+    return at::cross_entropy_loss(logits.view({-1, 16}), tokens.roll(1, 1).reshape(-1));
+  }
+  zero::Unit<torch::nn::Embedding> emb{nullptr};
+  zero::Unit<Lin> block{nullptr};
+  at::Tensor head;
+};
+
+// The tied weight belongs to the root (which outlives all its uses): stage 3
+// trains with parity to a single process, with or without zero::Init.
+TEST(SharedWeights, TiedAcrossAUnitTrainsWithParity) {
+  for (int stage : {0, 1, 2, 3})
+    for (bool zero_init : {false, true}) {
+      if (zero_init && stage != 3) continue;
+      SCOPED_TRACE("stage " + std::to_string(stage) + (zero_init ? " zero::Init" : ""));
+      const auto cfg = toy_config(stage, 4, 0);
+      std::shared_ptr<TiedUnitNet> m;
+      if (zero_init) {
+        zero::Init init(world().comm(), dp_group(), cfg);
+        m = std::make_shared<TiedUnitNet>();
+      } else {
+        m = std::make_shared<TiedUnitNet>();
+      }
+      TiedUnitNet ref;
+      zero::Engine e(*m, cfg, world().comm(), dp_group());
+      zero::Engine er(ref, toy_config(0, 4 * world().size()), world().comm(), solo_group());
+      for (int step = 0; step < 4; ++step) {
+        at::manual_seed(1200 + step);
+        auto tokens = at::randint(16, {4 * world().size(), 6}, at::kLong);
+        e.backward(m->loss(tokens.narrow(0, 4 * dp_group()->rank(), 4)));
+        e.step();
+        er.backward(ref.loss(tokens));
+        er.step();
+      }
+      EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
+    }
+}
+
+// ---- 6. stage 3: params outside their unit's forward ------------------------------
+
+// Read, modify and write back: the modifier rank's values land in every
+// rank's params and in the fp32 masters (16-bit params: only the elements
+// that changed, so the others keep their fp32 bits), and training goes on
+// as in a single process given the same change.
+TEST(GatheredParameters, ReadModifyAndWriteBackAtEveryStage) {
+  for (const char* dtype : {"fp32", "bf16"})
+    for (int stage : {0, 1, 2, 3}) {
+      SCOPED_TRACE(std::string(dtype) + " stage " + std::to_string(stage));
+      auto config = [&](int st, int64_t micro) {
+        nlohmann::json j = {{"train_micro_batch_size_per_gpu", micro},
+                            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                            {"zero_optimization", {{"stage", st}, {"stage3_param_persistence_threshold", 0}}}};
+        if (std::string(dtype) == "bf16") j["bf16"] = {{"enabled", true}};
+        return Config::from_json(j);
+      };
+      UnitNet m, ref;
+      zero::Engine e(m, config(stage, 4), world().comm(), dp_group());
+      zero::Engine er(ref, config(0, 4 * world().size()), world().comm(), solo_group());
+      step_with_reference(e, m, er, ref, 1300, 8);
+      const auto before = e.state_dict();
+      const int modifier = world().size() - 1;
+      {
+        auto full = e.gathered_parameters({m.a->inner->w, m.d->inner->s}, modifier);
+        // Full values on every rank, equal to the reference's.
+        EXPECT_LT((m.a->inner->w.to(at::kFloat) - ref.a->inner->w.to(at::kFloat)).abs().max().item<double>(), 1e-5);
+        at::NoGradGuard no_grad;
+        m.a->inner->w.fill_(dp_group()->rank() == modifier ? 0.25 : -7.0);  // only the modifier's survives
+        m.d->inner->s[0] = dp_group()->rank() == modifier ? 2.0 : -7.0;
+        full.finish();
+      }
+      {
+        auto full = er.gathered_parameters({ref.a->inner->w, ref.d->inner->s}, 0);
+        at::NoGradGuard no_grad;
+        ref.a->inner->w.fill_(0.25);
+        ref.d->inner->s[0] = 2.0;
+      }
+      const auto after = e.state_dict();
+      EXPECT_TRUE(after.at("a.inner.w").eq(0.25).all().item<bool>());
+      EXPECT_EQ(after.at("d.inner.s")[0].item<float>(), 2.0f);
+      EXPECT_TRUE(after.at("d.inner.s").narrow(0, 1, 7).equal(before.at("d.inner.s").narrow(0, 1, 7)))
+          << "untouched elements keep their fp32 master bits";
+      EXPECT_TRUE(after.at("head").equal(before.at("head")));
+      for (int step = 0; step < 3; ++step) step_with_reference(e, m, er, ref, 1301 + step, 8);
+      EXPECT_LT(max_abs_diff(e.state_dict(), er.state_dict()), std::string(dtype) == "bf16" ? 2e-2 : 1e-5);
+    }
+}
+
+// The whole model by name -- tied params under each name, frozen params and
+// buffers -- as the plain model registers it; rank0_only leaves the others
+// empty; save_weights writes what zero-ckpt consolidate would, and
+// load_weights reads it back.
+TEST(GatheredParameters, StateDictAndSaveWeightsHoldTheWholeModel) {
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    TiedUnitNet m, plain;
+    zero::Engine e(m, toy_config(stage, 4, 0), world().comm(), dp_group());
+    const auto sd = e.state_dict();
+    std::set<std::string> want;
+    for (const auto& p : plain.named_parameters()) want.insert(p.key());
+    std::set<std::string> got;
+    for (const auto& [name, t] : sd) got.insert(name);
+    EXPECT_EQ(got, want);
+    EXPECT_TRUE(sd.at("head").equal(sd.at("emb.inner.weight")));
+    EXPECT_TRUE(sd.at("head").equal(plain.head));
+    const auto r0 = e.state_dict(/*rank0_only=*/true);
+    EXPECT_EQ(r0.empty(), dp_group()->rank() != 0);
+    const std::string path = ckpt_dir("save-weights-" + std::to_string(stage)) + ".safetensors";
+    e.save_weights(path);
+    TiedUnitNet other;
+    {
+      at::NoGradGuard no_grad;
+      other.head.mul_(2);
+    }
+    zero::Engine eo(other, toy_config(stage, 4, 0), world().comm(), dp_group());
+    eo.load_weights(path);
+    EXPECT_EQ(max_abs_diff(eo.state_dict(), sd), 0.0);
+    world().comm().barrier(world().group())->wait();
+    if (world().rank() == 0) std::filesystem::remove(path);
+  }
+}
+
+// Outside a gathered scope a released param cannot be read: the process
+// stops with a message naming it and the way out, instead of a
+// segmentation fault or garbage.
+TEST(GatheredParametersDeathTest, ReadingAReleasedParamNamesIt) {
+  GTEST_FLAG_SET(death_test_style, "fast");
+  UnitNet m;
+  zero::Engine e(m, toy_config(3, 4, 0), world().comm(), dp_group());
+  EXPECT_DEATH(std::printf("%f\n", m.a->inner->w.sum().item<double>()),
+               "param 'a.inner.w' \\(unit 'a'\\) was read or written while released.*gathered_parameters");
+}
+
+// ---- 5. stage 3: unit order diverging after the first step ------------------------
+
+// Four units of one size, so only the unit a gather is for tells them apart.
+struct SameUnitsNet : torch::nn::Module {
+  SameUnitsNet() {
+    at::manual_seed(31);
+    for (int i = 0; i < 4; ++i)
+      units.push_back(register_module("u" + std::to_string(i), zero::Unit<Lin>(at::randn({8, 8}) * 0.5, false)));
+    head = register_parameter("head", at::randn({8, 1}));
+  }
+  at::Tensor loss(const at::Tensor& x, bool swap_middle) {
+    auto h = units[0]->forward(x);
+    h = swap_middle ? units[1]->forward(units[2]->forward(h)) : units[2]->forward(units[1]->forward(h));
+    return at::matmul(units[3]->forward(h), zero::compute(head)).pow(2).mean();
+  }
+  std::vector<zero::Unit<Lin>> units;
+  at::Tensor head;
+};
+
+// Two steps in the same order (the second prefetching along the first's
+// record), then the last rank swaps two units: every rank fails within
+// seconds, naming the units, on shared memory and on Gloo -- not a generic
+// timeout after ZERO_COLLECTIVE_TIMEOUT_S.
+TEST(UnitOrder, DivergingInALaterStepIsNamedOnEveryRankWithinSeconds) {
+  if (world().size() < 2) GTEST_SKIP();
+  for (bool fast_path : {true, false}) {
+    SCOPED_TRACE(fast_path ? "shared memory" : "gloo");
+    const int64_t unit = 64 + 16 * world().size();  // a unit's padded size
+    auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                  {"optimizer", {{"type", "AdamW"}}},
+                                  {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0},
+                                                         {"stage3_max_reuse_distance", 0},
+                                                         {"stage3_prefetch_bucket_size", 2 * unit},
+                                                         {"stage3_max_live_parameters", 3 * unit}}},
+                                  {"zero_cpp", {{"comm_fast_path", fast_path}}}});
+    SameUnitsNet m;
+    zero::Engine e(m, cfg, world().comm(), fresh_dp_group());
+    const bool odd = dp_group()->rank() == world().size() - 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      for (int step = 0; step < 3; ++step) {
+        auto x = at::randn({4, 8});
+        e.backward(m.loss(x, step == 2 && odd));
+        e.step();
+      }
+      ADD_FAILURE() << "no error";
+    } catch (const zero::comm::CollectiveMismatch& err) {
+      const std::string msg = err.what();
+      EXPECT_NE(msg.find("different orders"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("unit 'u"), std::string::npos) << msg;
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+    world().comm().set_fast_paths_enabled(true);
+  }
 }
 
 // ---- 7. a plain loss.backward() --------------------------------------------------

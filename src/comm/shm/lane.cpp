@@ -38,10 +38,7 @@ inline void cpu_relax() {
 
 inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
 
-// The ranks run different collectives: reported as is (it names op and group).
-struct Disagreement : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+
 
 void futex_wait(uint32_t* word, uint32_t expected, std::chrono::milliseconds slice) {
   timespec ts{0, static_cast<long>(std::chrono::nanoseconds(slice).count())};
@@ -72,6 +69,7 @@ struct Lane::Header {
 void Job::wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_; });
+  if (error_ && mismatch_) throw Mismatch(*error_);
   if (error_) throw std::runtime_error(*error_);
 }
 
@@ -80,10 +78,11 @@ bool Job::done() {
   return done_;
 }
 
-void Job::finish(std::optional<std::string> error) {
+void Job::finish(std::optional<std::string> error, bool mismatch) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
+    mismatch_ = mismatch;
     error_ = std::move(error);
   }
   cv_.notify_all();
@@ -164,15 +163,16 @@ void Lane::worker_loop() {
       queue_.pop_front();
     }
     if (failed_) {
-      item.first->finish(failed_);
+      item.first->finish(failed_, failed_mismatch_);
       continue;
     }
     try {
       item.second();
       item.first->finish(std::nullopt);
-    } catch (const Disagreement& e) {
-      failed_ = e.what();
-      item.first->finish(failed_);
+    } catch (const Mismatch& e) {
+      failed_ = e.what();  // it names op and group
+      failed_mismatch_ = true;
+      item.first->finish(failed_, true);
     } catch (const std::exception& e) {
       failed_ = std::string(current_op_) + " on " + what_ + " (shared memory) failed: " + e.what();
       item.first->finish(failed_);
@@ -248,7 +248,7 @@ void Lane::wait_written() {
       describe_disagreement(current_op_, what_ + " (shared memory)", header_->sig[round_ & 1u], size_, [&](int q) {
         return "rank " + std::to_string(q) + " (pid " + std::to_string(header_->pid[q]) + ")";
       });
-  if (!error.empty()) throw Disagreement(error);
+  if (!error.empty()) throw Mismatch(error);
 }
 
 void Lane::end_round() {

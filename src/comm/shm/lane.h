@@ -36,19 +36,26 @@
 
 namespace zero::comm::shm {
 
+// The ranks ran different collectives on a lane (see signature.h).
+struct Mismatch : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // Completion of one submitted collective.
 class Job {
  public:
-  // Blocks until the worker ran it; throws std::runtime_error with its error.
+  // Blocks until the worker ran it; throws Mismatch, or std::runtime_error
+  // with any other error.
   void wait();
   bool done();
 
  private:
   friend class Lane;
-  void finish(std::optional<std::string> error);
+  void finish(std::optional<std::string> error, bool mismatch = false);
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  bool mismatch_ = false;
   std::optional<std::string> error_;
 };
 
@@ -116,6 +123,7 @@ class Lane {
   std::deque<std::pair<std::shared_ptr<Job>, std::function<void()>>> queue_;
   bool stop_ = false;
   std::optional<std::string> failed_;  // the first error; later jobs fail with it
+  bool failed_mismatch_ = false;
   std::thread worker_;
 };
 
