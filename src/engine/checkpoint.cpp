@@ -120,14 +120,65 @@ json engine_state(const Engine::Impl& m) {
   return {{"micro_steps", m.micro_steps}, {"global_steps", m.global_steps}, {"skipped_steps", m.skipped_steps},
           {"optimizer_steps", m.optimizer_steps}, {"scheduler_iter", m.scheduler_iter},
           {"last_grad_norm", m.last_grad_norm},
+          {"optimizer", to_string(m.config.optimizer.type)},
+          {"batch", {{"train_batch_size", m.batch.train_batch_size},
+                     {"micro_batch_per_gpu", m.batch.micro_batch_per_gpu},
+                     {"gradient_accumulation_steps", m.batch.gradient_accumulation_steps}}},
           {"loss_scaler", {{"scale", s.scale}, {"cur_hysteresis", s.cur_hysteresis}, {"cur_iter", s.cur_iter},
                            {"last_overflow_iter", s.last_overflow_iter}}}};
 }
 
+// The optimizer whose state a checkpoint holds ("" if it does not say).
+std::string saved_optimizer(const ckpt::Manifest& man) {
+  if (man.engine_state.contains("optimizer")) return man.engine_state.at("optimizer");
+  if (man.config.contains("optimizer")) return man.config.at("optimizer").value("type", "");
+  return "";
+}
+
+// Adam and AdamW keep the same state (two moments); SGD keeps momentum.
+bool same_optimizer_state(const std::string& a, OptimizerType b) {
+  const bool a_is_sgd = a == "SGD", b_is_sgd = b == OptimizerType::SGD;
+  return a.empty() || a_is_sgd == b_is_sgd;
+}
+
+// How the checkpoint's run batched: recorded since this field exists, else
+// derived from its config and data-parallel size.
+BatchConfig saved_batch(const ckpt::Manifest& man) {
+  if (man.engine_state.contains("batch")) {
+    const auto& b = man.engine_state.at("batch");
+    return {b.at("train_batch_size"), b.at("micro_batch_per_gpu"), b.at("gradient_accumulation_steps")};
+  }
+  return Config::from_json(man.config).resolve_batch(man.dp_size);
+}
+
+// One line, when the run resumes with another shape than it was saved with.
+std::string describe_resume_change(const ckpt::Manifest& man, const Engine::Impl& m) {
+  const BatchConfig was = saved_batch(man), now = m.batch;
+  if (man.dp_size == m.dp.size() && was.micro_batch_per_gpu == now.micro_batch_per_gpu &&
+      was.gradient_accumulation_steps == now.gradient_accumulation_steps)
+    return {};
+  auto ranks = [](int n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); };
+  auto shape = [](const BatchConfig& b) {
+    return std::to_string(b.gradient_accumulation_steps) + " micro-batches of " +
+           std::to_string(b.micro_batch_per_gpu) + " per step";
+  };
+  std::string line = "load_checkpoint: resuming at step " + std::to_string(man.engine_state.value("global_steps", 0)) +
+                     " with " + ranks(m.dp.size()) + " x " + shape(now) + " (saved with " + ranks(man.dp_size) +
+                     " x " + shape(was) + "); global batch ";
+  line += was.train_batch_size == now.train_batch_size
+              ? std::to_string(now.train_batch_size) + " unchanged"
+              : std::to_string(was.train_batch_size) + " -> " + std::to_string(now.train_batch_size);
+  return line;
+}
+
 void restore_engine_state(Engine::Impl& m, const json& j) {
-  m.micro_steps = j.at("micro_steps");
   m.global_steps = j.at("global_steps");
   m.skipped_steps = j.at("skipped_steps");
+  // A checkpoint is saved at a step boundary: the count of micro-steps is
+  // rebuilt with this run's accumulation steps, so the next boundary falls
+  // where this run's batching puts it (another world size at a fixed
+  // train_batch_size changes the accumulation count).
+  m.micro_steps = (m.global_steps + m.skipped_steps) * m.batch.gradient_accumulation_steps;
   m.optimizer_steps = j.at("optimizer_steps");
   m.scheduler_iter = j.at("scheduler_iter");
   m.last_grad_norm = j.at("last_grad_norm");
@@ -324,6 +375,11 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
         throw std::runtime_error("checkpoint " + reader->path() + ": " + r.name + " is " +
                                  reader->find_replicated(r.name)->dtype + ", the model's is " +
                                  c10::toString(r.tensor.scalar_type()));
+    if (!same_optimizer_state(saved_optimizer(man), m.config.optimizer.type))
+      throw std::runtime_error("checkpoint " + reader->path() + " holds optimizer state of " + saved_optimizer(man) +
+                               "; this engine's optimizer is " + to_string(m.config.optimizer.type) +
+                               ", whose state differs. Use the same optimizer, or start from its weights with "
+                               "load_weights() (zero-ckpt consolidate writes them)");
     for (const auto& [kind, t] : state_kinds(m.groups.front()))
       if (std::find(man.kinds.begin(), man.kinds.end(), kind) == man.kinds.end())
         throw std::runtime_error("checkpoint " + reader->path() + " has no " + kind +
@@ -339,6 +395,7 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   }
   agree_or_throw(m, "load_checkpoint", error, &touched);
   restore_engine_state(m, reader->manifest().engine_state);
+  if (const auto change = describe_resume_change(reader->manifest(), m); !change.empty()) m.log(change);
   params_from_masters(m);
   return reader->manifest().client_state;
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -84,6 +85,11 @@ struct Engine::Impl {
   // A load_checkpoint/load_weights failed after some ranks had overwritten
   // their state: training on would mix old and new shards.
   std::string state_lost;
+
+  // The library's own messages: one line on stderr, from the group's rank 0.
+  void log(const std::string& line) const {
+    if (dp.rank() == 0) std::fprintf(stderr, "[zero-cpp] %s\n", line.c_str());
+  }
 
   void check_state() const {
     if (!state_lost.empty())
@@ -456,6 +462,12 @@ struct Engine::Impl {
     if (check_overflow && !std::isfinite(sumsq)) {
       scaler.update(true);  // throws at the minimum scale, as DeepSpeed
       ++skipped_steps;
+      // As DeepSpeed reports it.
+      log(config.fp16.enabled ? "OVERFLOW! Skipping step " + std::to_string(global_steps + skipped_steps) +
+                                    ". Attempted loss scale: " + c10::str(scale) + ", reducing to " +
+                                    c10::str(scaler.scale())
+                              : "OVERFLOW! Skipping step " + std::to_string(global_steps + skipped_steps) +
+                                    ": inf or nan grads (bf16)");
       finish_step();
       return false;
     }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -464,6 +465,60 @@ TEST(GatheredParametersDeathTest, ReadingAReleasedParamNamesIt) {
                "param 'a.inner.w' \\(unit 'a'\\) was read or written while released.*gathered_parameters");
 }
 
+// ---- 4. ranks that disagree -----------------------------------------------------
+
+// A model whose shape depends on the rank (or which params are frozen) is
+// refused at construction on every rank, naming the first difference --
+// before it could train garbage with mismatched shards.
+struct RankDependentNet : torch::nn::Module {
+  RankDependentNet(int64_t width, bool freeze_head) {
+    fc = register_module("fc", torch::nn::Linear(8, width));
+    head = register_module("head", torch::nn::Linear(width, 1));
+    if (freeze_head) head->weight.set_requires_grad(false);
+  }
+  torch::nn::Linear fc{nullptr}, head{nullptr};
+};
+
+TEST(RankMismatch, DifferentModelsAreNamedAtConstruction) {
+  if (world().size() < 2) GTEST_SKIP();
+  const bool odd = dp_group()->rank() == world().size() - 1;
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    RankDependentNet wider(odd ? 9 : 8, false);
+    expect_error([&] { zero::Engine e(wider, toy_config(stage, 4), world().comm(), dp_group()); },
+                 "hold different models (every rank must build the same one): entry #1 of the model's params and "
+                 "buffers is param 'fc.weight' [8, 8] Float (trainable) on rank 0 but param 'fc.weight' [9, 8] Float");
+    RankDependentNet frozen(8, odd);
+    expect_error([&] { zero::Engine e(frozen, toy_config(stage, 4), world().comm(), dp_group()); },
+                 "param 'head.weight' [1, 8] Float (trainable) on rank 0 but param 'head.weight' [1, 8] Float (frozen)");
+  }
+  // The group is intact: training goes on.
+  WithUnused m;
+  zero::Engine e(m, toy_config(2, 4), world().comm(), dp_group());
+  e.backward(m.loss(at::randn({4, 13})));
+  EXPECT_TRUE(e.step());
+}
+
+// ---- 11. fp16 overflow, reported as DeepSpeed reports it -------------------------
+
+TEST(Reporting, SkippedFp16StepSaysSoWithTheNewScale) {
+  auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                {"fp16", {{"enabled", true}, {"initial_scale_power", 8}, {"hysteresis", 1}}},
+                                {"optimizer", {{"type", "AdamW"}}},
+                                {"zero_optimization", {{"stage", 2}}}});
+  WithUnused m;
+  zero::Engine e(m, cfg, world().comm(), dp_group());
+  e.backward(m.loss(at::randn({4, 13})) * std::numeric_limits<float>::infinity());
+  testing::internal::CaptureStderr();
+  EXPECT_FALSE(e.step());
+  const std::string said = testing::internal::GetCapturedStderr();
+  if (dp_group()->rank() == 0)
+    EXPECT_NE(said.find("OVERFLOW! Skipping step 1. Attempted loss scale: 256, reducing to 128"), std::string::npos)
+        << said;
+  else
+    EXPECT_EQ(said, "") << "one line, from rank 0";
+}
+
 // ---- 5. stage 3: unit order diverging after the first step ------------------------
 
 // Four units of one size, so only the unit a gather is for tells them apart.
@@ -518,6 +573,74 @@ TEST(UnitOrder, DivergingInALaterStepIsNamedOnEveryRankWithinSeconds) {
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
     world().comm().set_fast_paths_enabled(true);
   }
+}
+
+// ---- 8. resuming with another accumulation count ----------------------------------
+
+// Saved by 2 ranks x 2 micro-batches, resumed on 1 rank x 4 (the same global
+// batch of 8): the step boundary falls after 4 micro-batches, training goes
+// on as a run on 1 rank from the start, the next save works, and one line
+// says what changed.
+TEST(Resume, AnotherAccumulationCountResumesAtAStepBoundary) {
+  if (world().size() != 2) GTEST_SKIP() << "2 ranks resume as 1";
+  const auto dir = ckpt_dir("resume-gas");
+  auto spec = [](int64_t gas) {
+    RunSpec s;
+    s.stage = 2;
+    s.micro = 2;
+    s.gas = gas;
+    return s;
+  };
+  {
+    GptTrainer t(small_gpt(), make_config(spec(2)), corpus(), 7, world().comm(), dp_group());
+    for (int i = 0; i < 3; ++i) t.train_step();
+    t.save(dir);
+  }
+  GptTrainer ref(small_gpt(), make_config(spec(4)), corpus(), 7, world().comm(), solo_group());
+  std::vector<double> want, got;
+  for (int i = 0; i < 6; ++i) {
+    const double l = ref.train_step().loss;
+    if (i >= 3) want.push_back(l);
+  }
+  GptTrainer resumed(small_gpt(), make_config(spec(4)), corpus(), 7, world().comm(), solo_group());
+  testing::internal::CaptureStderr();
+  resumed.resume(dir);
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("with 1 rank x 4 micro-batches of 2 per step (saved with 2 ranks x 2 micro-batches of 2 "
+                      "per step); global batch 8 unchanged"),
+            std::string::npos)
+      << said;
+  for (int i = 0; i < 3; ++i) got.push_back(resumed.train_step().loss);
+  EXPECT_TRUE(resumed.engine().is_gradient_accumulation_boundary() == false);
+  EXPECT_EQ(resumed.engine().micro_steps(), 6 * 4);
+  EXPECT_LT(max_rel_loss_diff(got, want), kLossRelTol);
+  EXPECT_LT(max_abs_diff(resumed.engine().full_parameters(), ref.engine().full_parameters()), kParamAbsTol);
+  const auto again = ckpt_dir("resume-gas-again-" + std::to_string(world().rank()));
+  EXPECT_NO_THROW(resumed.save(again));
+  std::filesystem::remove_all(again);
+  remove_dir(dir);
+}
+
+// SGD's momentum is not Adam's moments: loading one into the other is an
+// error that says so (it used to load exp_avg as momentum silently).
+TEST(Resume, AnotherOptimizersStateIsRefused) {
+  const auto dir = ckpt_dir("other-optimizer");
+  {
+    WithUnused m;
+    zero::Engine e(m, toy_config(1, 4), world().comm(), dp_group());
+    e.backward(m.loss(at::randn({4, 13})));
+    e.step();
+    e.save_checkpoint(dir, "adamw");
+  }
+  WithUnused m;
+  auto sgd = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.01}, {"momentum", 0.9}}}}},
+                                {"zero_optimization", {{"stage", 1}}}});
+  zero::Engine e(m, sgd, world().comm(), dp_group());
+  expect_error([&] { e.load_checkpoint(dir); }, "holds optimizer state of AdamW; this engine's optimizer is SGD");
+  e.backward(m.loss(at::randn({4, 13})));  // refused before anything was read: trains on
+  EXPECT_TRUE(e.step());
+  remove_dir(dir);
 }
 
 // ---- 7. a plain loss.backward() --------------------------------------------------
