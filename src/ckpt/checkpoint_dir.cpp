@@ -23,61 +23,6 @@ std::string tensor_name(const std::string& param, const std::string& kind) { ret
 std::string rank_file_name(int rank) { return "rank_" + std::to_string(rank) + ".safetensors"; }
 std::string partial_dir(const std::string& dir, const std::string& tag) { return dir + "/.partial-" + tag; }
 
-json Manifest::to_json() const {
-  json ps = json::array();
-  for (const auto& p : params) {
-    json fr = json::array();
-    for (const auto& f : p.fragments) fr.push_back({f.rank, f.begin, f.end});
-    ps.push_back({{"name", p.name}, {"shape", p.shape}, {"numel", p.numel}, {"fragments", fr}});
-  }
-  json rp = json::array();
-  for (const auto& r : replicated)
-    rp.push_back({{"name", r.name}, {"kind", r.kind}, {"dtype", r.dtype}, {"shape", r.shape}});
-  json fl = json::object();
-  for (const auto& [r, f] : files)
-    fl[std::to_string(r)] = {{"file", f.file}, {"bytes", f.bytes}, {"hash", std::to_string(f.hash)}};
-  return {{"format", "zero-cpp checkpoint"}, {"format_version", format_version}, {"tag", tag},
-          {"world_size", world_size}, {"dp_size", dp_size}, {"stage", stage}, {"dtype", dtype},
-          {"kinds", kinds}, {"config", config}, {"engine_state", engine_state},
-          {"client_state", client_state}, {"params", ps}, {"replicated", rp}, {"files", fl}};
-}
-
-Manifest Manifest::from_json(const json& j, const std::string& where) {
-  try {
-    Manifest m;
-    m.format_version = j.at("format_version").get<int>();
-    if (m.format_version != kFormatVersion)
-      throw std::runtime_error("format version " + std::to_string(m.format_version) + ", this build reads " +
-                               std::to_string(kFormatVersion));
-    m.tag = j.at("tag").get<std::string>();
-    m.world_size = j.at("world_size").get<int>();
-    m.dp_size = j.at("dp_size").get<int>();
-    m.stage = j.at("stage").get<int>();
-    m.dtype = j.at("dtype").get<std::string>();
-    m.kinds = j.at("kinds").get<std::vector<std::string>>();
-    m.config = j.at("config");
-    m.engine_state = j.at("engine_state");
-    m.client_state = j.value("client_state", json::object());
-    for (const auto& p : j.at("params")) {
-      ParamRecord r;
-      r.name = p.at("name").get<std::string>();
-      r.shape = p.at("shape").get<std::vector<int64_t>>();
-      r.numel = p.at("numel").get<int64_t>();
-      for (const auto& f : p.at("fragments")) r.fragments.push_back({f.at(0), f.at(1), f.at(2)});
-      m.params.push_back(std::move(r));
-    }
-    for (const auto& r : j.value("replicated", json::array()))
-      m.replicated.push_back({r.at("name").get<std::string>(), r.at("kind").get<std::string>(),
-                              r.at("dtype").get<std::string>(), r.at("shape").get<std::vector<int64_t>>()});
-    for (const auto& [r, f] : j.at("files").items())
-      m.files[std::stoi(r)] = {f.at("file").get<std::string>(), f.at("bytes").get<int64_t>(),
-                               std::stoull(f.at("hash").get<std::string>())};
-    return m;
-  } catch (const std::exception& e) {
-    throw std::runtime_error("checkpoint manifest " + where + " is not readable: " + e.what());
-  }
-}
-
 std::string resolve_tag(const std::string& dir, const std::string& tag) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {

@@ -11,9 +11,10 @@
 //                                   param and buffer whole, in its own dtype
 //   DIR/.partial-TAG/               a save in progress (or one that died)
 //
-// The manifest records, per param, its shape and which rank file holds which
-// range, and per file its size and hash, so a reader can fetch any range
-// (resharding is reading other ranges) and detect truncation or corruption.
+// The manifest (ckpt/manifest.h) records, per param, its shape and which rank
+// file holds which range, and per file its size and hash, so a reader can
+// fetch any range (resharding is reading other ranges) and detect truncation
+// or corruption.
 #pragma once
 
 #include <cstdint>
@@ -24,56 +25,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/manifest.h"
 #include "ckpt/safetensors.h"
 
 namespace zero::ckpt {
-
-constexpr int kFormatVersion = 1;
-
-struct Fragment {
-  int rank = 0;
-  int64_t begin = 0, end = 0;  // element range of the flattened param
-};
-
-struct ParamRecord {
-  std::string name;
-  std::vector<int64_t> shape;
-  int64_t numel = 0;
-  std::vector<Fragment> fragments;  // cover [0, numel) exactly once
-};
-
-// A frozen param or buffer (replicated on every rank): saved whole by rank 0.
-struct ReplicatedRecord {
-  std::string name;
-  std::string kind;   // "param" (frozen) or "buffer"
-  std::string dtype;  // safetensors dtype, e.g. "F32", "I64"
-  std::vector<int64_t> shape;
-};
-
-struct RankFile {
-  std::string file;  // relative to the tag directory
-  int64_t bytes = 0;
-  uint64_t hash = 0;
-};
-
-struct Manifest {
-  int format_version = kFormatVersion;
-  std::string tag;
-  int world_size = 1;
-  int dp_size = 1;
-  int stage = 0;
-  std::string dtype;             // params' dtype when saved
-  std::vector<std::string> kinds;  // state kinds stored per param ("master", ...)
-  nlohmann::json config;         // the ds_config, as parsed
-  nlohmann::json engine_state;   // step counters, loss scaler, scheduler
-  nlohmann::json client_state;   // the caller's (e.g. zero-train's data position)
-  std::vector<ParamRecord> params;
-  std::vector<ReplicatedRecord> replicated;  // in rank 0's file
-  std::map<int, RankFile> files;  // by rank; ranks without fragments write none
-
-  nlohmann::json to_json() const;
-  static Manifest from_json(const nlohmann::json& j, const std::string& where);
-};
 
 std::string tensor_name(const std::string& param, const std::string& kind);
 std::string rank_file_name(int rank);

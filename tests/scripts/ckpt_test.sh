@@ -82,6 +82,35 @@ f="$tmp/ck/step2/rank_0.safetensors"
 printf 'x' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") - 50 )) conv=notrunc 2>/dev/null  # a data byte
 out=$("$ZC" info "$tmp/ck" --tag step2 2>&1)
 check "corrupt byte: detected by the hash" contains "$out" "rank_0.safetensors is corrupt"
+
+# A hand-edited manifest: its own hash catches the edit; without a hash (as
+# format version 1 wrote them) the edit is still validated, so a numel that
+# disagrees with the shape stops consolidate (it used to copy heap memory
+# into the output and exit 0).
+mkdir -p "$tmp/edck" && cp -r "$tmp/ck/step4" "$tmp/edck/t" && echo t > "$tmp/edck/latest"
+edit() { "$PY" - "$tmp/edck/t/manifest.json" "$1" <<'PY'
+import json, sys
+path, legacy = sys.argv[1], sys.argv[2] == "legacy"
+m = json.load(open(path))
+p = m["params"][0]
+p["numel"] += 1
+if legacy:
+    del m["manifest_hash"]
+    m["format_version"] = 1
+json.dump(m, open(path, "w"))
+print(f"param '{p['name']}': numel {p['numel']} differs from the product of shape")
+PY
+}
+edit keep-hash >/dev/null
+out=$("$ZC" consolidate "$tmp/edck" "$tmp/ed.safetensors" 2>&1)
+check "edited manifest: consolidate fails" [ $? -ne 0 ]
+check "edited manifest: named as corrupt by its hash" contains "$out" "t/manifest.json is corrupt: its hash differs"
+cp "$tmp/ck/step4/manifest.json" "$tmp/edck/t/manifest.json"
+want=$(edit legacy)
+out=$("$ZC" consolidate "$tmp/edck" "$tmp/ed.safetensors" 2>&1)
+check "numel != shape (no hash): consolidate fails" [ $? -ne 0 ]
+check "numel != shape (no hash): names the param and the manifest" contains "$out" "t/manifest.json is invalid: $want"
+check "numel != shape (no hash): no output written" [ ! -e "$tmp/ed.safetensors" ]
 out=$("$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" --layers 3 --d-model 32 --heads 2 --seq 16 \
   --steps 6 --resume "$tmp/ck" 2>&1)
 check "another model: names the param" contains "$out" "saved from a different model"
