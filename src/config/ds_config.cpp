@@ -5,8 +5,10 @@
 // configured) and are an error naming the key otherwise. Keys DeepSpeed does
 // not know are errors too, with a did-you-mean suggestion.
 #include <fstream>
+#include <initializer_list>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -407,44 +409,68 @@ Config Config::from_file(const std::string& path) {
   }
 }
 
+namespace {
+
+// The product of the batch factors, or a ConfigError naming them: a
+// wrapped product would pass as a (small or zero) batch size, or divide by 0.
+int64_t batch_product(std::initializer_list<std::pair<const char*, int64_t>> factors) {
+  int64_t product = 1;
+  bool overflow = false;
+  std::string named;
+  for (const auto& [name, value] : factors) {
+    overflow |= __builtin_mul_overflow(product, value, &product);
+    named += (named.empty() ? "" : " * ") + std::string(name) + " (" + std::to_string(value) + ")";
+  }
+  if (overflow) throw ConfigError("ds_config: " + named + " overflows a 64-bit integer");
+  return product;
+}
+
+}  // namespace
+
 BatchConfig Config::resolve_batch(int64_t dp) const {
   if (dp < 1) throw ConfigError("ds_config: data-parallel size must be >= 1, got " + std::to_string(dp));
   const auto& tb = train_batch_size;
   const auto& mb = train_micro_batch_size_per_gpu;
   const auto& ga = gradient_accumulation_steps;
   auto str = [](int64_t v) { return std::to_string(v); };
+  constexpr const char* kMicro = "train_micro_batch_size_per_gpu";
+  constexpr const char* kAccum = "gradient_accumulation_steps";
+  constexpr const char* kDp = "data-parallel size";
   BatchConfig b;
   if (tb && mb && ga) {
     b = {*tb, *mb, *ga};
   } else if (tb && mb) {
-    if (*tb % (*mb * dp))
+    const int64_t per_step = batch_product({{kMicro, *mb}, {kDp, dp}});
+    if (*tb % per_step)
       throw ConfigError("ds_config: train_batch_size " + str(*tb) + " is not divisible by "
                         "train_micro_batch_size_per_gpu " + str(*mb) + " * data-parallel size " + str(dp));
-    b = {*tb, *mb, *tb / (*mb * dp)};
+    b = {*tb, *mb, *tb / per_step};
   } else if (tb && ga) {
-    if (*tb % (*ga * dp))
+    const int64_t per_micro = batch_product({{kAccum, *ga}, {kDp, dp}});
+    if (*tb % per_micro)
       throw ConfigError("ds_config: train_batch_size " + str(*tb) + " is not divisible by "
                         "gradient_accumulation_steps " + str(*ga) + " * data-parallel size " + str(dp));
-    b = {*tb, *tb / (*ga * dp), *ga};
+    b = {*tb, *tb / per_micro, *ga};
   } else if (mb && ga) {
-    b = {*mb * *ga * dp, *mb, *ga};
+    b = {batch_product({{kMicro, *mb}, {kAccum, *ga}, {kDp, dp}}), *mb, *ga};
   } else if (tb) {
     if (*tb % dp)
       throw ConfigError("ds_config: train_batch_size " + str(*tb) +
                         " is not divisible by the data-parallel size " + str(dp));
     b = {*tb, *tb / dp, 1};
   } else if (mb) {
-    b = {*mb * dp, *mb, 1};
+    b = {batch_product({{kMicro, *mb}, {kDp, dp}}), *mb, 1};
   } else {
     throw ConfigError("ds_config: either train_batch_size or train_micro_batch_size_per_gpu "
                       "must be given");
   }
-  if (b.train_batch_size != b.micro_batch_per_gpu * b.gradient_accumulation_steps * dp)
+  const int64_t product =
+      batch_product({{kMicro, b.micro_batch_per_gpu}, {kAccum, b.gradient_accumulation_steps}, {kDp, dp}});
+  if (b.train_batch_size != product)
     throw ConfigError("ds_config: train_batch_size (" + str(b.train_batch_size) +
                       ") must equal train_micro_batch_size_per_gpu (" + str(b.micro_batch_per_gpu) +
                       ") * gradient_accumulation_steps (" + str(b.gradient_accumulation_steps) +
-                      ") * data-parallel size (" + str(dp) + ") = " +
-                      str(b.micro_batch_per_gpu * b.gradient_accumulation_steps * dp));
+                      ") * data-parallel size (" + str(dp) + ") = " + str(product));
   return b;
 }
 

@@ -165,6 +165,36 @@ TEST(ConfigBatch, DerivesLikeDeepSpeed) {
   fails(R"({"train_batch_size": 6})", 4, "not divisible by the data-parallel size 4");
 }
 
+// Every product resolve_batch forms is checked: a wrapped one read as a
+// batch of 0 (accepted) or as a divisor of 0 (SIGFPE).
+TEST(ConfigBatch, OverflowIsAnError) {
+  auto fails = [](const std::string& text, int64_t dp, std::initializer_list<std::string> parts) {
+    try {
+      Config::from_string(text).resolve_batch(dp);
+      ADD_FAILURE() << "no error for " << text << " at data-parallel size " << dp;
+    } catch (const ConfigError& e) {
+      for (const auto& p : parts)
+        EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << e.what() << "' lacks '" << p << "'";
+    }
+  };
+  const std::string big = std::to_string(int64_t{1} << 62);
+  fails(R"({"train_micro_batch_size_per_gpu": )" + big + R"(, "gradient_accumulation_steps": 4})", 1,
+        {"train_micro_batch_size_per_gpu (" + big + ") * gradient_accumulation_steps (4) * data-parallel size (1)",
+         "overflows"});
+  fails(R"({"train_micro_batch_size_per_gpu": )" + big + "}", 4,
+        {"train_micro_batch_size_per_gpu (" + big + ") * data-parallel size (4) overflows"});
+  fails(R"({"train_batch_size": 8, "gradient_accumulation_steps": )" + big + "}", 4,
+        {"gradient_accumulation_steps (" + big + ") * data-parallel size (4) overflows"});
+  fails(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": )" + big + "}", 4,
+        {"train_micro_batch_size_per_gpu (" + big + ") * data-parallel size (4) overflows"});
+  fails(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": )" + big + R"(, "gradient_accumulation_steps": 4})",
+        1, {"gradient_accumulation_steps (4) * data-parallel size (1) overflows"});
+  // The largest products that fit are still fine.
+  auto b = Config::from_string(R"({"train_micro_batch_size_per_gpu": )" + big + R"(, "gradient_accumulation_steps": 1})")
+               .resolve_batch(1);
+  EXPECT_EQ(b.train_batch_size, int64_t{1} << 62);
+}
+
 TEST(ConfigOwnKeys, CommFastPath) {
   EXPECT_TRUE(zero::Config::from_string("{}").comm_fast_path);
   auto c = zero::Config::from_string(R"({"zero_cpp": {"comm_fast_path": false}})");
