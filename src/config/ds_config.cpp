@@ -62,6 +62,21 @@ void disabled_feature_block(ObjectReader& top, const std::string& key) {
   b.accept_all_remaining();
 }
 
+// DeepSpeed's activation-checkpointing settings (deepspeed.checkpointing)
+// have no "enabled" key: the block is always read, so each key is accepted
+// only at DeepSpeed's default. zero-cpp has no counterpart of the
+// deepspeed.checkpointing API these keys configure.
+void read_activation_checkpointing(ObjectReader& top) {
+  ObjectReader r = top.child("activation_checkpointing");
+  r.unsupported_unless("partition_activations", false);
+  r.unsupported_unless("contiguous_memory_optimization", false);
+  r.unsupported_unless("cpu_checkpointing", false);
+  r.unsupported_unless("number_checkpoints", nullptr);
+  r.unsupported_unless("synchronize_checkpoint_boundary", false);
+  r.unsupported_unless("profile", false);
+  r.finish();
+}
+
 FP16Config read_fp16(ObjectReader& top) {
   FP16Config c;
   ObjectReader r = top.child("fp16");
@@ -365,19 +380,21 @@ Config Config::from_json(const json& j) {
   top.unsupported_unless("managed_gradient_accumulation", true);
   top.accept_any("dataloader_drop_last");  // the data loader is the caller's
   top.accept_any("vocabulary_size");
-  // Harmless: these only select logging detail or allow client optimizers.
-  top.accept_any("wall_clock_breakdown");
-  top.accept_any("memory_breakdown");
-  top.accept_any("zero_allow_untested_optimizer");
+  // Timing and memory printouts zero-cpp does not produce: asking for them
+  // would be silently unanswered, so only DeepSpeed's default (off) passes.
+  top.unsupported_unless("wall_clock_breakdown", false);
+  top.unsupported_unless("memory_breakdown", false);
+  top.accept_any("zero_allow_untested_optimizer");  // any optimizer zero-cpp has is its own
   top.accept_any("checkpoint");
   top.accept_any("aio");  // NVMe I/O tuning; NVMe offload itself is rejected
   for (const char* block : {"amp", "tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler",
                             "comms_logger", "autotuning", "elasticity", "curriculum_learning",
-                            "data_efficiency", "compression_training", "activation_checkpointing",
+                            "data_efficiency", "compression_training",
                             "sparse_attention", "pipeline", "eigenvalue", "progressive_layer_drop",
                             "quantize_training", "nebula", "weight_quantization", "hybrid_engine",
                             "torch_autocast", "compile"})
     disabled_feature_block(top, block);
+  read_activation_checkpointing(top);
   top.finish();
 
   if (c.zero.offload_optimizer.device != OffloadDevice::None && c.zero.stage == 0)

@@ -242,6 +242,26 @@ TEST(ConfigUnsupported, AcceptedAtTheirDefault) {
   EXPECT_EQ(c.zero.stage, 0);
 }
 
+// Features zero-cpp does not implement pass only at DeepSpeed's default,
+// blocks without an "enabled" key included.
+TEST(ConfigUnsupported, LoggingAndActivationCheckpointingOnlyAtTheirDefault) {
+  EXPECT_NO_THROW(Config::from_string(R"({"wall_clock_breakdown": false, "memory_breakdown": false,
+      "activation_checkpointing": {"partition_activations": false, "contiguous_memory_optimization": false,
+      "cpu_checkpointing": false, "number_checkpoints": null, "synchronize_checkpoint_boundary": false,
+      "profile": false}})"));
+  EXPECT_NO_THROW(Config::from_string(R"({"activation_checkpointing": {}})"));
+  expect_error(R"({"wall_clock_breakdown": true})", {"wall_clock_breakdown = true is not supported", "only false"});
+  expect_error(R"({"memory_breakdown": true})", {"memory_breakdown = true is not supported", "only false"});
+  for (const char* key : {"partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
+                          "synchronize_checkpoint_boundary", "profile"})
+    expect_error(std::string(R"({"activation_checkpointing": {")") + key + R"(": true}})",
+                 {std::string("activation_checkpointing.") + key + " = true is not supported", "only false"});
+  expect_error(R"({"activation_checkpointing": {"number_checkpoints": 4}})",
+               {"activation_checkpointing.number_checkpoints = 4 is not supported", "only null"});
+  expect_error(R"({"activation_checkpointing": {"enabled": false}})",
+               {"activation_checkpointing.enabled is not a key zero-cpp knows"});
+}
+
 TEST(ConfigOptimizerScheduler, Values) {
   Config c = Config::from_string(R"({"optimizer": {"type": "adamw", "params": {"lr": 3e-4, "betas": [0.8, 0.95],
       "eps": 1e-6, "weight_decay": 0.1}}, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5,
