@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
     std::vector<double> step_ms;
     double last_loss = 0.0;
     zero::comm::OpCounts last_comm;
-    const int64_t print_every = std::max<int64_t>(1, std::min<int64_t>(config.steps_per_print, 10));
+    const int64_t print_every = config.steps_per_print;  // >= 1 (the parser checks), as DeepSpeed's
     const int64_t first_step = trainer.steps_done() + 1;  // > 1 after --resume
     for (int64_t s = first_step; s <= args.steps; ++s) {
       auto r = trainer.train_step();

@@ -58,6 +58,13 @@ check "--coalesce: same loss to round-off" awk -v a="$(final_loss "$tmp/separate
 out=$("$ZR" -n 2 --timeout 60 -- "$ZT" --config "$tmp/s2.json" "${tiny[@]}" --backward-chunks 3 2>&1)
 check "chunks that do not divide the micro-batch: named" contains "$out" "the micro-batch (4) must divide into 3 equal chunks"
 
+# steps_per_print is honoured as DeepSpeed honours it (it was capped at 10):
+# progress at its multiples, plus zero-train's first and last step.
+echo '{"train_micro_batch_size_per_gpu": 2, "steps_per_print": 12}' > "$tmp/print.json"
+printed=$("$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/print.json" --layers 1 --d-model 32 --heads 2 --seq 16 \
+  --steps 25 2>&1 | grep -o 'step *[0-9]*/25' | sed 's/step *//; s|/25||' | tr '\n' ' ')
+check "steps_per_print 12: progress at steps 1 12 24 25 (got: $printed)" [ "$printed" = "1 12 24 25 " ]
+
 # Bad input names what is wrong, and no rank is left behind.
 echo '{"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_com": true}}' > "$tmp/bad.json"
 out=$("$ZR" -n 2 --timeout 60 -- "$ZT" --config "$tmp/bad.json" "${tiny[@]}" 2>&1)
