@@ -4,10 +4,11 @@
 //   zero-run -n 2 -- zero-train --config ds_config.json [--data FILE] [--steps N]
 //       [--layers L --d-model D --heads H --seq S] [--untied-head] [--seed S]
 //       [--log-json FILE | --log-json-all FILE] [--backward-chunks K [--coalesce]]
-//       [--save DIR [--save-every K]] [--resume DIR] [--init-from WEIGHTS.safetensors]
+//       [--save DIR [--save-every K]] [--resume DIR [--tag TAG]] [--init-from WEIGHTS.safetensors]
 //
 // --save writes a checkpoint to DIR every K steps (default: at the end);
-// --resume continues from DIR's latest checkpoint up to --steps in total;
+// --resume continues from DIR's latest checkpoint (or tag TAG, e.g. step200)
+// up to --steps in total;
 // --init-from starts from consolidated weights (zero-ckpt consolidate).
 //
 // --backward-chunks K runs K forward/backward passes per micro-batch (as
@@ -47,7 +48,7 @@ struct Args {
   bool log_all = false;
   int64_t backward_chunks = 1;
   bool coalesce = false;
-  std::string save_dir, resume_dir, init_from;
+  std::string save_dir, resume_dir, resume_tag, init_from;
   int64_t save_every = 0;  // 0: only at the end
 };
 
@@ -57,7 +58,7 @@ struct Args {
                "usage: zero-train --config FILE [--data FILE_OR_DIR] [--steps N] [--seed S]\n"
                "                  [--layers L] [--d-model D] [--heads H] [--seq S] [--untied-head]\n"
                "                  [--log-json FILE | --log-json-all FILE] [--backward-chunks K [--coalesce]]\n"
-               "                  [--save DIR [--save-every K]] [--resume DIR] [--init-from FILE]\n",
+               "                  [--save DIR [--save-every K]] [--resume DIR [--tag TAG]] [--init-from FILE]\n",
                why.c_str());
   std::exit(2);
 }
@@ -93,6 +94,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--save") a.save_dir = val();
     else if (f == "--save-every") a.save_every = to_int(f, val(), 1);
     else if (f == "--resume") a.resume_dir = val();
+    else if (f == "--tag") a.resume_tag = val();
     else if (f == "--init-from") a.init_from = val();
     else if (f == "-h" || f == "--help") usage("train the bundled GPT");
     else usage("unknown option " + f);
@@ -100,6 +102,7 @@ Args parse(int argc, char** argv) {
   if (a.config.empty()) usage("--config is required");
   if (a.save_every && a.save_dir.empty()) usage("--save-every needs --save DIR");
   if (!a.resume_dir.empty() && !a.init_from.empty()) usage("--resume and --init-from exclude each other");
+  if (!a.resume_tag.empty() && a.resume_dir.empty()) usage("--tag needs --resume DIR");
   if (a.model.d_model % a.model.n_head) usage("--d-model must be divisible by --heads");
   return a;
 }
@@ -141,10 +144,11 @@ int main(int argc, char** argv) {
     if (!args.init_from.empty()) engine.load_weights(args.init_from);
     if (!args.resume_dir.empty()) {
       const auto t0 = std::chrono::steady_clock::now();
-      trainer.resume(args.resume_dir);
+      trainer.resume(args.resume_dir, args.resume_tag);
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (lead)
-        std::fprintf(stderr, "resumed from %s at step %lld (%.0f ms)\n", args.resume_dir.c_str(),
+        std::fprintf(stderr, "resumed from %s%s%s at step %lld (%.0f ms)\n", args.resume_dir.c_str(),
+                     args.resume_tag.empty() ? "" : ", tag ", args.resume_tag.c_str(),
                      static_cast<long long>(trainer.steps_done()), ms);
       resumed_record = {{"event", "resume"}, {"step", trainer.steps_done()}, {"load_ms", ms}};
     }

@@ -43,8 +43,8 @@ void GptTrainer::save(const std::string& dir) {
                            {{"step", step_}, {"seed", seed_}, {"model", model_->config().describe()}});
 }
 
-void GptTrainer::resume(const std::string& dir) {
-  const auto client = engine_->load_checkpoint(dir);
+void GptTrainer::resume(const std::string& dir, const std::string& tag) {
+  const auto client = engine_->load_checkpoint(dir, tag);
   if (client.value("seed", seed_) != seed_)
     throw std::invalid_argument("resume: the checkpoint in " + dir + " was trained with --seed " +
                                 std::to_string(client.value("seed", seed_)) + ", this run has " +

@@ -41,9 +41,10 @@ class GptTrainer {
   void set_backward_chunks(int64_t chunks, bool coalesce);
 
   // Checkpoints with the data position (the step count; batches are a
-  // function of step and seed). resume() checks the seed matches.
+  // function of step and seed). resume() loads `tag` ("" = latest, as
+  // DeepSpeed's load_checkpoint) and checks the seed matches.
   void save(const std::string& dir);  // tag "step<N>"
-  void resume(const std::string& dir);
+  void resume(const std::string& dir, const std::string& tag = "");
 
   Engine& engine() { return *engine_; }
   models::GPT& model() { return model_; }

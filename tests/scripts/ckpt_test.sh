@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checkpoints end to end with zero-train and zero-ckpt on 2 ranks: save and
-# resume, consolidation read by an independent reader, --init-from, a rank
+# resume (latest or --tag), consolidation read by an independent reader, --init-from, a rank
 # killed mid-save (the previous checkpoint still loads), and damaged files.
 # Usage: ckpt_test.sh ZERO_RUN ZERO_TRAIN ZERO_CKPT
 set -u
@@ -29,6 +29,16 @@ check "resume: says where it resumed" contains "$out" "at step 4"
 want5=$(loss_at "$tmp/full.jsonl" 5)
 check "resume: step 5 loss as uninterrupted ($want5)" [ -n "$want5" -a "$(loss_at "$tmp/res.jsonl" 5)" = "$want5" ]
 check "resume: step 6 loss as uninterrupted" [ "$(loss_at "$tmp/res.jsonl" 6)" = "$(loss_at "$tmp/full.jsonl" 6)" ]
+
+# --tag loads that tag instead of latest (as DeepSpeed's load_checkpoint):
+# step2 resumes at step 2, and its step 3 is the uninterrupted run's.
+out=$("$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" "${model[@]}" --steps 3 --resume "$tmp/ck" \
+  --tag step2 --log-json "$tmp/tag.jsonl" 2>&1)
+check "--tag step2: resumes at step 2" contains "$out" "tag step2 at step 2"
+want3=$(loss_at "$tmp/full.jsonl" 3)
+check "--tag step2: step 3 loss as uninterrupted ($want3)" [ -n "$want3" -a "$(loss_at "$tmp/tag.jsonl" 3)" = "$want3" ]
+out=$("$ZT" --config "$tmp/s3.json" --tag step2 2>&1)
+check "--tag without --resume: named" contains "$out" "--tag needs --resume DIR"
 
 # info and consolidate; the consolidated file read by an independent reader.
 out=$("$ZC" info "$tmp/ck" 2>&1)
