@@ -8,19 +8,33 @@
 // full weights by param name, readable by any safetensors reader and by
 // zero-train --init-from.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "ckpt/checkpoint_dir.h"
 
 namespace {
 
+constexpr const char* kUsage =
+    "usage: zero-ckpt info DIR [--tag TAG]\n"
+    "       zero-ckpt consolidate DIR OUT.safetensors [--tag TAG] [--dtype fp32|bf16]\n";
+
+// Errors: stderr, exit 2. --help: stdout, exit 0 (it was asked for).
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "zero-ckpt: %s\n"
-               "usage: zero-ckpt info DIR [--tag TAG]\n"
-               "       zero-ckpt consolidate DIR OUT.safetensors [--tag TAG] [--dtype fp32|bf16]\n",
-               why.c_str());
+  std::fprintf(stderr, "zero-ckpt: %s\n%s", why.c_str(), kUsage);
   std::exit(2);
+}
+
+[[noreturn]] void help() {
+  std::printf("%s"
+              "Inspects and converts zero-cpp checkpoints (no ranks needed).\n"
+              "  info          what a checkpoint holds; checks every file's size and hash\n"
+              "  consolidate   the full weights by param name in one safetensors file\n"
+              "  --tag TAG     that tag instead of the one DIR/latest names\n"
+              "  --dtype       fp32 (default) or bf16 for consolidate\n"
+              "  -h, --help    this text\n",
+              kUsage);
+  std::exit(0);
 }
 
 int info(const std::string& dir, const std::string& tag) {
@@ -48,6 +62,8 @@ int info(const std::string& dir, const std::string& tag) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "-h" || std::string(argv[i]) == "--help") help();
   if (argc < 3) usage("a command and a directory are required");
   const std::string cmd = argv[1], dir = argv[2];
   std::string tag, dtype = "fp32", out;

@@ -41,12 +41,27 @@ constexpr auto kGrace = std::chrono::seconds(3);  // SIGTERM -> SIGKILL
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
 
+constexpr const char* kUsage =
+    "usage: zero-run -n N [--master-addr A] [--master-port P] [--timeout SECONDS] -- prog [args...]\n";
+
+// Errors: stderr, exit 2. --help: stdout, exit 0 (it was asked for).
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "zero-run: %s\n"
-               "usage: zero-run -n N [--master-addr A] [--master-port P] [--timeout SECONDS] -- prog [args...]\n",
-               why);
+  std::fprintf(stderr, "zero-run: %s\n%s", why, kUsage);
   std::exit(2);
+}
+
+[[noreturn]] void help() {
+  std::printf("%s"
+              "Starts N ranks of prog on this host with torchrun's variables (RANK, WORLD_SIZE,\n"
+              "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); when one rank fails the\n"
+              "others are stopped and zero-run exits non-zero.\n"
+              "  -n N                ranks to start (also --nproc, --nproc-per-node)\n"
+              "  --master-addr A     rendezvous address (default 127.0.0.1)\n"
+              "  --master-port P     rendezvous port (default: a free one)\n"
+              "  --timeout SECONDS   stop the whole job after this long (exit 124)\n"
+              "  -h, --help          this text\n",
+              kUsage);
+  std::exit(0);
 }
 
 int parse_int(const char* s, const char* what, int min, int max) {
@@ -157,7 +172,7 @@ int main(int argc, char** argv) {
     else if (a == "--master-port") port = parse_int(value("--master-port"), "--master-port", 1, 65535);
     else if (a == "--master-addr") addr = value("--master-addr");
     else if (a == "--timeout") timeout_s = parse_int(value("--timeout"), "--timeout", 1, 1 << 30);
-    else if (a == "-h" || a == "--help") usage("start N local ranks of a program");
+    else if (a == "-h" || a == "--help") help();
     else usage(("unknown option " + a).c_str());
   }
   if (nproc < 1) usage("-n N is required");

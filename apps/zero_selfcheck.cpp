@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <string>
 
 #include "zero/comm.h"
 
@@ -21,7 +22,19 @@ bool check(bool ok, const char* what, int rank) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // No options: a launcher runs it as is. --help answers on stdout.
+  if (argc > 1) {
+    const std::string a = argv[1];
+    const bool help = a == "-h" || a == "--help";
+    std::fprintf(help ? stdout : stderr,
+                 "%s"
+                 "usage: zero-run -n N -- zero-selfcheck\n"
+                 "Checks the collectives (all-reduce, allgather, reduce-scatter, broadcast) on the\n"
+                 "ranks it is launched with and prints what it did. It takes no options.\n",
+                 help ? "" : ("zero-selfcheck: unknown argument " + a + "\n").c_str());
+    return help ? 0 : 2;
+  }
   try {
     auto t0 = std::chrono::steady_clock::now();
     auto world = zero::init_distributed();

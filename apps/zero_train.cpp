@@ -52,15 +52,35 @@ struct Args {
   int64_t save_every = 0;  // 0: only at the end
 };
 
+constexpr const char* kUsage =
+    "usage: zero-train --config FILE [--data FILE_OR_DIR] [--steps N] [--seed S]\n"
+    "                  [--layers L] [--d-model D] [--heads H] [--seq S] [--untied-head]\n"
+    "                  [--log-json FILE | --log-json-all FILE] [--backward-chunks K [--coalesce]]\n"
+    "                  [--save DIR [--save-every K]] [--resume DIR [--tag TAG]] [--init-from FILE]\n";
+
+// Errors: stderr, exit 2. --help: stdout, exit 0 (it was asked for).
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "zero-train: %s\n"
-               "usage: zero-train --config FILE [--data FILE_OR_DIR] [--steps N] [--seed S]\n"
-               "                  [--layers L] [--d-model D] [--heads H] [--seq S] [--untied-head]\n"
-               "                  [--log-json FILE | --log-json-all FILE] [--backward-chunks K [--coalesce]]\n"
-               "                  [--save DIR [--save-every K]] [--resume DIR [--tag TAG]] [--init-from FILE]\n",
-               why.c_str());
+  std::fprintf(stderr, "zero-train: %s\n%s", why.c_str(), kUsage);
   std::exit(2);
+}
+
+[[noreturn]] void help() {
+  std::printf("%s"
+              "Trains the bundled GPT (byte tokens) with a DeepSpeed ds_config on the ranks it is\n"
+              "launched with (zero-run -n N -- zero-train ...).\n"
+              "  --config FILE          the ds_config (required)\n"
+              "  --data FILE_OR_DIR     text to train on (default: %s)\n"
+              "  --steps N              optimizer steps in total (default 100)\n"
+              "  --seed S               weights and data order (default 1234)\n"
+              "  --layers, --d-model, --heads, --seq, --untied-head   the model's shape\n"
+              "  --log-json FILE        JSON Lines log on rank 0 (--log-json-all: every rank, FILE.rankN)\n"
+              "  --backward-chunks K    K backward passes per micro-batch (--coalesce: one reduction)\n"
+              "  --save DIR             checkpoint into DIR at the end (--save-every K: every K steps)\n"
+              "  --resume DIR           continue from DIR's latest checkpoint (--tag TAG: that tag)\n"
+              "  --init-from FILE       start from consolidated weights (zero-ckpt consolidate)\n"
+              "  -h, --help             this text\n",
+              kUsage, zero::data::ByteCorpus::default_path().c_str());
+  std::exit(0);
 }
 
 int64_t to_int(const std::string& flag, const char* v, int64_t min) {
@@ -96,7 +116,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--resume") a.resume_dir = val();
     else if (f == "--tag") a.resume_tag = val();
     else if (f == "--init-from") a.init_from = val();
-    else if (f == "-h" || f == "--help") usage("train the bundled GPT");
+    else if (f == "-h" || f == "--help") help();
     else usage("unknown option " + f);
   }
   if (a.config.empty()) usage("--config is required");
