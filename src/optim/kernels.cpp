@@ -27,7 +27,7 @@ inline void store16(void* out, int64_t i, float x, Out16 kind) {
 
 #define ZERO_CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
 
-// The per-chunk loops; the loop bodies are what the compiler vectorizes.
+// The per-chunk loops, one clone per instruction set (see kernels.h).
 ZERO_CLONES
 void adam_chunk(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
                 int64_t n, float lr, float b1, float b2, float eps, float wd, float step_size,

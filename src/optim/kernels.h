@@ -1,11 +1,14 @@
 // Optimizer kernels over flat fp32 shards (no torch: plain pointers, so the
 // ZeRO engine can hand them any shard and they compile in seconds).
 //
-// Vectorized through GCC function multi-versioning (AVX-512, AVX2+FMA, and a
+// Compiled through GCC function multi-versioning (AVX-512, AVX2+FMA, and a
 // portable baseline, picked once at load time by the CPU) and threaded with
-// OpenMP over contiguous chunks. The 16-bit copy of the updated params is
-// written in the same pass when mixed precision is on, so the update makes
-// one trip through memory.
+// OpenMP over contiguous chunks. GCC 12 does not vectorize these loops (the
+// branches of the optional 16-bit write): the clones are scalar code that
+// differs in FMA use, so results differ in the last bits between CPUs
+// (README, "Which CPU instructions the kernels use"). The 16-bit copy of the
+// updated params is written in the same pass when mixed precision is on, so
+// the update makes one trip through memory.
 #pragma once
 
 #include <cstdint>
