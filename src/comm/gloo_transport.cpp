@@ -25,13 +25,14 @@ at::Tensor gloo_view(const at::Tensor& t) {
 
 std::string op_name(const char* op, const Group& g) { return std::string(op) + " on " + g.describe(); }
 
-// Before each collective, the ranks all-gather their signature records on
-// the same Gloo lane (so in the same order as the collectives themselves)
-// and compare them: a rank whose op, size, dtype or label differs is an
-// error naming both sides on every rank, before Gloo sees mismatched
-// buffers (which it may report late, or not at all). Costs one small
-// allgather per collective.
-void agree_on_signature(const Group& g, compat::CollectiveBackend& lane, const Signature& sig, const char* op) {
+// Each collective is preceded, on the same Gloo lane (so in the same order
+// on every rank), by an allgather of the ranks' signature records, which
+// wait() compares before anything else: a rank whose op, size, dtype or
+// label differs is an error naming both sides on every rank, whether or not
+// Gloo itself notices the mismatched buffers. Issuing does not block, so a
+// rank may run ahead of its peers as before. Costs one small allgather.
+SignatureCheck exchange_signatures(const Group& g, compat::CollectiveBackend& lane, const Signature& sig,
+                                   const char* op) {
   constexpr int64_t kBytes = sizeof(SignatureRecord);
   const SignatureRecord mine = make_signature_record(sig.text);
   auto in = at::empty({kBytes}, at::kByte);
@@ -40,11 +41,14 @@ void agree_on_signature(const Group& g, compat::CollectiveBackend& lane, const S
   std::vector<std::vector<at::Tensor>> outs(1);
   for (int r = 0; r < g.size(); ++r) outs[0].push_back(all.narrow(0, r * kBytes, kBytes));
   std::vector<at::Tensor> ins{in};
-  BackendWork(lane.allgather(outs, ins), nullptr, op_name(op, g), g.impl().timeout).wait();
-  const auto* records = reinterpret_cast<const SignatureRecord*>(all.data_ptr());
-  const std::string error = describe_disagreement(
-      op, g.describe(), records, g.size(), [&](int q) { return "rank " + std::to_string(g.global_ranks()[q]); });
-  if (!error.empty()) throw CollectiveMismatch(error);
+  auto work = lane.allgather(outs, ins);
+  std::vector<int> ranks = g.global_ranks();
+  return {work, [all, ranks, op = std::string(op), group = g.describe()] {
+            const auto* records = reinterpret_cast<const SignatureRecord*>(all.data_ptr());
+            const std::string error = describe_disagreement(op, group, records, static_cast<int>(ranks.size()),
+                                                            [&](int q) { return "rank " + std::to_string(ranks[q]); });
+            if (!error.empty()) throw CollectiveMismatch(error);
+          }};
 }
 
 }  // namespace
@@ -74,13 +78,13 @@ WorkHandle GlooTransport::all_gather(const Group& g, at::Tensor out_flat, at::Te
     if (!out_flat.is_same(in_shard)) out_flat.copy_(in_shard);
     return completed_work();
   }
-  agree_on_signature(g, *g.impl().backend, sig, "allgather");
+  auto check = exchange_signatures(g, *g.impl().backend, sig, "allgather");
   at::Tensor out = gloo_view(out_flat);
   std::vector<std::vector<at::Tensor>> outs(1);
   for (int r = 0; r < g.size(); ++r) outs[0].push_back(out.narrow(0, r * n, n));
   std::vector<at::Tensor> ins{gloo_view(in_shard)};
   auto w = g.impl().backend->allgather(outs, ins);
-  return std::make_shared<BackendWork>(w, nullptr, op_name("allgather", g), g.impl().timeout);
+  return std::make_shared<BackendWork>(w, nullptr, op_name("allgather", g), g.impl().timeout, std::move(check));
 }
 
 WorkHandle GlooTransport::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op,
@@ -102,20 +106,21 @@ WorkHandle GlooTransport::reduce_scatter(const Group& g, at::Tensor out_shard, a
     reduce_into_out(in_flat.view({1, n}));
     return completed_work();
   }
-  agree_on_signature(g, *g.impl().reduce_backend, sig, "reduce_scatter");
+  auto check = exchange_signatures(g, *g.impl().reduce_backend, sig, "reduce_scatter");
   at::Tensor recv = memory::zeros_flat(size * n, in_flat.scalar_type());  // pages freed with it
   at::Tensor recv_view = gloo_view(recv);
   at::Tensor send_view = gloo_view(in_flat);
   std::vector<int64_t> equal_splits;
   auto w = g.impl().reduce_backend->alltoall_base(recv_view, send_view, equal_splits, equal_splits);
   return std::make_shared<BackendWork>(
-      w, [=] { reduce_into_out(recv.view({size, n})); }, op_name("reduce_scatter", g), g.impl().timeout);
+      w, [=] { reduce_into_out(recv.view({size, n})); }, op_name("reduce_scatter", g), g.impl().timeout,
+      std::move(check));
 }
 
 WorkHandle GlooTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op, const Signature& sig) {
   const int size = g.size();
   if (size == 1) return completed_work();
-  agree_on_signature(g, *g.impl().backend, sig, "all_reduce");
+  auto check = exchange_signatures(g, *g.impl().backend, sig, "all_reduce");
   // 16-bit floats are summed in fp32 (Gloo has no bf16 and sums fp16 in fp16).
   at::Tensor buf = is_16bit_float(t.scalar_type()) ? t.to(at::kFloat) : t;
   std::vector<at::Tensor> bufs{buf};
@@ -126,24 +131,24 @@ WorkHandle GlooTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op, 
       if (op == ReduceOp::Avg) buf.div_(static_cast<double>(size));
       if (!buf.is_same(t)) t.copy_(buf);
     };
-  return std::make_shared<BackendWork>(w, finish, op_name("all_reduce", g), g.impl().timeout);
+  return std::make_shared<BackendWork>(w, finish, op_name("all_reduce", g), g.impl().timeout, std::move(check));
 }
 
 WorkHandle GlooTransport::broadcast(const Group& g, at::Tensor t, int root, const Signature& sig) {
   if (g.size() == 1) return completed_work();
-  agree_on_signature(g, *g.impl().backend, sig, "broadcast");
+  auto check = exchange_signatures(g, *g.impl().backend, sig, "broadcast");
   std::vector<at::Tensor> bufs{gloo_view(t)};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   auto w = g.impl().backend->broadcast(bufs, opts);
-  return std::make_shared<BackendWork>(w, nullptr, op_name("broadcast", g), g.impl().timeout);
+  return std::make_shared<BackendWork>(w, nullptr, op_name("broadcast", g), g.impl().timeout, std::move(check));
 }
 
 WorkHandle GlooTransport::barrier(const Group& g, const Signature& sig) {
   if (g.size() == 1) return completed_work();
-  agree_on_signature(g, *g.impl().backend, sig, "barrier");
+  auto check = exchange_signatures(g, *g.impl().backend, sig, "barrier");
   auto w = g.impl().backend->barrier();
-  return std::make_shared<BackendWork>(w, nullptr, op_name("barrier", g), g.impl().timeout);
+  return std::make_shared<BackendWork>(w, nullptr, op_name("barrier", g), g.impl().timeout, std::move(check));
 }
 
 }  // namespace zero::comm

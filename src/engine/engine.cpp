@@ -5,6 +5,7 @@
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include "engine/engine_impl.h"
 
@@ -12,19 +13,48 @@ namespace zero {
 
 at::Tensor compute(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); }
 
+void Engine::Impl::end_backward(bool implicit_end) {
+  try {
+    reducer->end_backward();  // aborts itself if a collective fails
+  } catch (...) {
+    if (stage3) stage3->reset_after_error();
+    throw;
+  }
+  if (stage3) stage3->after_backward(/*keep_awaited=*/implicit_end);
+}
+
 // A grad arrived from a backward the engine did not start (loss.backward()):
-// begin one as engine.backward() would, end it when autograd finishes, and
-// scale the grads on their way in by what engine.backward() scales the loss
-// by. fp16 is refused: its loss scale must apply before backward, or small
-// grads underflow in the 16-bit cast before anything could scale them.
-float Engine::Impl::begin_implicit_backward() {
-  if (config.fp16.enabled)
-    throw std::logic_error("zero::Engine: loss.backward() was called directly with fp16 enabled; fp16 needs the "
-                           "loss scaled before backward: call engine.backward(loss) instead");
-  check_state();
-  check_no_gathered_scope("backward (a plain loss.backward())");
-  reducer->begin_backward(reduce_this_backward());
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
+// begin one as engine.backward() would, and scale the grads on their way in
+// by what engine.backward() scales the loss by. Its end is queued on every
+// autograd graph task its grads arrive from (a reentrant checkpoint runs a
+// nested one), and it ends when the last of them finishes. If autograd
+// failed instead, the queued ends are destroyed unrun: the next grad or
+// step() notices and drops what that backward left. fp16 is refused: its
+// loss scale must apply before backward, or small grads underflow in the
+// 16-bit cast before anything could scale them.
+float Engine::Impl::implicit_backward() {
+  if (reducer->in_implicit_backward() && implicit.alive.expired()) recover_if_backward_failed();
+  if (!reducer->in_backward()) {
+    if (config.fp16.enabled) {
+      if (stage3) stage3->reset_after_error();  // its hooks may have begun this backward
+      throw std::logic_error("zero::Engine: loss.backward() was called directly with fp16 enabled; fp16 needs the "
+                             "loss scaled before backward: call engine.backward(loss) instead");
+    }
+    check_state();
+    check_no_gathered_scope("backward (a plain loss.backward())");
+    reducer->begin_backward(reduce_this_backward(), /*implicit=*/true);
+    implicit = {};
+  }
+  const void* task = torch::autograd::get_current_graph_task_exec_info();
+  if (std::find(implicit.tasks.begin(), implicit.tasks.end(), task) == implicit.tasks.end()) {
+    std::shared_ptr<void> token = implicit.alive.lock();
+    if (!token) implicit.alive = token = std::make_shared<int>(0);
+    implicit.tasks.push_back(task);
+    ++implicit.ends_pending;
+    torch::autograd::Engine::get_default_engine().queue_callback([this, token] {
+      if (--implicit.ends_pending == 0) end_backward(/*implicit_end=*/true);
+    });
+  }
   return static_cast<float>(1.0 / static_cast<double>(batch.gradient_accumulation_steps));
 }
 

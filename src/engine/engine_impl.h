@@ -111,7 +111,7 @@ struct Engine::Impl {
     replicated = replicated_tensors(model);
     sync_replicated_at_construction(model);
     ReducerOptions ro{stage, config.zero.overlap_comm(), config.zero.contiguous_gradients, grad_dtype, nullptr,
-                      [this] { return begin_implicit_backward(); }};
+                      [this] { return implicit_backward(); }};
     if (stage == 3) {
       build_unit_groups(model);
       ro.on_group_complete = [this](size_t g) { stage3->on_grads_complete(g); };
@@ -414,18 +414,24 @@ struct Engine::Impl {
   bool reduce_this_backward() const { return !coalescing && (stage >= 2 || (boundary() && !no_sync)); }
 
   // The end of a backward, begun by engine.backward() or by a grad arriving
-  // from a plain loss.backward() (engine.cpp).
-  void end_backward() {
-    reducer->end_backward();
-    if (stage3) stage3->after_backward();
-  }
-  float begin_implicit_backward();
+  // from a plain loss.backward() (engine.cpp). An implicit end keeps the
+  // stage-3 units whose grads are still awaited: it may come at the end of
+  // a nested (reentrant) backward, before the enclosing one is done.
+  void end_backward(bool implicit = false);
+  // A plain loss.backward()'s grads (engine.cpp).
+  struct ImplicitBackward {
+    std::vector<const void*> tasks;  // autograd graph tasks an end is queued on
+    int ends_pending = 0;
+    std::weak_ptr<void> alive;  // held by the queued ends: expired unrun, the backward died
+  } implicit;
+  float implicit_backward();
 
   // A backward that threw inside autograd never reached its end (a plain
   // loss.backward() has no place to catch it): drop what it left behind.
   void recover_if_backward_failed() {
-    if (!reducer->in_backward()) return;
-    reducer->abort_backward();
+    const bool stage3_mid_backward = stage3 && stage3->in_backward();
+    if (!reducer->in_backward() && !stage3_mid_backward) return;
+    if (reducer->in_backward()) reducer->abort_backward();
     if (stage3) stage3->reset_after_error();
   }
 

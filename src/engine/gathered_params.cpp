@@ -61,8 +61,15 @@ Engine::GatheredParameters::GatheredParameters(Engine& e, std::vector<at::Tensor
     std::sort(groups_.begin(), groups_.end());  // the same order on every rank
     groups_.erase(std::unique(groups_.begin(), groups_.end()), groups_.end());
   }
-  if (m.stage3)
-    for (size_t gi : groups_) m.stage3->pin(gi);
+  if (m.stage3) {
+    size_t pinned = 0;
+    try {
+      for (; pinned < groups_.size(); ++pinned) m.stage3->pin(groups_[pinned]);
+    } catch (...) {
+      for (size_t k = 0; k < pinned; ++k) m.stage3->unpin(groups_[k]);
+      throw;
+    }
+  }
   ++m.gathered_scopes;
 }
 

@@ -22,6 +22,12 @@ struct Region {
 constexpr int kSlots = 4096;
 std::atomic<Region*> g_slots[kSlots];
 std::mutex g_install_mu;
+// Unregistered regions are freed only after many later unregistrations, so
+// a handler still scanning one on another thread never reads freed memory.
+constexpr size_t kRetired = 256;
+std::mutex g_retire_mu;
+Region* g_retired[kRetired];
+size_t g_next_retired = 0;
 bool g_installed = false;
 struct sigaction g_previous;
 
@@ -41,12 +47,15 @@ void chain(int sig, siginfo_t* info, void* ctx) {
   } else if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN && g_previous.sa_handler) {
     return g_previous.sa_handler(sig);
   }
-  // Default action: let the faulting instruction fault again without us.
+  // The default action: a fault re-runs its instruction and faults again
+  // without us; a signal sent by kill() must be raised again.
   signal(sig, SIG_DFL);
+  if (info->si_code <= 0) raise(sig);
 }
 
 void on_segv(int sig, siginfo_t* info, void* ctx) {
-  const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  // Ours: an access to an inaccessible (released) page of a registered region.
+  const auto addr = info->si_code == SEGV_ACCERR ? reinterpret_cast<uintptr_t>(info->si_addr) : 0;
   for (auto& slot : g_slots) {
     const Region* r = slot.load(std::memory_order_acquire);
     if (!r || addr < r->begin || addr >= r->end) continue;
@@ -96,7 +105,12 @@ int register_released_region(const void* base, size_t bytes, std::vector<NamedRa
 
 void unregister_released_region(int id) {
   if (id < 0 || id >= kSlots) return;
-  delete g_slots[id].exchange(nullptr, std::memory_order_acq_rel);
+  Region* r = g_slots[id].exchange(nullptr, std::memory_order_acq_rel);
+  if (!r) return;
+  std::lock_guard<std::mutex> lock(g_retire_mu);
+  Region*& slot = g_retired[g_next_retired++ % kRetired];
+  delete slot;
+  slot = r;
 }
 
 }  // namespace zero::memory

@@ -75,9 +75,11 @@ void GradReducer::install_hooks() {
     }
 }
 
-void GradReducer::begin_backward(bool reduce) {
+void GradReducer::begin_backward(bool reduce, bool implicit) {
+  if (!in_flight_.empty()) abort_backward();  // cannot happen: ends and aborts drain it; be safe
   if (flat_reduced_) restart_after_reduction();
   active_ = true;
+  implicit_ = implicit;
   reduce_ = reduce;
   grad_scale_ = 1.0f;
   next_launch_ = 0;
@@ -115,10 +117,9 @@ void GradReducer::ensure_grad_buffer(partition::FlatGroup& g) {
 }
 
 at::Tensor GradReducer::on_grad_about_to_accumulate(size_t group, const at::Tensor& grad) {
-  if (!active_) {
-    if (!opts_.begin_implicit_backward)
-      throw std::logic_error("zero::Engine: a grad arrived outside engine.backward()");
-    grad_scale_ = opts_.begin_implicit_backward();  // calls begin_backward()
+  if (!active_ || implicit_) {
+    if (!opts_.implicit_backward) throw std::logic_error("zero::Engine: a grad arrived outside engine.backward()");
+    grad_scale_ = opts_.implicit_backward();  // begins one if none is active
   }
   if (state_[group].launched) reopen(group);
   if (opts_.stage >= 2 && opts_.contiguous_gradients) ensure_grad_buffer(groups_[group]);
@@ -217,9 +218,14 @@ void GradReducer::end_backward() {
     unreduced_ = true;
     return;
   }
-  reduce_remaining();
-  // Only early launches (overlap) can be overtaken by a later grad.
-  if (opts_.overlap_comm) reduce_late_groups();
+  try {
+    reduce_remaining();
+    // Only early launches (overlap) can be overtaken by a later grad.
+    if (opts_.overlap_comm) reduce_late_groups();
+  } catch (...) {
+    abort_backward();  // nothing left in flight; this step's grads are gone
+    throw;
+  }
 }
 
 void GradReducer::reduce_late_groups() {

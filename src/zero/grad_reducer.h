@@ -29,10 +29,11 @@
 // boundary) sum as they should.
 //
 // A backward the engine did not start (a plain loss.backward()) is noticed
-// at its first grad: ReducerOptions::begin_implicit_backward lets the engine
-// begin it (and queue its end), and returns the factor the grads are scaled
-// by on their way into the buffers (1 / gradient_accumulation_steps, the
-// scaling engine.backward applies to the loss).
+// at its first grad: ReducerOptions::implicit_backward lets the engine begin
+// it (and arrange its end), and returns the factor the grads are scaled by
+// on their way into the buffers (1 / gradient_accumulation_steps, the
+// scaling engine.backward applies to the loss). It is asked again for every
+// grad of such a backward, so it can follow nested (reentrant) backwards.
 #pragma once
 
 #include <deque>
@@ -58,10 +59,10 @@ struct ReducerOptions {
   // backward (its params are no longer needed for it); called again if
   // more arrive later.
   std::function<void(size_t group)> on_group_complete;
-  // A grad arrived outside any backward begun by the engine (see above).
-  // Must call begin_backward() and may throw (e.g. fp16, which needs the
-  // loss scaled before backward).
-  std::function<float()> begin_implicit_backward;
+  // A grad arrived outside any backward begun by engine.backward() (see
+  // above). Must call begin_backward(reduce, true) if none is active, and
+  // may throw (e.g. fp16, which needs the loss scaled before backward).
+  std::function<float()> implicit_backward;
 };
 
 class GradReducer : public std::enable_shared_from_this<GradReducer> {
@@ -72,10 +73,15 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   void install_hooks();
 
   // `reduce` says whether this backward's grads are reduced (always in
-  // stage 2; at the accumulation boundary in stages 0/1).
-  void begin_backward(bool reduce);
+  // stage 2; at the accumulation boundary in stages 0/1); `implicit`: it was
+  // begun from a grad of a plain loss.backward(). Collectives a failed
+  // earlier end left in flight are waited for first.
+  void begin_backward(bool reduce, bool implicit = false);
+  // Reduces what is left. If that throws, the backward is aborted (as
+  // abort_backward) before the error propagates, so nothing stays in flight.
   void end_backward();
   bool in_backward() const { return active_; }
+  bool in_implicit_backward() const { return active_ && implicit_; }
   // Reduces every group's accumulated grads now, outside a backward: the
   // one reduction pass at the end of a coalesce_grad_reduction() scope.
   void flush();
@@ -141,6 +147,7 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   std::vector<std::vector<int>> expected_;  // per group and param: arrivals per backward (learned)
   std::vector<std::vector<int>> arrived_;   // ... in this backward
   bool active_ = false;
+  bool implicit_ = false;
   bool reduce_ = false;
   float grad_scale_ = 1.0f;    // applied to arriving grads (implicit backward only)
   bool unreduced_ = false;

@@ -40,7 +40,8 @@ void Stage3Runtime::name_released_contents(size_t i) {
       "between uses only this rank's shard of it exists. Read or change full params inside "
       "engine.gathered_parameters(...); save them with engine.state_dict() or engine.save_weights(); and a "
       "param that code outside its unit uses must be registered in that code's module too (it then stays "
-      "gathered). See docs/troubleshooting.md.");
+      "gathered). After its engine is destroyed a stage-3 model's units stay released: take "
+      "engine.state_dict() first. See docs/troubleshooting.md.");
 }
 
 void Stage3Runtime::pin(size_t i) {
@@ -191,10 +192,11 @@ void Stage3Runtime::on_grads_complete(size_t group) {
   release(group);
 }
 
-void Stage3Runtime::after_backward() {
-  std::fill(awaiting_grads_.begin(), awaiting_grads_.end(), false);
+void Stage3Runtime::after_backward(bool keep_awaited) {
+  if (!keep_awaited) std::fill(awaiting_grads_.begin(), awaiting_grads_.end(), false);
   std::fill(prefetched_.begin(), prefetched_.end(), false);
-  for (size_t i = 0; i < groups_.size(); ++i) release(i);
+  for (size_t i = 0; i < groups_.size(); ++i)
+    if (!awaiting_grads_[i]) release(i);
   recording_ = false;
   in_backward_ = false;
   position_ = 0;
@@ -213,6 +215,7 @@ void Stage3Runtime::reset_after_error() {
 }
 
 void Stage3Runtime::after_step() {
+  std::fill(awaiting_grads_.begin(), awaiting_grads_.end(), false);
   for (size_t i = 0; i < groups_.size(); ++i) release(i);  // no-op for persistent groups
   std::vector<comm::WorkHandle> works;
   for (size_t i = 0; i < groups_.size(); ++i)

@@ -66,8 +66,11 @@ class Stage3Runtime : public detail::UnitRuntime {
   // The reducer saw all of the group's grads: its params can go.
   void on_grads_complete(size_t group);
   // End of backward: release what is still gathered (unused params, prefetch
-  // ahead of an order change) and close the first step's recording.
-  void after_backward();
+  // ahead of an order change) and close the first step's recording. With
+  // keep_awaited, units whose grads have not all arrived stay gathered (the
+  // end of a plain loss.backward() seen from a nested backward).
+  void after_backward(bool keep_awaited = false);
+  bool in_backward() const { return in_backward_; }
   // After an optimizer step: persistent groups take their updated shards;
   // every other group is released (its gathered copy is stale now).
   void after_step();

@@ -427,27 +427,38 @@ struct GatedNet : torch::nn::Module {
   at::Tensor head;
 };
 
+// On both transports: issuing a collective never waits for the peers (a
+// rank whose unit completes early launches its reduce-scatter while its
+// peer still gathers the next unit).
 TEST(Stage3, ParamUnusedOnSomeRanksOnly) {
   const int N = world().size();
-  // No prefetch: each backward gather is issued when its unit is reached,
-  // between the reduce-scatters the grad hooks launch.
-  auto cfg = toy_config(3, 4, 0, /*prefetch=*/1);
-  GatedNet m, ref;
-  zero::Engine e(m, cfg, world().comm(), dp_group());
-  zero::Engine er(ref, toy_config(0, 4 * N), world().comm(), solo_group());
-  for (int step = 0; step < 5; ++step) {
-    at::manual_seed(400 + step);
-    auto x = at::randn({4 * N, 8});
-    const int r = dp_group()->rank();
-    e.backward(m.loss(x.narrow(0, 4 * r, 4), /*use_gate=*/r == 0));
-    e.step();
-    // The same math in one process: rank 0's rows use the gate, the rest do not.
-    at::Tensor total = ref.loss(x.narrow(0, 0, 4), true);
-    for (int k = 1; k < N; ++k) total = total + ref.loss(x.narrow(0, 4 * k, 4), false);
-    er.backward(total / N);
-    er.step();
+  for (bool fast_path : {true, false}) {
+    SCOPED_TRACE(fast_path ? "shared memory" : "gloo");
+    // No prefetch: each backward gather is issued when its unit is reached,
+    // between the reduce-scatters the grad hooks launch.
+    auto j = nlohmann::json{{"train_micro_batch_size_per_gpu", 4},
+                            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                            {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0},
+                                                   {"stage3_prefetch_bucket_size", 1}}},
+                            {"zero_cpp", {{"comm_fast_path", fast_path}}}};
+    GatedNet m, ref;
+    zero::Engine e(m, Config::from_json(j), world().comm(), dp_group());
+    zero::Engine er(ref, toy_config(0, 4 * N), world().comm(), solo_group());
+    for (int step = 0; step < 5; ++step) {
+      at::manual_seed(400 + step);
+      auto x = at::randn({4 * N, 8});
+      const int r = dp_group()->rank();
+      e.backward(m.loss(x.narrow(0, 4 * r, 4), /*use_gate=*/r == 0));
+      e.step();
+      // The same math in one process: rank 0's rows use the gate, the rest do not.
+      at::Tensor total = ref.loss(x.narrow(0, 0, 4), true);
+      for (int k = 1; k < N; ++k) total = total + ref.loss(x.narrow(0, 4 * k, 4), false);
+      er.backward(total / N);
+      er.step();
+    }
+    EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
+    world().comm().set_fast_paths_enabled(true);
   }
-  EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
 }
 
 TEST(Stage3, ZeroInitRejectsParamsSharedBetweenUnits) {

@@ -294,7 +294,7 @@ TEST(RepeatedGrads, RecomputedPiecesSharingAWeightMatchThePlainModel) {
                                                            {"reduce_bucket_size", 100},
                                                            {"stage3_param_persistence_threshold", 0}}}});
       std::map<std::string, at::Tensor> params[2];
-      zero::comm::OpCounts later_steps[2];
+      zero::comm::OpCounts first_step[2], later_steps[2];
       for (bool checkpoint : {false, true}) {
         RecomputeNet m(checkpoint);
         zero::Engine e(m, cfg, world().comm(), dp_group());
@@ -304,13 +304,16 @@ TEST(RepeatedGrads, RecomputedPiecesSharingAWeightMatchThePlainModel) {
           const auto before = world().comm().counters().totals();
           e.backward(m.loss(x));
           e.step();
-          if (step >= 1)
-            for (auto& [op, c] : zero::comm::diff(world().comm().counters().totals(), before))
-              later_steps[checkpoint][op] += c;
+          for (auto& [op, c] : zero::comm::diff(world().comm().counters().totals(), before))
+            (step == 0 ? first_step : later_steps)[checkpoint][op] += c;
         }
         params[checkpoint] = e.full_parameters();
       }
       EXPECT_LT(max_abs_diff(params[1], params[0]), 1e-6);
+      // With overlap, the first step reduced `shared`'s group at its first
+      // arrival and again after the second: the late path ran.
+      const char* reduce_op = stage == 0 ? "all_reduce" : "reduce_scatter";
+      if (overlap) EXPECT_GT(first_step[1].at(reduce_op).calls, first_step[0].at(reduce_op).calls);
       for (const char* op : {"all_reduce", "reduce_scatter", "allgather"}) {
         const auto calls = [&](int k) {
           return later_steps[k].count(op) ? later_steps[k].at(op).calls : int64_t{0};
@@ -679,18 +682,95 @@ TEST(PlainBackward, EqualsEngineBackwardAtEveryStage) {
 
 // fp16 needs its loss scaled before backward, which only engine.backward
 // can do: a plain backward is refused on every rank, naming the fix, and
-// the engine trains on.
+// the engine trains on (at stage 3 too, whose unit hooks ran first).
 TEST(PlainBackward, Fp16IsRefusedWithTheFix) {
-  auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
-                                {"fp16", {{"enabled", true}, {"initial_scale_power", 8}}},
-                                {"optimizer", {{"type", "AdamW"}}},
-                                {"zero_optimization", {{"stage", 2}}}});
-  WithUnused m;
-  zero::Engine e(m, cfg, world().comm(), dp_group());
-  auto x = at::randn({4, 13});
-  expect_error([&] { m.loss(x).backward(); }, "call engine.backward(loss)");
-  e.backward(m.loss(x));
-  EXPECT_TRUE(e.step());
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                  {"fp16", {{"enabled", true}, {"initial_scale_power", 8}}},
+                                  {"optimizer", {{"type", "AdamW"}}},
+                                  {"zero_optimization", {{"stage", stage}, {"stage3_param_persistence_threshold", 0}}}});
+    UnitNet m;
+    zero::Engine e(m, cfg, world().comm(), dp_group());
+    auto x = at::randn({4, 8});
+    expect_error([&] { m.loss(x).backward(); }, "call engine.backward(loss)");
+    for (int step = 0; step < 2; ++step) {
+      e.backward(m.loss(x));
+      EXPECT_TRUE(e.step());
+    }
+  }
+}
+
+// Recompute-style checkpointing under a plain loss.backward(): the grads of
+// nested backwards belong to the enclosing one, which ends when its last
+// graph task does -- also when the first grad arrives inside a nested one
+// (`first_in_nested`: the checkpointed piece is the last op before the loss).
+TEST(PlainBackward, NestedBackwardsOfRecomputationEqualEngineBackward) {
+  for (bool first_in_nested : {false, true})
+    for (int stage : {0, 1, 2, 3}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + (first_in_nested ? ", first grad in a nested backward" : ""));
+      auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                    {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                                    {"zero_optimization", {{"stage", stage}, {"overlap_comm", true},
+                                                           {"reduce_bucket_size", 100},
+                                                           {"stage3_param_persistence_threshold", 0}}}});
+      std::map<std::string, at::Tensor> params[2];
+      for (bool plain : {false, true}) {
+        RecomputeNet m(true);
+        zero::Engine e(m, cfg, world().comm(), dp_group());
+        for (int step = 0; step < 3; ++step) {
+          at::manual_seed(1400 + step);
+          auto x = at::randn({4 * world().size(), 8}).narrow(0, 4 * dp_group()->rank(), 4);
+          auto loss = first_in_nested ? m.run(m.second, m.run(m.first, m.in->forward(x))).pow(2).mean() : m.loss(x);
+          if (plain) loss.backward();
+          else e.backward(loss);
+          e.step();
+        }
+        params[plain] = e.full_parameters();
+      }
+      EXPECT_LT(max_abs_diff(params[1], params[0]), 1e-6);
+    }
+}
+
+// A plain backward that fails inside autograd never reaches its end; the
+// retry (or the next step()) drops what it left, and training goes on as if
+// it had not happened.
+struct FailOnce : torch::autograd::Function<FailOnce> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, at::Tensor x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list g) {
+    if (armed) {
+      armed = false;
+      throw std::runtime_error("injected failure in backward");
+    }
+    return {g[0]};
+  }
+  static inline bool armed = false;
+};
+
+TEST(PlainBackward, RetryAfterAFailedBackward) {
+  for (int stage : {0, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    UnitNet m, ref;
+    zero::Engine e(m, toy_config(stage, 4, 0), world().comm(), dp_group());
+    zero::Engine er(ref, toy_config(stage, 4, 0), world().comm(), dp_group());
+    for (int step = 0; step < 3; ++step) {
+      at::manual_seed(1500 + step);
+      auto x = at::randn({4, 8});
+      // A loss whose backward first reaches some params (the head), then fails.
+      auto loss = [&](UnitNet& net) {
+        auto h = FailOnce::apply(net.a->forward(x));
+        return at::matmul(net.d->forward(net.c->forward(net.b->forward(h))), zero::compute(net.head)).pow(2).mean();
+      };
+      FailOnce::armed = step == 1;
+      if (step == 1) expect_error([&] { loss(m).backward(); }, "injected failure");
+      loss(m).backward();
+      e.step();
+      loss(ref).backward();
+      er.step();
+    }
+    EXPECT_EQ(max_abs_diff(e.full_parameters(), er.full_parameters()), 0.0);
+  }
 }
 
 }  // namespace
