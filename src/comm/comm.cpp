@@ -16,24 +16,16 @@ namespace zero::comm {
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 BackendWork::BackendWork(c10::intrusive_ptr<compat::C10dWork> work, std::function<void()> finish, std::string what,
-                         std::chrono::milliseconds timeout, std::optional<SignatureCheck> check)
-    : work_(std::move(work)), finish_(std::move(finish)), what_(std::move(what)), timeout_(timeout),
-      check_(std::move(check)) {}
+                         std::chrono::milliseconds timeout)
+    : work_(std::move(work)), finish_(std::move(finish)), what_(std::move(what)), timeout_(timeout) {}
 
 void BackendWork::wait() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!done_) {
     done_ = true;
     try {
-      if (check_) {
-        check_->exchange->wait(timeout_);
-        check_->verify();  // before the data counts (or a mismatched collective is waited for)
-      }
       work_->wait(timeout_);
       if (finish_) finish_();
-    } catch (const CollectiveMismatch& e) {
-      error_ = e.what();
-      mismatch_ = true;
     } catch (const std::exception& e) {
       std::ostringstream os;
       os << what_ << " failed (collective timeout " << timeout_.count() / 1000.0
@@ -41,15 +33,13 @@ void BackendWork::wait() {
       error_ = os.str();
     }
     finish_ = nullptr;
-    check_.reset();
   }
-  if (error_ && mismatch_) throw CollectiveMismatch(*error_);
   if (error_) throw CommError(*error_);
 }
 
 bool BackendWork::is_completed() {
   std::lock_guard<std::mutex> lock(mu_);
-  return done_ || ((!check_ || check_->exchange->isCompleted()) && work_->isCompleted());
+  return done_ || work_->isCompleted();
 }
 
 namespace {

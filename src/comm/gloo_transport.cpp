@@ -23,34 +23,6 @@ at::Tensor gloo_view(const at::Tensor& t) {
   return t;
 }
 
-std::string op_name(const char* op, const Group& g) { return std::string(op) + " on " + g.describe(); }
-
-// Each collective is preceded, on the same Gloo lane (so in the same order
-// on every rank), by an allgather of the ranks' signature records, which
-// wait() compares before anything else: a rank whose op, size, dtype or
-// label differs is an error naming both sides on every rank, whether or not
-// Gloo itself notices the mismatched buffers. Issuing does not block, so a
-// rank may run ahead of its peers as before. Costs one small allgather.
-SignatureCheck exchange_signatures(const Group& g, compat::CollectiveBackend& lane, const Signature& sig,
-                                   const char* op) {
-  constexpr int64_t kBytes = sizeof(SignatureRecord);
-  const SignatureRecord mine = make_signature_record(sig.text);
-  auto in = at::empty({kBytes}, at::kByte);
-  std::memcpy(in.data_ptr(), &mine, kBytes);
-  auto all = at::empty({kBytes * g.size()}, at::kByte);
-  std::vector<std::vector<at::Tensor>> outs(1);
-  for (int r = 0; r < g.size(); ++r) outs[0].push_back(all.narrow(0, r * kBytes, kBytes));
-  std::vector<at::Tensor> ins{in};
-  auto work = lane.allgather(outs, ins);
-  std::vector<int> ranks = g.global_ranks();
-  return {work, [all, ranks, op = std::string(op), group = g.describe()] {
-            const auto* records = reinterpret_cast<const SignatureRecord*>(all.data_ptr());
-            const std::string error = describe_disagreement(op, group, records, static_cast<int>(ranks.size()),
-                                                            [&](int q) { return "rank " + std::to_string(ranks[q]); });
-            if (!error.empty()) throw CollectiveMismatch(error);
-          }};
-}
-
 }  // namespace
 
 int64_t GlooTransport::wire_bytes(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel) const {
@@ -78,13 +50,14 @@ WorkHandle GlooTransport::all_gather(const Group& g, at::Tensor out_flat, at::Te
     if (!out_flat.is_same(in_shard)) out_flat.copy_(in_shard);
     return completed_work();
   }
-  auto check = exchange_signatures(g, *g.impl().backend, sig, "allgather");
-  at::Tensor out = gloo_view(out_flat);
-  std::vector<std::vector<at::Tensor>> outs(1);
-  for (int r = 0; r < g.size(); ++r) outs[0].push_back(out.narrow(0, r * n, n));
-  std::vector<at::Tensor> ins{gloo_view(in_shard)};
-  auto w = g.impl().backend->allgather(outs, ins);
-  return std::make_shared<BackendWork>(w, nullptr, op_name("allgather", g), g.impl().timeout, std::move(check));
+  const int size = g.size();
+  return g.impl().lane->submit(g, "allgather", sig, [=](compat::CollectiveBackend& gloo) {
+    at::Tensor out = gloo_view(out_flat);
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (int r = 0; r < size; ++r) outs[0].push_back(out.narrow(0, r * n, n));
+    std::vector<at::Tensor> ins{gloo_view(in_shard)};
+    return gloo.allgather(outs, ins);
+  }, nullptr);
 }
 
 WorkHandle GlooTransport::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op,
@@ -106,49 +79,51 @@ WorkHandle GlooTransport::reduce_scatter(const Group& g, at::Tensor out_shard, a
     reduce_into_out(in_flat.view({1, n}));
     return completed_work();
   }
-  auto check = exchange_signatures(g, *g.impl().reduce_backend, sig, "reduce_scatter");
-  at::Tensor recv = memory::zeros_flat(size * n, in_flat.scalar_type());  // pages freed with it
-  at::Tensor recv_view = gloo_view(recv);
-  at::Tensor send_view = gloo_view(in_flat);
-  std::vector<int64_t> equal_splits;
-  auto w = g.impl().reduce_backend->alltoall_base(recv_view, send_view, equal_splits, equal_splits);
-  return std::make_shared<BackendWork>(
-      w, [=] { reduce_into_out(recv.view({size, n})); }, op_name("reduce_scatter", g), g.impl().timeout,
-      std::move(check));
+  // The scratch is allocated when the collective is issued, not queued.
+  auto recv = std::make_shared<at::Tensor>();
+  return g.impl().reduce_lane->submit(g, "reduce_scatter", sig, [=](compat::CollectiveBackend& gloo) {
+    *recv = memory::zeros_flat(size * n, in_flat.scalar_type());  // pages freed with it
+    at::Tensor recv_view = gloo_view(*recv);
+    at::Tensor send_view = gloo_view(in_flat);
+    std::vector<int64_t> equal_splits;
+    return gloo.alltoall_base(recv_view, send_view, equal_splits, equal_splits);
+  }, [=] {
+    reduce_into_out(recv->view({size, n}));
+    *recv = at::Tensor();
+  });
 }
 
 WorkHandle GlooTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op, const Signature& sig) {
   const int size = g.size();
   if (size == 1) return completed_work();
-  auto check = exchange_signatures(g, *g.impl().backend, sig, "all_reduce");
-  // 16-bit floats are summed in fp32 (Gloo has no bf16 and sums fp16 in fp16).
-  at::Tensor buf = is_16bit_float(t.scalar_type()) ? t.to(at::kFloat) : t;
-  std::vector<at::Tensor> bufs{buf};
-  auto w = g.impl().backend->allreduce(bufs);
-  std::function<void()> finish;
-  if (op == ReduceOp::Avg || !buf.is_same(t))
-    finish = [=]() mutable {
-      if (op == ReduceOp::Avg) buf.div_(static_cast<double>(size));
-      if (!buf.is_same(t)) t.copy_(buf);
-    };
-  return std::make_shared<BackendWork>(w, finish, op_name("all_reduce", g), g.impl().timeout, std::move(check));
+  // 16-bit floats are summed in fp32 (Gloo has no bf16 and sums fp16 in fp16),
+  // converted when the collective is issued (the caller may still be writing t).
+  const bool widen = is_16bit_float(t.scalar_type());
+  auto buf = std::make_shared<at::Tensor>(t);
+  return g.impl().lane->submit(g, "all_reduce", sig, [=](compat::CollectiveBackend& gloo) {
+    if (widen) *buf = t.to(at::kFloat);
+    std::vector<at::Tensor> bufs{*buf};
+    return gloo.allreduce(bufs);
+  }, [=] {
+    if (op == ReduceOp::Avg) buf->div_(static_cast<double>(size));
+    if (widen) t.copy_(*buf);
+  });
 }
 
 WorkHandle GlooTransport::broadcast(const Group& g, at::Tensor t, int root, const Signature& sig) {
   if (g.size() == 1) return completed_work();
-  auto check = exchange_signatures(g, *g.impl().backend, sig, "broadcast");
-  std::vector<at::Tensor> bufs{gloo_view(t)};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root;
-  auto w = g.impl().backend->broadcast(bufs, opts);
-  return std::make_shared<BackendWork>(w, nullptr, op_name("broadcast", g), g.impl().timeout, std::move(check));
+  return g.impl().lane->submit(g, "broadcast", sig, [=](compat::CollectiveBackend& gloo) {
+    std::vector<at::Tensor> bufs{gloo_view(t)};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    return gloo.broadcast(bufs, opts);
+  }, nullptr);
 }
 
 WorkHandle GlooTransport::barrier(const Group& g, const Signature& sig) {
   if (g.size() == 1) return completed_work();
-  auto check = exchange_signatures(g, *g.impl().backend, sig, "barrier");
-  auto w = g.impl().backend->barrier();
-  return std::make_shared<BackendWork>(w, nullptr, op_name("barrier", g), g.impl().timeout, std::move(check));
+  return g.impl().lane->submit(g, "barrier", sig, [](compat::CollectiveBackend& gloo) { return gloo.barrier(); },
+                               nullptr);
 }
 
 }  // namespace zero::comm

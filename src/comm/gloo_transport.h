@@ -14,8 +14,9 @@
 //   (2(N-1)/N * 2B on the wire), then downcast; Gloo has no bf16 and sums
 //   fp16 in fp16.
 // - bf16 allgather / broadcast move the same bytes viewed as fp16 (exact).
-// - every collective is preceded by an allgather of the ranks' signatures
-//   (128 bytes each; see comm/signature.h): one extra round trip.
+// - every collective is issued by its lane's thread after an allgather of
+//   the ranks' signatures (128 bytes each; comm/gloo_lane.h): one extra
+//   small round trip, which the caller does not wait for.
 #pragma once
 
 #include "zero/comm.h"

@@ -5,6 +5,7 @@
 
 #include <c10/util/intrusive_ptr.h>
 
+#include "comm/gloo_lane.h"
 #include "compat/torch_compat.h"
 #include "zero/comm.h"
 
@@ -22,6 +23,10 @@ struct Group::Impl {
   c10::intrusive_ptr<compat::CollectiveBackend> backend;         // everything else
   c10::intrusive_ptr<compat::CollectiveBackend> reduce_backend;  // reduce-scatter
   std::chrono::milliseconds timeout;
+  // The threads that check signatures and issue the collectives of each
+  // backend (comm/gloo_lane.h); destroyed first, before their backends.
+  std::unique_ptr<GlooLane> lane;
+  std::unique_ptr<GlooLane> reduce_lane;
   // The shared-memory fast path's segment and lanes, when every rank of
   // the group is on this host and could map it; null otherwise.
   std::shared_ptr<ShmGroup> shm;

@@ -12,22 +12,13 @@
 
 namespace zero::comm {
 
-// A collective the ranks must agree on before its result counts: the
-// exchange of their signatures, queued on the same lane just before the
-// collective itself, and the comparison that throws CollectiveMismatch.
-struct SignatureCheck {
-  c10::intrusive_ptr<compat::C10dWork> exchange;
-  std::function<void()> verify;
-};
-
-// Waits on a c10d work item (after its signature check, if any), then runs
-// `finish` (the local part of a composite collective, e.g. the sum after an
-// all-to-all) exactly once. Failures and timeouts become CommError naming
-// `what` ("allgather on dp0 (ranks 0,1)").
+// Waits on a c10d work item, then runs `finish` (the local part of a
+// composite collective, e.g. the sum after an all-to-all) exactly once.
+// Failures and timeouts become CommError naming `what` ("allgather on dp0 (ranks 0,1)").
 class BackendWork : public Work {
  public:
   BackendWork(c10::intrusive_ptr<compat::C10dWork> work, std::function<void()> finish, std::string what,
-              std::chrono::milliseconds timeout, std::optional<SignatureCheck> check = std::nullopt);
+              std::chrono::milliseconds timeout);
   void wait() override;
   bool is_completed() override;
 
@@ -37,9 +28,7 @@ class BackendWork : public Work {
   std::function<void()> finish_;
   std::string what_;
   std::chrono::milliseconds timeout_;
-  std::optional<SignatureCheck> check_;
   bool done_ = false;
-  bool mismatch_ = false;
   std::optional<std::string> error_;
 };
 

@@ -92,6 +92,8 @@ struct World::Impl {
                       " failed: " + first_line(e.what()));
     }
     impl->timeout = collective_timeout;
+    impl->lane = std::make_unique<GlooLane>(impl->backend, collective_timeout);
+    impl->reduce_lane = std::make_unique<GlooLane>(impl->reduce_backend, collective_timeout);
     auto group = std::make_shared<Group>(name, ranks, group_rank, impl);
     std::vector<std::string> hosts;
     for (int r : ranks) hosts.push_back(host_of(r));
