@@ -110,20 +110,25 @@ class Engine {
   // two groups at a time. At stage 1 the guard ends with the boundary
   // backward's reduction (none before the accumulation boundary, where stage 1
   // does not reduce anyway). Errors: stage 0 (use no_sync()), nesting, a
-  // no_sync() guard alive, and step() inside the guard. The reduction runs
-  // in the destructor, which therefore may throw (a collective error); when
-  // the scope is left by an exception it is skipped (the peers may not be
-  // there) and the next step() reduces instead.
+  // no_sync() guard alive, and step() inside the guard.
+  //
+  // finish() ends the guard and reduces (a collective; errors are thrown
+  // there). The destructor calls it if it was not called, and never throws:
+  // if the scope is left by an exception the reduction is skipped (the peers
+  // may not be there) and the next step() reduces instead; if the reduction
+  // itself fails, the next backward() or step() reports that error.
   class CoalesceGradReduction {
    public:
     explicit CoalesceGradReduction(Engine& e);
-    ~CoalesceGradReduction() noexcept(false);
+    void finish();
+    ~CoalesceGradReduction();
     CoalesceGradReduction(const CoalesceGradReduction&) = delete;
     CoalesceGradReduction& operator=(const CoalesceGradReduction&) = delete;
 
    private:
     Engine& engine_;
     int uncaught_at_entry_;
+    bool finished_ = false;
   };
   CoalesceGradReduction coalesce_grad_reduction() { return CoalesceGradReduction(*this); }
   int64_t global_steps() const;   // optimizer steps taken (skipped ones excluded)
@@ -169,12 +174,13 @@ class Engine {
   class GatheredParameters {
    public:
     GatheredParameters(Engine& e, std::vector<at::Tensor> params, std::optional<int> modifier_rank);
-    // Writes back and releases (collective). Called by the destructor if
-    // not called before, unless the scope is left by an exception (the
-    // peers may not be there): then the units are released, nothing is
-    // written back, and no collective is issued.
+    // Writes back and releases (collective; errors are thrown here). The
+    // destructor calls it if it was not called, and never throws: if the
+    // scope is left by an exception the units are released with nothing
+    // written back and no collective issued (the peers may not be there);
+    // if the write-back fails, the next backward() or step() reports it.
     void finish();
-    ~GatheredParameters() noexcept(false);
+    ~GatheredParameters();
     GatheredParameters(const GatheredParameters&) = delete;
     GatheredParameters& operator=(const GatheredParameters&) = delete;
 
@@ -222,9 +228,8 @@ class Engine {
   // counters stay as they are (a fresh start from those weights).
   void load_weights(const std::string& safetensors_path);
 
-  struct Impl;
-
  private:
+  struct Impl;  // src/engine/engine_impl.h
   std::unique_ptr<Impl> impl_;
 };
 

@@ -9,9 +9,10 @@
 // Under a stage-3 engine a unit gathers its params before its forward (or
 // waits for their prefetch), releases them after, and gathers them again
 // before its backward (a hook on its output, so the unit's forward must
-// return the one tensor its backward starts from). Under stages 0-2, or with no engine, it is a plain
-// pass-through to the wrapped module. Params outside every unit (embeddings,
-// final norm, head) form the root unit, which stays gathered.
+// return the one tensor its backward starts from). Under stages 0-2, or
+// with no engine, it is a plain pass-through to the wrapped module. Params
+// outside every unit (embeddings, final norm, head) form the root unit,
+// which stays gathered.
 #pragma once
 
 #include <cstddef>
@@ -33,38 +34,32 @@ class UnitBase;
 namespace detail {
 // Shards a just-built unit when a zero::Init scope is active (zero/init.h).
 void on_unit_constructed(UnitBase& unit);
-
-// Implemented by the stage-3 runtime.
-class UnitRuntime {
- public:
-  virtual ~UnitRuntime() = default;
-  virtual void before_forward(size_t unit) = 0;
-  // Returns `out`, with a hook that regathers the unit before its backward.
-  virtual at::Tensor after_forward(size_t unit, const at::Tensor& out) = 0;
-  // The wrapped forward threw: undo before_forward.
-  virtual void forward_failed(size_t unit) = 0;
-};
+class UnitRuntime;   // the stage-3 runtime a unit reports its forward to (internal)
+struct UnitAccess;   // how the engine and zero::Init reach a unit's internals (internal)
 }  // namespace detail
 
 class UnitBase : public torch::nn::Module {
  public:
   // The wrapped module (its params are the unit's).
   virtual torch::nn::Module& inner_module() = 0;
-  // Called by the engine; a null runtime makes the unit a pass-through.
-  void attach(detail::UnitRuntime* runtime, size_t index) {
-    runtime_ = runtime;
-    index_ = index;
-  }
-
-  // Set when the unit was sharded at construction (inside zero::Init): its
-  // flat group, holding only this rank's shard. The engine adopts it.
-  std::shared_ptr<partition::FlatGroup> sharded_at_init;
-  // Set when zero::Init synced the unit's frozen params and buffers from rank 0.
-  bool synced_at_init = false;
 
  protected:
-  detail::UnitRuntime* runtime_ = nullptr;
+  // The wrapped forward, bracketed for the stage-3 runtime (zero/unit.cpp):
+  // enter gathers (or waits for a prefetch), leave releases and hooks the
+  // output so its backward regathers first, failed undoes enter.
+  bool managed() const { return runtime_ != nullptr; }
+  void enter_forward();
+  at::Tensor leave_forward(const at::Tensor& out);
+  void forward_failed();
+
+ private:
+  friend struct detail::UnitAccess;
+  detail::UnitRuntime* runtime_ = nullptr;  // null: a pass-through
   size_t index_ = 0;
+  // zero::Init sharded the unit at construction: its flat group holding
+  // this rank's shard only, adopted by the engine.
+  std::shared_ptr<partition::FlatGroup> sharded_at_init_;
+  bool synced_at_init_ = false;  // zero::Init synced its frozen params and buffers
 };
 
 template <typename Holder>
@@ -77,16 +72,16 @@ class UnitImpl : public UnitBase {
 
   template <typename... Args>
   at::Tensor forward(Args&&... args) {
-    if (!runtime_) return inner->forward(std::forward<Args>(args)...);
-    runtime_->before_forward(index_);
+    if (!managed()) return inner->forward(std::forward<Args>(args)...);
+    enter_forward();
     at::Tensor out;
     try {
       out = inner->forward(std::forward<Args>(args)...);
     } catch (...) {
-      runtime_->forward_failed(index_);
+      forward_failed();
       throw;
     }
-    return runtime_->after_forward(index_, out);
+    return leave_forward(out);
   }
 
   torch::nn::Module& inner_module() override { return *inner; }

@@ -1,8 +1,6 @@
-// Engine checkpoints: each rank writes the fragments of params its shard
-// holds (fp32 master weights and optimizer state); loading reads, for each
-// param range a rank's new shard covers, whichever files hold it -- so a
-// checkpoint loads on any world size and stage. The file layout and the
-// atomic publish live in ckpt/checkpoint_dir (no torch).
+#include "engine/checkpoint.h"
+
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -10,7 +8,10 @@
 #include <fstream>
 
 #include "ckpt/checkpoint_dir.h"
-#include "engine/engine_impl.h"
+#include <set>
+#include <unordered_map>
+
+#include <ATen/core/grad_mode.h>
 
 namespace zero {
 
@@ -30,11 +31,11 @@ struct Piece {
   partition::Fragment where;  // param_offset, shard_offset (into the master), numel
 };
 
-// What `rank`'s master holds of group g: its shard's fragments, or at
-// stage 0 (unsharded masters) every param whole.
-std::vector<Piece> pieces(const Engine::Impl& m, const partition::FlatGroup& g, int rank) {
+// What `rank`'s master holds of group g: its shard's fragments, or (an
+// unsharded optimizer) every param whole.
+std::vector<Piece> pieces(const CheckpointTarget& t, const partition::FlatGroup& g, int rank) {
   std::vector<Piece> out;
-  if (m.stage == 0) {
+  if (!t.policy.shard_optimizer_state) {
     for (size_t i = 0; i < g.params.size(); ++i) {
       const auto& slot = g.layout.params[i];
       out.push_back({g.names[i], {slot.param_index, 0, slot.offset, slot.numel}});
@@ -69,7 +70,7 @@ std::string shape_string(at::IntArrayRef s) {
 }
 
 // Model params (name -> shape) in registration order, from the layouts.
-std::vector<std::pair<std::string, std::vector<int64_t>>> model_params(const Engine::Impl& m) {
+std::vector<std::pair<std::string, std::vector<int64_t>>> model_params(const CheckpointTarget& m) {
   std::vector<std::tuple<int64_t, std::string, std::vector<int64_t>>> all;
   for (const auto& g : m.groups)
     for (size_t i = 0; i < g.params.size(); ++i)
@@ -81,14 +82,14 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> model_params(const Eng
 }
 
 // Frozen params and buffers (name -> shape).
-std::vector<std::pair<std::string, std::vector<int64_t>>> model_replicated(const Engine::Impl& m) {
+std::vector<std::pair<std::string, std::vector<int64_t>>> model_replicated(const CheckpointTarget& m) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (const auto& r : m.replicated) out.emplace_back(r.name, r.tensor.sizes().vec());
   return out;
 }
 
 // Fills each group's state on this rank from `read`, param range by range.
-void fill_state(Engine::Impl& m, const RangeReader& read, bool master_only) {
+void fill_state(CheckpointTarget& m, const RangeReader& read, bool master_only) {
   at::NoGradGuard no_grad;
   for (auto& g : m.groups) {
     const auto mine = pieces(m, g, m.dp.rank());
@@ -100,32 +101,13 @@ void fill_state(Engine::Impl& m, const RangeReader& read, bool master_only) {
   }
 }
 
-// After the masters changed outside a step: the params (and 16-bit copies)
-// follow, as after an optimizer step.
-void params_from_masters(Engine::Impl& m) {
-  at::NoGradGuard no_grad;
-  std::vector<comm::WorkHandle> works;
-  for (auto& g : m.groups) {
-    at::Tensor target = m.shard_destination(g);
-    if (target.data_ptr() != g.master.data_ptr()) target.copy_(g.master);  // fp32 aliases; 16-bit rounds as the kernel
-    if (m.stage == 1 || m.stage == 2) works.push_back(m.comm.all_gather(m.dp, g.param_flat, target));
-  }
-  for (auto& w : works) w->wait();
-  if (m.stage3) m.stage3->after_step();
-  m.reducer->drop_grads();  // grads of the old state (and stale stage-2/3 buffers) go
-}
-
-json engine_state(const Engine::Impl& m) {
-  const auto s = m.scaler.state();
-  return {{"micro_steps", m.micro_steps}, {"global_steps", m.global_steps}, {"skipped_steps", m.skipped_steps},
-          {"optimizer_steps", m.optimizer_steps}, {"scheduler_iter", m.scheduler_iter},
-          {"last_grad_norm", m.last_grad_norm},
-          {"optimizer", to_string(m.config.optimizer.type)},
-          {"batch", {{"train_batch_size", m.batch.train_batch_size},
-                     {"micro_batch_per_gpu", m.batch.micro_batch_per_gpu},
-                     {"gradient_accumulation_steps", m.batch.gradient_accumulation_steps}}},
-          {"loss_scaler", {{"scale", s.scale}, {"cur_hysteresis", s.cur_hysteresis}, {"cur_iter", s.cur_iter},
-                           {"last_overflow_iter", s.last_overflow_iter}}}};
+json engine_state(const CheckpointTarget& m) {
+  json j = m.optimizer.state();
+  j["micro_steps"] = m.micro_steps;
+  j["batch"] = {{"train_batch_size", m.batch.train_batch_size},
+                {"micro_batch_per_gpu", m.batch.micro_batch_per_gpu},
+                {"gradient_accumulation_steps", m.batch.gradient_accumulation_steps}};
+  return j;
 }
 
 // The optimizer whose state a checkpoint holds ("" if it does not say).
@@ -152,7 +134,7 @@ BatchConfig saved_batch(const ckpt::Manifest& man) {
 }
 
 // One line, when the run resumes with another shape than it was saved with.
-std::string describe_resume_change(const ckpt::Manifest& man, const Engine::Impl& m) {
+std::string describe_resume_change(const ckpt::Manifest& man, const CheckpointTarget& m) {
   const BatchConfig was = saved_batch(man), now = m.batch;
   if (man.dp_size == m.dp.size() && was.micro_batch_per_gpu == now.micro_batch_per_gpu &&
       was.gradient_accumulation_steps == now.gradient_accumulation_steps)
@@ -171,19 +153,14 @@ std::string describe_resume_change(const ckpt::Manifest& man, const Engine::Impl
   return line;
 }
 
-void restore_engine_state(Engine::Impl& m, const json& j) {
-  m.global_steps = j.at("global_steps");
-  m.skipped_steps = j.at("skipped_steps");
+void restore_engine_state(CheckpointTarget& m, const json& j) {
+  m.optimizer.restore(j);
   // A checkpoint is saved at a step boundary: the count of micro-steps is
   // rebuilt with this run's accumulation steps, so the next boundary falls
   // where this run's batching puts it (another world size at a fixed
   // train_batch_size changes the accumulation count).
-  m.micro_steps = (m.global_steps + m.skipped_steps) * m.batch.gradient_accumulation_steps;
-  m.optimizer_steps = j.at("optimizer_steps");
-  m.scheduler_iter = j.at("scheduler_iter");
-  m.last_grad_norm = j.at("last_grad_norm");
-  const auto& s = j.at("loss_scaler");
-  m.scaler.restore({s.at("scale"), s.at("cur_hysteresis"), s.at("cur_iter"), s.at("last_overflow_iter")});
+  m.micro_steps =
+      (m.optimizer.global_steps() + m.optimizer.skipped_steps()) * m.batch.gradient_accumulation_steps;
 }
 
 // Names the first difference between the model's params and a file's.
@@ -204,26 +181,17 @@ void check_same_params(const std::vector<std::pair<std::string, std::vector<int6
       throw std::runtime_error(where + " has param " + n + ", which the model does not: it was saved from a different model");
 }
 
-void check_outside_guards(const Engine::Impl& m, const char* what) {
-  if (m.coalescing || m.no_sync)
-    throw std::logic_error(std::string(what) + ": not inside coalesce_grad_reduction() or no_sync()");
-}
 
 }  // namespace
 
-// Every rank learns whether any rank failed, so none goes on into a
-// collective its peers will never join; each throws (its own error, or a
-// pointer to the rank that has one). For a load (`wrote_state` given): if it
-// failed after some rank had started overwriting its shards, the engine
-// refuses to train until a load succeeds; a clean failure before any write
-// leaves it as it was.
-void agree_or_throw(Engine::Impl& m, const std::string& what, const std::string& error, const bool* wrote_state) {
+void agree_or_throw(comm::Comm& comm, const comm::Group& dp, const std::string& what, const std::string& error,
+                    const bool* wrote_state, std::string* state_lost) {
   auto flags = at::tensor({error.empty() ? 0.0 : 1.0, wrote_state && *wrote_state ? 1.0 : 0.0}, at::kDouble);
-  m.comm.all_reduce(m.dp, flags, comm::ReduceOp::Sum)->wait();
+  comm.all_reduce(dp, flags, comm::ReduceOp::Sum, "did any rank fail")->wait();
   const bool failed = flags[0].item<double>() > 0;
-  if (wrote_state) {
-    if (!failed) m.state_lost.clear();
-    else if (flags[1].item<double>() > 0) m.state_lost = what;
+  if (state_lost) {
+    if (!failed) state_lost->clear();
+    else if (flags[1].item<double>() > 0) *state_lost = what;
   }
   if (!error.empty()) throw std::runtime_error(error);
   if (failed) throw std::runtime_error(what + " failed on another rank (see its error)");
@@ -247,14 +215,9 @@ at::ScalarType scalar_type_of(const std::string& name) {
   throw std::runtime_error("unknown safetensors dtype " + name);
 }
 
-void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const json& client_state) {
-  auto& m = *impl_;
+void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::string& tag, const json& client_state) {
   if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.' || tag == "latest")
     throw std::invalid_argument("save_checkpoint: tag '" + tag + "' must be a plain name (no '/', not 'latest')");
-  check_outside_guards(m, "save_checkpoint");
-  if (m.micro_steps % m.batch.gradient_accumulation_steps != 0 || m.reducer->has_unreduced())
-    throw std::logic_error("save_checkpoint: call it at an accumulation boundary, after step() (grads in "
-                           "flight are not saved)");
   const bool lead = m.dp.rank() == 0;
   const std::string partial = ckpt::partial_dir(dir, tag);
   std::string error;
@@ -267,11 +230,11 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
       error = std::string("save_checkpoint: ") + e.what();
     }
   }
-  agree_or_throw(m, "save_checkpoint", error);
+  agree_or_throw(m.comm, m.dp, "save_checkpoint", error);
 
-  // This rank's fragments (stage 0: every rank holds everything; rank 0 writes it).
+  // This rank's fragments (an unsharded optimizer: every rank holds everything; rank 0 writes it).
   ckpt::SafetensorsWriter writer;
-  bool writes = m.stage > 0 || lead;
+  bool writes = m.policy.shard_optimizer_state || lead;
   bool any = false;
   if (writes)
     for (const auto& g : m.groups) {
@@ -299,7 +262,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
       error = std::string("save_checkpoint: ") + e.what();
     }
   }
-  agree_or_throw(m, "save_checkpoint", error);
+  agree_or_throw(m.comm, m.dp, "save_checkpoint", error);
 
   auto mine = at::tensor({static_cast<int64_t>(any), digest.bytes, static_cast<int64_t>(digest.hash)}, at::kLong);
   auto all = at::empty({3 * m.dp.size()}, at::kLong);
@@ -311,7 +274,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
       man.tag = tag;
       man.world_size = m.dp.size();
       man.dp_size = m.dp.size();
-      man.stage = m.stage;
+      man.stage = m.policy.stage;
       man.dtype = c10::toString(m.param_dtype);
       for (const auto& [kind, t] : state_kinds(m.groups.front())) man.kinds.push_back(kind);
       man.config = m.config.to_json();
@@ -322,7 +285,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
       for (const auto& g : m.groups) {
         for (size_t i = 0; i < g.params.size(); ++i)
           recs[g.layout.params[i].param_index] = {g.names[i], g.params[i].sizes().vec(), g.layout.params[i].numel, {}};
-        for (int q = 0; q < (m.stage == 0 ? 1 : m.dp.size()); ++q)  // stage 0: rank 0 wrote it all
+        for (int q = 0; q < (m.policy.shard_optimizer_state ? m.dp.size() : 1); ++q)  // stage 0: rank 0 wrote it all
           for (const auto& [name, f] : pieces(m, g, q))
             recs[f.param_index].fragments.push_back({q, f.param_offset, f.param_offset + f.numel});
       }
@@ -347,12 +310,10 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
       error = std::string("save_checkpoint: ") + e.what();
     }
   }
-  agree_or_throw(m, "save_checkpoint", error);
+  agree_or_throw(m.comm, m.dp, "save_checkpoint", error);
 }
 
-json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
-  auto& m = *impl_;
-  check_outside_guards(m, "load_checkpoint");
+json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::string& tag) {
   std::string error;
   bool touched = false;  // this rank has started overwriting its state
   std::unique_ptr<ckpt::CheckpointReader> reader;
@@ -393,16 +354,14 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   } catch (const std::exception& e) {
     error = std::string("load_checkpoint: ") + e.what();
   }
-  agree_or_throw(m, "load_checkpoint", error, &touched);
+  agree_or_throw(m.comm, m.dp, "load_checkpoint", error, &touched, &m.state_lost);
   restore_engine_state(m, reader->manifest().engine_state);
   if (const auto change = describe_resume_change(reader->manifest(), m); !change.empty()) m.log(change);
-  params_from_masters(m);
+  m.after_load();
   return reader->manifest().client_state;
 }
 
-void Engine::load_weights(const std::string& path) {
-  auto& m = *impl_;
-  check_outside_guards(m, "load_weights");
+void load_weights(CheckpointTarget& m, const std::string& path) {
   std::string error;
   bool touched = false;
   try {
@@ -430,8 +389,8 @@ void Engine::load_weights(const std::string& path) {
   } catch (const std::exception& e) {
     error = std::string("load_weights: ") + e.what();
   }
-  agree_or_throw(m, "load_weights", error, &touched);
-  params_from_masters(m);
+  agree_or_throw(m.comm, m.dp, "load_weights", error, &touched, &m.state_lost);
+  m.after_load();
 }
 
 }  // namespace zero

@@ -1,17 +1,135 @@
-// The engine façade: builds the flat groups for the configured stage, scales
-// backward, and runs the optimizer step (overflow check, clipping, fused
-// update, all-gather). Backward-time reduction lives in zero/grad_reducer.
+// The engine: construction (grouping, reducer, stage-3 runtime), backward
+// (explicit or a plain loss.backward()), the accumulation boundary and the
+// step, the guards, checkpoints, accessors. What it delegates lives behind
+// the interfaces named in engine/engine_impl.h.
+#include <algorithm>
+#include <cstdio>
 #include <exception>
+#include <sstream>
+#include <unordered_set>
 
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
+#include <torch/nn/module.h>
 
 #include "engine/engine_impl.h"
+#include "memory/page_buffer.h"
+#include "optim/kernels.h"
+#include "zero/unit_runtime.h"
 
 namespace zero {
 
 at::Tensor compute(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); }
+
+namespace {
+
+at::ScalarType to_scalar_type(DType d) {
+  switch (d) {
+    case DType::bf16: return at::kBFloat16;
+    case DType::fp16: return at::kHalf;
+    default: return at::kFloat;
+  }
+}
+
+void validate(const Config& config, at::ScalarType grad_dtype) {
+  if (!config.optimizer.given)
+    throw ConfigError("ds_config: an \"optimizer\" block is required (Adam, AdamW or SGD)");
+  if (to_scalar_type(config.comm_dtype()) != grad_dtype)
+    throw ConfigError(std::string("ds_config: communication_data_type = ") + to_string(config.comm_dtype()) +
+                      " differs from the grad dtype (" + c10::toString(grad_dtype) +
+                      "); zero-cpp communicates grads in their accumulation dtype");
+}
+
+// Every rank starts from rank 0's frozen params and buffers (as DDP); those
+// of units zero::Init built were synced when the unit was built.
+void sync_replicated_at_construction(torch::nn::Module& model, const std::vector<ReplicatedTensor>& replicated,
+                                     comm::Comm& comm, const comm::Group& dp) {
+  std::unordered_set<const void*> synced;
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    if (auto* u = dynamic_cast<UnitBase*>(item.value().get()); u && detail::UnitAccess::synced_at_init(*u)) {
+      for (const auto& p : u->parameters()) synced.insert(p.unsafeGetTensorImpl());
+      for (const auto& b : u->buffers()) synced.insert(b.unsafeGetTensorImpl());
+    }
+  std::vector<at::Tensor> tensors;
+  for (const auto& r : replicated)
+    if (!synced.count(r.tensor.unsafeGetTensorImpl())) tensors.push_back(r.tensor);
+  comm.broadcast_coalesced(dp, tensors, 0, "frozen params and buffers");
+}
+
+int64_t resident(const at::Tensor& t) { return memory::resident_bytes(t); }
+
+bool same_storage(const at::Tensor& a, const at::Tensor& b) {
+  return a.defined() && b.defined() && a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
+}
+
+}  // namespace
+
+// ---- construction ---------------------------------------------------------------
+
+Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::shared_ptr<comm::Group> owner,
+                   const comm::Group& group)
+    : config(c), comm(cm), dp_owner(std::move(owner)), dp(group), policy(StagePolicy::for_stage(c.zero.stage)),
+      param_dtype(to_scalar_type(c.param_dtype())),
+      grad_dtype(to_scalar_type(c.grad_accum_dtype.value_or(c.param_dtype()))),
+      optimizer(config, policy, param_dtype, cm, group, [this](const std::string& line) { log(line); }),
+      groups(model.groups) {
+  validate(config, grad_dtype);
+  if (!config.comm_fast_path) comm.set_fast_paths_enabled(false);  // every rank builds its engine at the same point
+  optim::set_kernel_threads(at::get_num_threads());
+  batch = config.resolve_batch(dp.size());
+  check_same_model_on_all_ranks(m, comm, dp);
+  replicated = replicated_tensors(m);
+  sync_replicated_at_construction(m, replicated, comm, dp);
+  model = group_params(m, GroupingContext{config, policy, param_dtype, optimizer, comm, dp});
+  ReducerOptions ro{policy, config.zero.overlap_comm(), config.zero.contiguous_gradients, grad_dtype, nullptr,
+                    [this] { return implicit_backward(); }};
+  if (policy.shard_params) {
+    const auto& z = config.zero;
+    stage3 = std::make_unique<Stage3Runtime>(groups, model.persistent, model.unit_to_group, model.unit_names, comm,
+                                             dp, Stage3Options{z.prefetch_bucket_size, z.max_live_parameters,
+                                                               z.max_reuse_distance});
+    // A unit without trainable params has nothing to gather: it stays a pass-through.
+    for (size_t k = 0; k < model.units.size(); ++k)
+      detail::UnitAccess::attach(*model.units[k], model.unit_has_params[k] ? stage3.get() : nullptr, k);
+    ro.on_group_complete = [this](size_t g) { stage3->on_grads_complete(g); };
+  }
+  reducer = std::make_shared<GradReducer>(groups, comm, dp, ro);
+  reducer->install_hooks();
+}
+
+Engine::Impl::~Impl() {
+  for (auto* u : model.units) detail::UnitAccess::attach(*u, nullptr, 0);  // the model may outlive the engine
+}
+
+void Engine::Impl::log(const std::string& line) const {
+  if (dp.rank() == 0) std::fprintf(stderr, "[zero-cpp] %s\n", line.c_str());
+}
+
+void Engine::Impl::check_usable() const {
+  if (!state_lost.empty())
+    throw std::logic_error("zero::Engine: " + state_lost +
+                           " failed part way, so the ranks' shards disagree; load again or build a new engine");
+  if (!deferred_error.empty()) throw std::runtime_error("zero::Engine: " + deferred_error);
+}
+
+void Engine::Impl::check_no_gathered_scope(const char* what) const {
+  if (gathered_scopes > 0)
+    throw std::logic_error(std::string("zero::Engine::") + what +
+                           " inside gathered_parameters(): finish the guard (or leave its scope) first");
+}
+
+// ---- backward -------------------------------------------------------------------
+
+bool Engine::Impl::boundary() const {
+  return boundary_override.value_or((micro_steps + 1) % batch.gradient_accumulation_steps == 0);
+}
+
+bool Engine::Impl::reduce_this_backward() const {
+  return !coalescing && (policy.reduce_every_backward() || (boundary() && !no_sync));
+}
 
 void Engine::Impl::end_backward(bool implicit_end) {
   try {
@@ -40,7 +158,7 @@ float Engine::Impl::implicit_backward() {
       throw std::logic_error("zero::Engine: loss.backward() was called directly with fp16 enabled; fp16 needs the "
                              "loss scaled before backward: call engine.backward(loss) instead");
     }
-    check_state();
+    check_usable();
     check_no_gathered_scope("backward (a plain loss.backward())");
     reducer->begin_backward(reduce_this_backward(), /*implicit=*/true);
     implicit = {};
@@ -58,6 +176,72 @@ float Engine::Impl::implicit_backward() {
   return static_cast<float>(1.0 / static_cast<double>(batch.gradient_accumulation_steps));
 }
 
+void Engine::Impl::recover_if_backward_failed() {
+  const bool stage3_mid_backward = stage3 && stage3->in_backward();
+  if (!reducer->in_backward() && !stage3_mid_backward) return;
+  if (reducer->in_backward()) reducer->abort_backward();
+  if (stage3) stage3->reset_after_error();
+}
+
+// ---- the step -------------------------------------------------------------------
+
+bool Engine::Impl::step() {
+  if (!boundary()) {
+    ++micro_steps;
+    return false;
+  }
+  // Grads a backward left unreduced (no_sync or a coalescing scope left
+  // without its reduction, or no boundary backward) are reduced now:
+  // stepping on local grads would let the ranks drift apart silently.
+  if (reducer->has_unreduced()) reducer->flush();
+  const bool stepped = optimizer.step(groups);
+  if (stepped) policy.publish_updated_params(groups, comm, dp, stage3.get());
+  reducer->zero_grads();
+  sync_buffers();
+  ++micro_steps;
+  return stepped;
+}
+
+void Engine::Impl::params_from_masters() {
+  {
+    at::NoGradGuard no_grad;
+    for (auto& g : groups) {
+      at::Tensor dest = policy.update_destination(g, dp.rank());
+      if (dest.data_ptr() != g.master.data_ptr()) dest.copy_(g.master);  // 16-bit rounds as the kernel does
+    }
+  }
+  policy.publish_updated_params(groups, comm, dp, stage3.get());
+  reducer->drop_grads();  // grads of the old state (and stale transient buffers) go
+}
+
+void Engine::Impl::sync_buffers() {
+  if (!config.broadcast_buffers) return;
+  std::vector<at::Tensor> buffers;
+  for (const auto& r : replicated)
+    if (r.buffer) buffers.push_back(r.tensor);
+  comm.broadcast_coalesced(dp, buffers, 0, "buffers");
+}
+
+StateBytes Engine::Impl::state_bytes() const {
+  StateBytes b;
+  for (const auto& g : groups) {
+    b.params += resident(g.param_flat) + resident(g.param_shard);
+    b.grads += resident(g.grad_flat);
+    if (!same_storage(g.grad_shard, g.grad_flat)) b.grads += resident(g.grad_shard);
+    if (!same_storage(g.master, g.param_flat) && !same_storage(g.master, g.param_shard))
+      b.master += resident(g.master);
+    b.optimizer += resident(g.exp_avg) + resident(g.exp_avg_sq);
+  }
+  return b;
+}
+
+CheckpointTarget Engine::Impl::checkpoint_target() {
+  return {comm,      dp,          config,      policy, batch, param_dtype, groups, replicated, optimizer,
+          micro_steps, state_lost, [this] { params_from_masters(); }, [this](const std::string& l) { log(l); }};
+}
+
+// ---- the public surface ---------------------------------------------------------
+
 Engine::Engine(torch::nn::Module& model, const Config& config, World& world)
     : impl_(std::make_unique<Impl>(model, config, world.comm(), nullptr, world.group())) {}
 
@@ -73,13 +257,13 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
   if (!loss.requires_grad())
     throw std::invalid_argument("zero::Engine::backward: the loss does not require grad (computed under no_grad?)");
   auto& m = *impl_;
-  m.check_state();
+  m.check_usable();
   m.check_no_gathered_scope("backward()");
   m.recover_if_backward_failed();
   const double gas = static_cast<double>(m.batch.gradient_accumulation_steps);
   m.reducer->begin_backward(m.reduce_this_backward());
   try {
-    torch::autograd::backward({loss * (m.scaler.scale() / gas)});
+    torch::autograd::backward({loss * (m.optimizer.loss_scale() / gas)});
   } catch (...) {
     // Issue no further collectives (the peers may not be in this backward);
     // drop the grads since the last step and the unit state, so the engine
@@ -93,16 +277,17 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
 }
 
 bool Engine::step() {
-  impl_->check_state();
-  impl_->check_no_gathered_scope("step()");
-  impl_->recover_if_backward_failed();
-  if (impl_->coalescing)
+  auto& m = *impl_;
+  m.check_usable();
+  m.check_no_gathered_scope("step()");
+  m.recover_if_backward_failed();
+  if (m.coalescing)
     throw std::logic_error("zero::Engine::step() inside coalesce_grad_reduction(): the grads are reduced when "
                            "the guard ends; leave its scope before stepping");
-  if (impl_->no_sync && impl_->boundary())
+  if (m.no_sync && m.boundary())
     throw std::logic_error("zero::Engine::step() at the accumulation boundary inside no_sync(): the grads were "
                            "never reduced; leave the guard and run the boundary backward first");
-  return impl_->step();
+  return m.step();
 }
 
 void Engine::set_gradient_accumulation_boundary(bool is_boundary) { impl_->boundary_override = is_boundary; }
@@ -110,8 +295,8 @@ void Engine::clear_gradient_accumulation_boundary() { impl_->boundary_override.r
 
 Engine::NoSync::NoSync(Engine& e) : engine_(e) {
   auto& m = *e.impl_;
-  if (m.stage >= 2)
-    throw std::logic_error("zero::Engine::no_sync() is for stages 0 and 1: stage " + std::to_string(m.stage) +
+  if (!m.policy.keeps_full_grads())
+    throw std::logic_error("zero::Engine::no_sync() is for stages 0 and 1: stage " + std::to_string(m.policy.stage) +
                            " keeps only grad shards, so each backward must reduce (several backward calls "
                            "per step still work: each one reduces into the shard)");
   if (m.no_sync) throw std::logic_error("zero::Engine::no_sync() guards cannot be nested");
@@ -126,7 +311,7 @@ Engine::NoSync::~NoSync() { engine_.impl_->no_sync = false; }
 Engine::CoalesceGradReduction::CoalesceGradReduction(Engine& e)
     : engine_(e), uncaught_at_entry_(std::uncaught_exceptions()) {
   auto& m = *e.impl_;
-  if (m.stage == 0)
+  if (!m.policy.shard_optimizer_state)
     throw std::logic_error("zero::Engine::coalesce_grad_reduction() is for stages 1-3: stage 0 all-reduces full "
                            "grads, so no_sync() already defers its reduction");
   if (m.coalescing) throw std::logic_error("zero::Engine::coalesce_grad_reduction() guards cannot be nested");
@@ -136,28 +321,70 @@ Engine::CoalesceGradReduction::CoalesceGradReduction(Engine& e)
   m.coalescing = true;
 }
 
-Engine::CoalesceGradReduction::~CoalesceGradReduction() noexcept(false) {
+void Engine::CoalesceGradReduction::finish() {
+  if (finished_) return;
+  finished_ = true;
   auto& m = *engine_.impl_;
   m.coalescing = false;
-  // Unwinding: the peers may not reach a collective here; step() reduces
-  // what is left unreduced instead.
-  if (std::uncaught_exceptions() > uncaught_at_entry_) return;
-  // Stage 1 reduces at the boundary only, as it would without the guard.
-  if (m.stage >= 2 || m.boundary()) m.reducer->flush();
+  // A reducing stage 1 reduces at the boundary only, as it would without the guard.
+  if (m.policy.reduce_every_backward() || m.boundary()) m.reducer->flush();
 }
+
+Engine::CoalesceGradReduction::~CoalesceGradReduction() {
+  if (finished_) return;
+  if (std::uncaught_exceptions() > uncaught_at_entry_) {
+    // Unwinding: the peers may not reach a collective here; step() reduces
+    // what is left unreduced instead.
+    finished_ = true;
+    engine_.impl_->coalescing = false;
+    return;
+  }
+  try {
+    finish();
+  } catch (const std::exception& e) {
+    engine_.impl_->deferred_error = std::string("the reduction ending coalesce_grad_reduction() failed: ") + e.what();
+  }
+}
+
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& client_state) {
+  auto& m = *impl_;
+  if (m.coalescing || m.no_sync)
+    throw std::logic_error("save_checkpoint: not inside coalesce_grad_reduction() or no_sync()");
+  if (m.micro_steps % m.batch.gradient_accumulation_steps != 0 || m.reducer->has_unreduced())
+    throw std::logic_error("save_checkpoint: call it at an accumulation boundary, after step() (grads in "
+                           "flight are not saved)");
+  auto target = m.checkpoint_target();
+  zero::save_checkpoint(target, dir, tag, client_state);
+}
+
+nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  auto& m = *impl_;
+  if (m.coalescing || m.no_sync)
+    throw std::logic_error("load_checkpoint: not inside coalesce_grad_reduction() or no_sync()");
+  auto target = m.checkpoint_target();
+  return zero::load_checkpoint(target, dir, tag);
+}
+
+void Engine::load_weights(const std::string& path) {
+  auto& m = *impl_;
+  if (m.coalescing || m.no_sync) throw std::logic_error("load_weights: not inside coalesce_grad_reduction() or no_sync()");
+  auto target = m.checkpoint_target();
+  zero::load_weights(target, path);
+}
+
 void Engine::zero_grad() { impl_->reducer->zero_grads(); }
 bool Engine::is_gradient_accumulation_boundary() const { return impl_->boundary(); }
-int64_t Engine::global_steps() const { return impl_->global_steps; }
-int64_t Engine::skipped_steps() const { return impl_->skipped_steps; }
+int64_t Engine::global_steps() const { return impl_->optimizer.global_steps(); }
+int64_t Engine::skipped_steps() const { return impl_->optimizer.skipped_steps(); }
 int64_t Engine::micro_steps() const { return impl_->micro_steps; }
-double Engine::loss_scale() const { return impl_->scaler.scale(); }
-double Engine::lr() const { return impl_->current_lr(); }
-double Engine::last_grad_norm() const { return impl_->last_grad_norm; }
+double Engine::loss_scale() const { return impl_->optimizer.loss_scale(); }
+double Engine::lr() const { return impl_->optimizer.lr(); }
+double Engine::last_grad_norm() const { return impl_->optimizer.last_grad_norm(); }
 const Config& Engine::config() const { return impl_->config; }
 const BatchConfig& Engine::batch() const { return impl_->batch; }
 const comm::Group& Engine::dp_group() const { return impl_->dp; }
 comm::Comm& Engine::comm() { return impl_->comm; }
-int64_t Engine::num_params() const { return impl_->num_params; }
+int64_t Engine::num_params() const { return impl_->model.num_params; }
 StateBytes Engine::state_bytes() const { return impl_->state_bytes(); }
 
 int64_t Engine::persistent_params() const {
@@ -191,17 +418,17 @@ std::string Engine::describe() const {
   int64_t padded = 0;
   for (const auto& g : m.groups) padded += g.layout.padded_numel;
   std::ostringstream os;
-  os << "ZeRO stage " << m.stage << " on " << m.dp.describe() << ": " << m.num_params << " params in "
+  os << "ZeRO stage " << m.policy.stage << " on " << m.dp.describe() << ": " << m.model.num_params << " params in "
      << m.groups.size() << " flat groups (" << padded << " padded), params " << c10::toString(m.param_dtype)
      << ", grads " << c10::toString(m.grad_dtype) << ", " << to_string(m.config.optimizer.type)
      << " kernel " << optim::kernel_isa() << ", micro-batch " << m.batch.micro_batch_per_gpu
      << " x accumulation " << m.batch.gradient_accumulation_steps << " x dp " << m.dp.size()
-     << (m.init_note.empty() ? "" : "; " + m.init_note)
+     << (m.model.note.empty() ? "" : "; " + m.model.note)
      << "; init flattened params in place, group by group (peak over the model: largest group, "
-     << m.largest_group_bytes / (1 << 20) << " MiB)"
-     << (m.sharded_at_init_units ? "; " + std::to_string(m.sharded_at_init_units) +
-                                       " units were sharded at construction by zero::Init"
-                                 : std::string());
+     << m.model.largest_group_bytes / (1 << 20) << " MiB)"
+     << (m.model.sharded_at_init_units ? "; " + std::to_string(m.model.sharded_at_init_units) +
+                                             " units were sharded at construction by zero::Init"
+                                       : std::string());
   return os.str();
 }
 

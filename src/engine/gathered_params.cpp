@@ -13,13 +13,12 @@ namespace zero {
 namespace {
 
 // After params changed outside the optimizer (modified in a gathered scope):
-// the fp32 masters, and at stage 3 the shards at rest, follow. 16-bit
-// params write only the elements that changed, so the others keep their
-// fp32 precision.
-void masters_from_params(Engine::Impl& m, partition::FlatGroup& g) {
+// the fp32 masters, and params sharded at rest, follow. 16-bit params write
+// only the elements that changed, so the others keep their fp32 precision.
+void masters_from_params(const StagePolicy& policy, int rank, partition::FlatGroup& g) {
   at::NoGradGuard no_grad;
-  if (m.stage == 3) g.param_shard.copy_(g.own_slot(g.param_flat, m.dp.rank()));
-  const at::Tensor src = m.shard_destination(g);
+  if (policy.shard_params) g.param_shard.copy_(g.own_slot(g.param_flat, rank));
+  const at::Tensor src = policy.update_destination(g, rank);
   if (src.data_ptr() == g.master.data_ptr()) return;  // fp32: the master is that memory
   if (src.scalar_type() == at::kFloat) {
     g.master.copy_(src);
@@ -35,7 +34,7 @@ Engine::GatheredParameters::GatheredParameters(Engine& e, std::vector<at::Tensor
                                                std::optional<int> modifier_rank)
     : engine_(e), modifier_rank_(modifier_rank), uncaught_at_entry_(std::uncaught_exceptions()) {
   auto& m = *e.impl_;
-  m.check_state();
+  m.check_usable();
   if (modifier_rank && (*modifier_rank < 0 || *modifier_rank >= m.dp.size()))
     throw std::invalid_argument("gathered_parameters: modifier_rank " + std::to_string(*modifier_rank) +
                                 " is not a rank of " + m.dp.describe());
@@ -91,32 +90,36 @@ void Engine::GatheredParameters::finish() {
   for (size_t gi : groups_)
     works.push_back(m.comm.broadcast(m.dp, m.groups[gi].param_flat, *modifier_rank_, "params modified in a gathered scope"));
   for (auto& w : works) w->wait();
-  for (size_t gi : groups_) masters_from_params(m, m.groups[gi]);
+  for (size_t gi : groups_) masters_from_params(m.policy, m.dp.rank(), m.groups[gi]);
   m.comm.broadcast_coalesced(m.dp, replicated_, *modifier_rank_, "frozen params and buffers modified in a gathered scope");
 }
 
-Engine::GatheredParameters::~GatheredParameters() noexcept(false) {
+Engine::GatheredParameters::~GatheredParameters() {
   if (finished_) return;
+  auto& m = *engine_.impl_;
   if (std::uncaught_exceptions() > uncaught_at_entry_) {
     // Unwinding: no collective (the peers may not be here); nothing is written back.
     finished_ = true;
-    auto& m = *engine_.impl_;
     --m.gathered_scopes;
     if (m.stage3)
       for (size_t gi : groups_) m.stage3->unpin(gi);
     return;
   }
-  finish();
+  try {
+    finish();
+  } catch (const std::exception& e) {
+    m.deferred_error = std::string("the write-back ending gathered_parameters() failed: ") + e.what();
+  }
 }
 
 std::map<std::string, at::Tensor> Engine::state_dict(bool rank0_only) {
   auto& m = *impl_;
-  m.check_state();
+  m.check_usable();
   const bool keep = !rank0_only || m.dp.rank() == 0;
   std::map<std::string, at::Tensor> out;
   for (const auto& g : m.groups) {
     at::Tensor full = g.master;  // stage 0: every rank holds every master
-    if (m.stage > 0) {
+    if (m.policy.shard_optimizer_state) {
       full = at::empty({g.layout.padded_numel}, g.master.options());
       m.comm.all_gather(m.dp, full, g.master, "state_dict")->wait();
     }
@@ -125,7 +128,7 @@ std::map<std::string, at::Tensor> Engine::state_dict(bool rank0_only) {
       const auto& s = g.layout.params[i];
       at::Tensor value = full.narrow(0, s.offset, s.numel).view(g.params[i].sizes()).clone();
       out[g.names[i]] = value;
-      if (auto it = m.other_names.find(g.params[i].unsafeGetTensorImpl()); it != m.other_names.end())
+      if (auto it = m.model.other_names.find(g.params[i].unsafeGetTensorImpl()); it != m.model.other_names.end())
         for (const auto& name : it->second) out[name] = value;
     }
   }
@@ -138,7 +141,7 @@ void Engine::save_weights(const std::string& path) {
   auto& m = *impl_;
   // Tied params once, under their first name (as the checkpoints name them).
   std::unordered_map<std::string, bool> alias;
-  for (const auto& [impl, names] : m.other_names)
+  for (const auto& [impl, names] : m.model.other_names)
     for (const auto& n : names) alias[n] = true;
   const auto state = state_dict(/*rank0_only=*/true);
   std::string error;
@@ -160,7 +163,7 @@ void Engine::save_weights(const std::string& path) {
       error = std::string("save_weights: ") + e.what();
     }
   }
-  agree_or_throw(m, "save_weights", error);
+  agree_or_throw(m.comm, m.dp, "save_weights", error);
 }
 
 }  // namespace zero

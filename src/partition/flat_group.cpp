@@ -28,6 +28,17 @@ void flatten_into_group(FlatGroup& g, at::ScalarType dtype) {
   }
 }
 
+void flatten_from_rank0(FlatGroup& g, comm::Comm& comm, const comm::Group& dp) {
+  flatten_into_group(g, at::kFloat);
+  comm.broadcast(dp, g.param_flat, 0, "initial params")->wait();
+}
+
+void view_params_in(FlatGroup& g, at::Tensor flat) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < g.params.size(); ++i) g.params[i].set_data(param_view(flat, g.layout.params[i], g.params[i]));
+  g.param_flat = std::move(flat);
+}
+
 void release_params(const FlatGroup& g) { memory::release_pages(g.param_flat); }
 void restore_params(const FlatGroup& g) { memory::restore_pages(g.param_flat); }
 bool params_released(const FlatGroup& g) { return memory::pages_released(g.param_flat); }

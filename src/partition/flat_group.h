@@ -1,7 +1,7 @@
 // A flat group's buffers on this rank: the params laid end to end in one
 // flat tensor (the module's params become views of it), the grad buffer, and
 // the fp32 optimizer state of this rank's shard. See partition/layout.h for
-// the index arithmetic and DESIGN.md §2 for which buffers each stage keeps.
+// the index arithmetic and docs/design.md for which buffers each stage keeps.
 #pragma once
 
 #include <string>
@@ -10,9 +10,23 @@
 #include <ATen/ATen.h>
 
 #include "partition/layout.h"
+#include "zero/comm.h"
 
 namespace zero::partition {
 
+// Who writes each field, and when:
+// - grouping (engine/grouping.cpp, or zero::Init for a unit it shards)
+//   writes layout, params, names, param_flat, param_shard and master once,
+//   at construction; the flat optimizer adds exp_avg/exp_avg_sq then.
+// - the grad reducer (zero/grad_reducer.cpp) owns grad_flat and grad_shard:
+//   allocates, accumulates, reduces and zeroes them every backward and step.
+// - the flat optimizer (engine/flat_optimizer.cpp) writes master and the
+//   moments at each step, and the params' 16-bit values in the same pass
+//   (StagePolicy::update_destination).
+// - the stage-3 runtime (zero/stage3.cpp) releases and refills param_flat
+//   around each use (release_params / restore_params below).
+// - checkpoint loads and gathered-scope write-backs overwrite master and
+//   the moments, then the engine publishes the params.
 struct FlatGroup {
   GroupLayout layout;
   std::vector<at::Tensor> params;  // the module's params, in layout order
@@ -21,7 +35,7 @@ struct FlatGroup {
   at::Tensor param_flat;  // [padded_numel], param dtype; params are views into it
   at::Tensor param_shard; // stage 3: [shard_numel], param dtype, this rank's params at rest
   at::Tensor grad_flat;   // [padded_numel], grad dtype; resident or transient by stage
-  at::Tensor grad_shard;  // [shard_numel] fp32 reduced grads (stages 1/2); may alias grad_flat
+  at::Tensor grad_shard;  // [shard_numel] fp32 reduced grads (stages 1-3); may alias grad_flat
   at::Tensor master;      // fp32 weights the optimizer updates: this rank's shard, or all (stage 0)
   at::Tensor exp_avg;     // optimizer state, same size as master
   at::Tensor exp_avg_sq;
@@ -37,6 +51,17 @@ struct FlatGroup {
   void detach_grads() const;
 };
 
+// Moves `params` (the module's own tensors) into one new flat fp32 buffer,
+// one param at a time, each original freed as soon as it is copied: the
+// peak is the model plus this one group, never a second model.
+void flatten_into_group(FlatGroup& g, at::ScalarType dtype);
+// flatten_into_group, then every rank takes rank 0's values (as DeepSpeed's
+// engine and zero.Init do): whatever each rank's RNG did, all start alike.
+void flatten_from_rank0(FlatGroup& g, comm::Comm& comm, const comm::Group& dp);
+// Makes `flat` the group's param buffer, each param a view of its slot (a
+// 16-bit copy of the fp32 one, say); the previous buffer goes with its last view.
+void view_params_in(FlatGroup& g, at::Tensor flat);
+
 // Stage 3: frees the full param buffer's memory at rest, and makes it usable
 // again (zero-filled) before a gather fills it. The buffer keeps its address
 // and storage throughout, so the params (views of it) and the tensors
@@ -46,10 +71,5 @@ struct FlatGroup {
 void release_params(const FlatGroup& g);
 void restore_params(const FlatGroup& g);
 bool params_released(const FlatGroup& g);
-
-// Moves `params` (the module's own tensors) into one new flat fp32 buffer,
-// one param at a time, each original freed as soon as it is copied: the
-// peak is the model plus this one group, never a second model.
-void flatten_into_group(FlatGroup& g, at::ScalarType dtype);
 
 }  // namespace zero::partition

@@ -7,6 +7,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "zero/init.h"
+#include "zero/stage_policy.h"
 
 namespace zero::train {
 
@@ -15,7 +16,7 @@ namespace {
 models::GPT build_model(const models::GPTConfig& c, uint64_t seed, const Config& config, comm::Comm& comm,
                         std::shared_ptr<comm::Group> dp, bool zero_init) {
   at::manual_seed(seed);
-  if (config.zero.stage != 3 || !zero_init) return models::GPT(c);
+  if (!StagePolicy::for_stage(config.zero.stage).shard_params || !zero_init) return models::GPT(c);
   Init init(comm, dp, config);  // each block is sharded as soon as it is built
   return models::GPT(c);
 }

@@ -50,10 +50,10 @@ GradReducer::GradReducer(std::vector<partition::FlatGroup>& groups, comm::Comm& 
   for (auto& g : groups_) {
     expected_.emplace_back(g.params.size(), 1);
     arrived_.emplace_back(g.params.size(), 0);
-    if (opts_.stage <= 1) {
+    if (opts_.policy.keeps_full_grads()) {
       g.grad_flat = memory::zeros_flat(g.layout.padded_numel, opts_.grad_dtype);
       g.attach_grads();
-      if (opts_.stage == 1)
+      if (opts_.policy.reduces_into_resident_shard())
         // fp32 grads reduce in place into this rank's slot; 16-bit ones widen into an fp32 shard.
         g.grad_shard = opts_.grad_dtype == at::kFloat
                            ? g.own_slot(g.grad_flat, dp_.rank())
@@ -92,7 +92,7 @@ void GradReducer::begin_backward(bool reduce, bool implicit) {
     s.partial = at::Tensor();
     std::fill(arrived_[i].begin(), arrived_[i].end(), 0);
   }
-  if (opts_.stage <= 1)  // re-point .grad at the buffers in case user code cleared them
+  if (opts_.policy.keeps_full_grads())  // re-point .grad at the buffers in case user code cleared them
     for (auto& g : groups_)
       if (!g.params.front().grad().defined()) g.attach_grads();
 }
@@ -122,7 +122,7 @@ at::Tensor GradReducer::on_grad_about_to_accumulate(size_t group, const at::Tens
     grad_scale_ = opts_.implicit_backward();  // begins one if none is active
   }
   if (state_[group].launched) reopen(group);
-  if (opts_.stage >= 2 && opts_.contiguous_gradients) ensure_grad_buffer(groups_[group]);
+  if (opts_.policy.shard_grads && opts_.contiguous_gradients) ensure_grad_buffer(groups_[group]);
   return grad_scale_ == 1.0f ? grad : grad * grad_scale_;
 }
 
@@ -137,13 +137,13 @@ void GradReducer::reopen(size_t i) {
   // Stage 1 reduced in place: keep the shard, start the buffer over. Stage 0's
   // averaged grads A stay: the late ones add on top, and averaging A + b
   // again gives A + avg(b), as A is the same on every rank.
-  if (opts_.stage == 1) restart_group(i);
+  if (opts_.policy.reduces_into_resident_shard()) restart_group(i);
 }
 
 void GradReducer::on_grad_accumulated(size_t group, size_t param) {
   if (!active_) throw std::logic_error("zero::Engine: a grad was accumulated outside any backward");
   auto& g = groups_[group];
-  if (opts_.stage >= 2 && !opts_.contiguous_gradients) {
+  if (opts_.policy.shard_grads && !opts_.contiguous_gradients) {
     // The grad arrived as its own tensor: copy it into the group buffer and drop it.
     ensure_grad_buffer(g);
     const auto& slot = g.layout.params[param];
@@ -179,18 +179,15 @@ void GradReducer::launch(size_t i) {
   auto& g = groups_[i];
   auto& s = state_[i];
   s.launched = true;
-  switch (opts_.stage) {
-    case 0:
-      s.work = comm_.all_reduce(dp_, g.grad_flat, comm::ReduceOp::Avg, "grads");
-      break;
-    default: {
-      ensure_grad_buffer(g);  // stages 2/3: a group none of whose params got a grad still takes part
-      // A later reduction in the same step lands apart and is added in finish().
-      if (!s.shard_fresh) s.partial = at::empty_like(g.grad_shard);
-      at::Tensor out = s.shard_fresh ? g.grad_shard : s.partial;
-      s.work = comm_.reduce_scatter(dp_, out, g.grad_flat, comm::ReduceOp::Avg, "grads");
-      s.shard_fresh = false;
-    }
+  if (!opts_.policy.shard_optimizer_state) {
+    s.work = comm_.all_reduce(dp_, g.grad_flat, comm::ReduceOp::Avg, "grads");
+  } else {
+    ensure_grad_buffer(g);  // sharded grads: a group none of whose params got a grad still takes part
+    // A later reduction in the same step lands apart and is added in finish().
+    if (!s.shard_fresh) s.partial = at::empty_like(g.grad_shard);
+    at::Tensor out = s.shard_fresh ? g.grad_shard : s.partial;
+    s.work = comm_.reduce_scatter(dp_, out, g.grad_flat, comm::ReduceOp::Avg, "grads");
+    s.shard_fresh = false;
   }
   in_flight_.push_back(i);
 }
@@ -202,7 +199,7 @@ void GradReducer::finish(size_t i) {
   s.work = nullptr;
   if (s.partial.defined()) g.grad_shard.add_(s.partial);
   s.partial = at::Tensor();
-  if (opts_.stage >= 2) {
+  if (opts_.policy.shard_grads) {
     // Only the shard survives the backward: release the full grads.
     if (opts_.contiguous_gradients) g.detach_grads();
     g.grad_flat = at::Tensor();
@@ -236,7 +233,7 @@ void GradReducer::reduce_late_groups() {
   for (size_t i = 0; i < groups_.size(); ++i) {
     if (late[static_cast<int64_t>(i)].item<float>() == 0.0f) continue;
     // A rank without late grads here still takes part, adding nothing new.
-    if (!state_[i].late && opts_.stage == 1) restart_group(i);
+    if (!state_[i].late && opts_.policy.reduces_into_resident_shard()) restart_group(i);
     launch(i);
     retire(false);
     ++late_reductions_;
@@ -260,7 +257,7 @@ void GradReducer::reduce_remaining() {
   next_launch_ = groups_.size();
   retire(true);
   unreduced_ = false;
-  if (opts_.stage == 1) flat_reduced_ = true;
+  if (opts_.policy.reduces_into_resident_shard()) flat_reduced_ = true;
 }
 
 void GradReducer::abort_backward() {
@@ -283,7 +280,7 @@ void GradReducer::abort_backward() {
 void GradReducer::drop_grads() {
   for (size_t i = 0; i < groups_.size(); ++i) {
     state_[i] = {};
-    if (opts_.stage >= 2) {
+    if (opts_.policy.shard_grads) {
       if (opts_.contiguous_gradients) groups_[i].detach_grads();
       groups_[i].grad_flat = at::Tensor();
     }
@@ -293,8 +290,8 @@ void GradReducer::drop_grads() {
 
 void GradReducer::zero_grads() {
   for (auto& g : groups_) {
-    if (opts_.stage <= 1) g.grad_flat.zero_();
-    if (opts_.stage == 1) {
+    if (opts_.policy.keeps_full_grads()) g.grad_flat.zero_();
+    if (opts_.policy.reduces_into_resident_shard()) {
       // fp32 reduces in place into this rank's slot again (restart_after_reduction
       // may have copied it out); 16-bit grads widen into a separate fp32 shard.
       if (opts_.grad_dtype == at::kFloat) g.grad_shard = g.own_slot(g.grad_flat, dp_.rank());
@@ -303,7 +300,7 @@ void GradReducer::zero_grads() {
   }
   // Stages 2/3: the next reduction overwrites the shard instead of adding
   // to it; zeroed too, so a step with no backward in between applies nothing.
-  if (opts_.stage >= 2)
+  if (opts_.policy.shard_grads)
     for (auto& g : groups_) g.grad_shard.zero_();
   for (auto& s : state_) s.shard_fresh = true;
   flat_reduced_ = false;

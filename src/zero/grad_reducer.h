@@ -43,6 +43,7 @@
 
 #include "partition/flat_group.h"
 #include "zero/comm.h"
+#include "zero/stage_policy.h"
 
 namespace torch::autograd {
 struct Node;
@@ -51,7 +52,7 @@ struct Node;
 namespace zero {
 
 struct ReducerOptions {
-  int stage = 0;
+  StagePolicy policy;
   bool overlap_comm = false;          // launch groups during backward, not after it
   bool contiguous_gradients = true;   // stage 2: grads land directly in the group buffer
   at::ScalarType grad_dtype = at::kFloat;

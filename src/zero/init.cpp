@@ -7,6 +7,8 @@
 #include "memory/page_buffer.h"
 #include "partition/flat_group.h"
 #include "zero/stage3.h"
+#include "zero/stage_policy.h"
+#include "zero/unit_runtime.h"
 
 namespace zero {
 
@@ -27,7 +29,7 @@ Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> dp, const Config& conf
 
 Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> owner, const comm::Group& dp, const Config& config)
     : comm_(comm), dp_owner_(std::move(owner)), dp_(dp), previous_(g_active) {
-  if (config.zero.stage != 3)
+  if (!StagePolicy::for_stage(config.zero.stage).shard_params)
     throw ConfigError("zero::Init shards params at construction, which needs zero_optimization.stage = 3 (got " +
                       std::to_string(config.zero.stage) + ")");
   g_active = this;
@@ -48,7 +50,7 @@ void Init::shard(UnitBase& unit) {
   for (const auto& b : unit.buffers(/*recurse=*/true))
     if (b.defined()) replicated.push_back(b);
   comm_.broadcast_coalesced(dp_, replicated, 0, "frozen params and buffers of a unit built under zero::Init");
-  unit.synced_at_init = true;
+  detail::UnitAccess::set_synced_at_init(unit);
   auto g = std::make_shared<partition::FlatGroup>();
   std::unordered_set<const void*> seen;
   std::vector<int64_t> numels, indices;
@@ -67,9 +69,7 @@ void Init::shard(UnitBase& unit) {
   }
   if (g->params.empty()) return;
   g->layout = partition::make_group_layout(numels, indices, dp_.size(), partition::kShardAlignElements);
-  partition::flatten_into_group(*g, at::kFloat);
-  // Whatever each rank's RNG did, all start from rank 0's weights.
-  comm_.broadcast(dp_, g->param_flat, 0)->wait();
+  partition::flatten_from_rank0(*g, comm_, dp_);
   // The shard lives in its own pages, so the unit's freed originals leave
   // reusable holes in the heap for the next unit instead of fragments.
   g->param_shard = memory::zeros_flat(g->layout.shard_numel, at::kFloat);
@@ -90,7 +90,7 @@ void Init::shard(UnitBase& unit) {
                                  "between uses only this rank's shard of it exists; pass the model to its "
                                  "zero::Engine and read full params inside engine.gathered_parameters(...)");
   partition::release_params(*g);
-  unit.sharded_at_init = std::move(g);
+  detail::UnitAccess::set_sharded_at_init(unit, std::move(g));
   ++units_sharded_;
 }
 

@@ -8,22 +8,47 @@
 
 namespace zero {
 
+void gather_params(const partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp, const std::string& label) {
+  partition::restore_params(g);
+  comm.all_gather(dp, g.param_flat, g.param_shard, label)->wait();
+}
+
+// ---- the recorded order -----------------------------------------------------------
+
+void UnitSchedule::use(size_t unit, Phase phase) {
+  if (recording_) {
+    trace_.push_back({unit, phase});
+  } else if (on_trace_ && (position_ >= trace_.size() || trace_[position_].unit != unit ||
+                           trace_[position_].phase != phase)) {
+    on_trace_ = false;  // the order changed this step: gather on demand only
+  }
+  ++position_;
+}
+
+void UnitSchedule::end_step() {
+  recording_ = false;
+  reset_position();
+}
+
+// ---- the runtime --------------------------------------------------------------------
+
 Stage3Runtime::Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vector<bool> persistent,
                              std::vector<size_t> unit_to_group, std::vector<std::string> unit_names,
                              comm::Comm& comm, const comm::Group& dp, Stage3Options opts)
-    : groups_(groups), persistent_(std::move(persistent)), unit_to_group_(std::move(unit_to_group)),
-      unit_names_(std::move(unit_names)), comm_(comm), dp_(dp), opts_(opts), gathered_(persistent_),
-      inflight_(groups.size()), in_forward_(groups.size(), 0), awaiting_grads_(groups.size(), false),
-      prefetched_(groups.size(), false), pinned_(groups.size(), 0), labels_(groups.size()) {
+    : groups_(groups), state_(groups.size()), unit_to_group_(std::move(unit_to_group)),
+      unit_names_(std::move(unit_names)), comm_(comm), dp_(dp), opts_(opts) {
   // Each gather's label names its unit: ranks whose unit orders diverge get
   // an error naming both units at the first gather that differs.
   for (size_t u = 0; u < unit_to_group_.size(); ++u) {
-    auto& label = labels_[unit_to_group_[u]];
+    auto& label = state_[unit_to_group_[u]].label;
     label += (label.empty() ? "params of unit '" : ", '") + unit_names_[u] + "'";
   }
   for (size_t i = 0; i < groups_.size(); ++i) {
-    if (labels_[i].empty()) labels_[i] = "params of the root unit";
-    if (!persistent_[i]) name_released_contents(i);
+    auto& s = state_[i];
+    if (s.label.empty()) s.label = "params of the root unit";
+    s.persistent = persistent[i];
+    s.residency = s.persistent ? Residency::Gathered : Residency::Released;
+    if (!s.persistent) name_released_contents(i);
   }
 }
 
@@ -34,7 +59,7 @@ void Stage3Runtime::name_released_contents(size_t i) {
   for (size_t p = 0; p < g.params.size(); ++p)
     ranges.push_back({static_cast<size_t>(g.layout.params[p].offset) * elem,
                       static_cast<size_t>(g.layout.params[p].numel) * elem,
-                      "stage 3: param '" + g.names[p] + "' (" + labels_[i].substr(10) + ")"});
+                      "stage 3: param '" + g.names[p] + "' (" + state_[i].label.substr(10) + ")"});
   memory::name_released_contents(
       g.param_flat, std::move(ranges),
       "between uses only this rank's shard of it exists. Read or change full params inside "
@@ -46,15 +71,11 @@ void Stage3Runtime::name_released_contents(size_t i) {
 
 void Stage3Runtime::pin(size_t i) {
   gather(i);
-  ++pinned_[i];
+  ++state_[i].pinned;
 }
 
 void Stage3Runtime::unpin(size_t i) {
-  if (pinned_[i] > 0 && --pinned_[i] == 0) release(i);
-}
-
-bool Stage3Runtime::any_pinned() const {
-  return std::any_of(pinned_.begin(), pinned_.end(), [](int n) { return n > 0; });
+  if (state_[i].pinned > 0 && --state_[i].pinned == 0) release(i);
 }
 
 template <typename F>
@@ -64,90 +85,79 @@ void Stage3Runtime::naming_divergence(size_t unit, Phase phase, F&& gathers) {
   } catch (const comm::CollectiveMismatch& e) {
     throw comm::CollectiveMismatch(
         "stage 3: the ranks of " + dp_.describe() + " run their units in different orders (every rank must call "
-        "the same units in the same order); this rank was at use #" + std::to_string(position_ + 1) +
+        "the same units in the same order); this rank was at use #" + std::to_string(schedule_.position()) +
         " of its step, the " + (phase == Phase::Forward ? "forward" : "backward") + " of unit '" +
         unit_names_[unit] + "': " + e.what());
   }
 }
 
-void gather_params(const partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp, const std::string& label) {
-  partition::restore_params(g);
-  comm.all_gather(dp, g.param_flat, g.param_shard, label)->wait();
-}
-
 void Stage3Runtime::start_gather(size_t i) {
   auto& g = groups_[i];
+  auto& s = state_[i];
   partition::restore_params(g);
-  inflight_[i] = comm_.all_gather(dp_, g.param_flat, g.param_shard, labels_[i]);
-  gathered_[i] = true;
+  s.gather = comm_.all_gather(dp_, g.param_flat, g.param_shard, s.label);
+  s.residency = Residency::Gathering;
   live_ += g.layout.padded_numel;
   if (!in_backward_) peak_live_forward_ = std::max(peak_live_forward_, live_);
 }
 
 void Stage3Runtime::evict_for(int64_t need) {
-  for (size_t i = 0; i < groups_.size() && live_ + need > opts_.max_live_parameters; ++i)
-    if (gathered_[i] && !persistent_[i] && in_forward_[i] == 0 && !awaiting_grads_[i] && !prefetched_[i])
-      release(i);
+  for (size_t i = 0; i < groups_.size() && live_ + need > opts_.max_live_parameters; ++i) {
+    const auto& s = state_[i];
+    if (gathered(i) && !s.persistent && s.in_forward == 0 && !s.awaiting_grads && !s.prefetched) release(i);
+  }
 }
 
 void Stage3Runtime::gather(size_t i) {
-  if (!gathered_[i]) {
+  auto& s = state_[i];
+  if (s.residency == Residency::Released) {
     evict_for(groups_[i].layout.padded_numel);
     start_gather(i);
   }
-  prefetched_[i] = false;
-  if (inflight_[i]) {
-    inflight_[i]->wait();  // on failure the handle stays: release() will not free a buffer still written
-    inflight_[i] = nullptr;
+  s.prefetched = false;
+  if (s.residency == Residency::Gathering) {
+    s.gather->wait();  // on failure the group stays Gathering: release() will not free a buffer still written
+    s.gather = nullptr;
+    s.residency = Residency::Gathered;
   }
 }
 
 void Stage3Runtime::release(size_t i) {
-  if (!gathered_[i] || persistent_[i] || pinned_[i]) return;
-  if (inflight_[i]) gather(i);  // never free a buffer a collective is writing
+  auto& s = state_[i];
+  if (s.residency == Residency::Released || s.persistent || s.pinned) return;
+  if (s.residency == Residency::Gathering) gather(i);  // never free a buffer a collective is writing
   partition::release_params(groups_[i]);
-  gathered_[i] = false;
+  s.residency = Residency::Released;
   live_ -= groups_[i].layout.padded_numel;
 }
 
 void Stage3Runtime::use(size_t unit, Phase phase) {
-  const size_t g = group_of(unit);
-  if (recording_) {
-    trace_.push_back({unit, phase});
-  } else if (on_trace_ && (position_ >= trace_.size() || trace_[position_].unit != unit ||
-                           trace_[position_].phase != phase)) {
-    on_trace_ = false;  // the order changed this step: gather on demand only
-  }
+  schedule_.use(unit, phase);
   naming_divergence(unit, phase, [&] {
-    gather(g);
-    if (!recording_ && on_trace_) prefetch_after(position_ + 1);
+    gather(group_of(unit));
+    if (schedule_.following()) prefetch_after(schedule_.position());
   });
-  ++position_;
 }
 
 void Stage3Runtime::prefetch_after(size_t position) {
   int64_t in_flight = 0;
   for (size_t i = 0; i < groups_.size(); ++i)
-    if (inflight_[i]) in_flight += groups_[i].layout.padded_numel;
-  for (size_t p = position; p < trace_.size(); ++p) {
-    const size_t g = group_of(trace_[p].unit);
-    if (gathered_[g]) continue;
+    if (state_[i].residency == Residency::Gathering) in_flight += groups_[i].layout.padded_numel;
+  const auto& trace = schedule_.trace();
+  for (size_t p = position; p < trace.size(); ++p) {
+    const size_t g = group_of(trace[p].unit);
+    if (gathered(g)) continue;
     const int64_t n = groups_[g].layout.padded_numel;
     if (in_flight + n > opts_.prefetch_bucket_size || live_ + n > opts_.max_live_parameters) break;
     start_gather(g);
-    prefetched_[g] = true;
+    state_[g].prefetched = true;
     in_flight += n;
   }
 }
 
 bool Stage3Runtime::reused_soon(size_t unit, size_t position) const {
-  // Elements gathered between now and this unit's next use in the trace.
-  int64_t distance = 0;
-  for (size_t p = position; p < trace_.size(); ++p) {
-    if (trace_[p].unit == unit) return distance < opts_.max_reuse_distance;
-    distance += numel_of_unit(trace_[p].unit);
-  }
-  return false;
+  const int64_t d = schedule_.reuse_distance(unit, position, [&](size_t u) { return numel_of_unit(u); });
+  return d >= 0 && d < opts_.max_reuse_distance;
 }
 
 void Stage3Runtime::before_forward(size_t unit) {
@@ -157,19 +167,19 @@ void Stage3Runtime::before_forward(size_t unit) {
   } else {
     use(unit, Phase::Forward);
   }
-  ++in_forward_[group_of(unit)];
+  ++state_[group_of(unit)].in_forward;
 }
 
 void Stage3Runtime::forward_failed(size_t unit) {
-  --in_forward_[group_of(unit)];
+  --state_[group_of(unit)].in_forward;
   release(group_of(unit));
 }
 
 at::Tensor Stage3Runtime::after_forward(size_t unit, const at::Tensor& out) {
   const size_t g = group_of(unit);
-  --in_forward_[g];
-  const bool keep = at::GradMode::is_enabled() && !recording_ && on_trace_ &&
-                    live_ <= opts_.max_live_parameters && reused_soon(unit, position_);
+  --state_[g].in_forward;
+  const bool keep = at::GradMode::is_enabled() && schedule_.following() && live_ <= opts_.max_live_parameters &&
+                    reused_soon(unit, schedule_.position());
   if (!keep) release(g);
   if (!out.requires_grad()) return out;  // no backward will come (e.g. evaluation)
   // A grad hook on the output runs before the grad flows into the unit's
@@ -184,43 +194,45 @@ at::Tensor Stage3Runtime::after_forward(size_t unit, const at::Tensor& out) {
 void Stage3Runtime::before_backward(size_t unit) {
   in_backward_ = true;
   use(unit, Phase::Backward);
-  awaiting_grads_[group_of(unit)] = true;
+  state_[group_of(unit)].awaiting_grads = true;
 }
 
 void Stage3Runtime::on_grads_complete(size_t group) {
-  awaiting_grads_[group] = false;
+  state_[group].awaiting_grads = false;
   release(group);
 }
 
 void Stage3Runtime::after_backward(bool keep_awaited) {
-  if (!keep_awaited) std::fill(awaiting_grads_.begin(), awaiting_grads_.end(), false);
-  std::fill(prefetched_.begin(), prefetched_.end(), false);
-  for (size_t i = 0; i < groups_.size(); ++i)
-    if (!awaiting_grads_[i]) release(i);
-  recording_ = false;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    auto& s = state_[i];
+    if (!keep_awaited) s.awaiting_grads = false;
+    s.prefetched = false;
+    if (!s.awaiting_grads) release(i);
+  }
+  schedule_.end_step();
   in_backward_ = false;
-  position_ = 0;
-  on_trace_ = true;
 }
 
 void Stage3Runtime::reset_after_error() {
-  std::fill(awaiting_grads_.begin(), awaiting_grads_.end(), false);
-  std::fill(prefetched_.begin(), prefetched_.end(), false);
-  std::fill(in_forward_.begin(), in_forward_.end(), 0);
-  for (size_t i = 0; i < groups_.size(); ++i)
-    if (!inflight_[i]) release(i);  // a gather still in flight keeps its buffer
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    auto& s = state_[i];
+    s.awaiting_grads = s.prefetched = false;
+    s.in_forward = 0;
+    if (s.residency != Residency::Gathering) release(i);  // a gather still in flight keeps its buffer
+  }
   in_backward_ = false;
-  position_ = 0;
-  on_trace_ = true;
+  schedule_.reset_position();
 }
 
 void Stage3Runtime::after_step() {
-  std::fill(awaiting_grads_.begin(), awaiting_grads_.end(), false);
-  for (size_t i = 0; i < groups_.size(); ++i) release(i);  // no-op for persistent groups
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    state_[i].awaiting_grads = false;
+    release(i);  // no-op for persistent and pinned groups
+  }
   std::vector<comm::WorkHandle> works;
   for (size_t i = 0; i < groups_.size(); ++i)
-    if (persistent_[i] || pinned_[i])
-      works.push_back(comm_.all_gather(dp_, groups_[i].param_flat, groups_[i].param_shard, labels_[i]));
+    if (state_[i].persistent || state_[i].pinned)
+      works.push_back(comm_.all_gather(dp_, groups_[i].param_flat, groups_[i].param_shard, state_[i].label));
   for (auto& w : works) w->wait();
 }
 

@@ -1,11 +1,12 @@
 // Stage 3: params sharded at rest and gathered per unit around its use.
 //
 // Each unit is one flat group. At rest a rank holds only its shard
-// (param_shard); the full buffer (param_flat) is one storage that is freed
-// (resized to 0 bytes) on release and reallocated on gather, never
-// replaced, so the params -- views of it -- and the tensors autograd saved
-// in forward see the regathered data in backward. The allgather writes the
-// storage through its own tensor, so no param's version counter moves.
+// (param_shard); the full buffer (param_flat) keeps its address but its
+// memory is released (partition::release_params) and restored before the
+// next gather, so the params -- views of it -- and the tensors autograd saved
+// in forward see the regathered data in backward, and no param's version
+// counter moves. Each group is Released, Gathering (its allgather in
+// flight) or Gathered.
 //
 // Gathers happen before a unit's forward and again before its backward (a
 // hook on the unit's output); the release follows its forward, and its
@@ -25,10 +26,9 @@
 // first gather that differs, on every rank, with an error naming both
 // units, instead of pairing one unit's shards with another's or hanging.
 //
-// A released group's buffer is inaccessible (partition::release_params):
-// code that reads a unit's param outside its forward and backward stops
-// with a message naming the param; engine.gathered_parameters() pins groups
-// gathered for such code.
+// A released group's buffer is inaccessible: code that reads a unit's param
+// outside its forward and backward stops with a message naming the param;
+// engine.gathered_parameters() pins groups gathered for such code.
 #pragma once
 
 #include <string>
@@ -36,7 +36,7 @@
 
 #include "partition/flat_group.h"
 #include "zero/comm.h"
-#include "zero/unit.h"
+#include "zero/unit_runtime.h"
 
 namespace zero {
 
@@ -50,13 +50,44 @@ struct Stage3Options {
 // param_shard (blocking).
 void gather_params(const partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp, const std::string& label);
 
+// The recorded order of a step's unit uses, and where gathers may run
+// ahead of it (pure bookkeeping: no tensors, no collectives).
+class UnitSchedule {
+ public:
+  enum class Phase { Forward, Backward };
+  struct Use {
+    size_t unit;
+    Phase phase;
+  };
+
+  // A unit is used: recorded in the first step, compared with the record after.
+  void use(size_t unit, Phase phase);
+  // The end of a step's backward: the first step's record is complete.
+  void end_step();
+  void reset_position() { position_ = 0, on_trace_ = true; }
+  bool recording() const { return recording_; }
+  // Later steps: whether this step has followed the record so far.
+  bool following() const { return !recording_ && on_trace_; }
+  size_t position() const { return position_; }
+  const std::vector<Use>& trace() const { return trace_; }
+  // Elements gathered from `position` on before `unit` is used again
+  // (`numel_of(unit)` per use), or -1 if it is not used again this step.
+  template <typename NumelOf>
+  int64_t reuse_distance(size_t unit, size_t position, NumelOf&& numel_of) const;
+
+ private:
+  bool recording_ = true;  // the first step: learn the order
+  std::vector<Use> trace_;  // the recorded uses, forward then backward
+  size_t position_ = 0;     // uses seen this step
+  bool on_trace_ = true;    // this step follows the recorded order so far
+};
+
 class Stage3Runtime : public detail::UnitRuntime {
  public:
   // Non-persistent groups must already be released (partition::release_params).
   Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vector<bool> persistent,
                 std::vector<size_t> unit_to_group, std::vector<std::string> unit_names, comm::Comm& comm,
                 const comm::Group& dp, Stage3Options opts);
-
 
   void before_forward(size_t unit) override;
   at::Tensor after_forward(size_t unit, const at::Tensor& out) override;
@@ -71,8 +102,8 @@ class Stage3Runtime : public detail::UnitRuntime {
   // end of a plain loss.backward() seen from a nested backward).
   void after_backward(bool keep_awaited = false);
   bool in_backward() const { return in_backward_; }
-  // After an optimizer step: persistent groups take their updated shards;
-  // every other group is released (its gathered copy is stale now).
+  // After an optimizer step: persistent (and pinned) groups take their
+  // updated shards; every other group is released (its copy is stale now).
   void after_step();
   // After an exception in forward/backward: release what is gathered and
   // forget this step's position (no collectives are issued).
@@ -83,9 +114,8 @@ class Stage3Runtime : public detail::UnitRuntime {
   // Gathered and kept until unpinned (engine.gathered_parameters()); pins nest.
   void pin(size_t group);
   void unpin(size_t group);
-  bool any_pinned() const;
-  bool gathered(size_t group) const { return gathered_[group]; }
-  bool persistent(size_t group) const { return persistent_[group]; }
+  bool gathered(size_t group) const { return state_[group].residency != Residency::Released; }
+  bool persistent(size_t group) const { return state_[group].persistent; }
 
   // The most elements gathered at once during forward passes since the last
   // reset (what stage3_max_live_parameters bounds).
@@ -93,49 +123,55 @@ class Stage3Runtime : public detail::UnitRuntime {
   void reset_peak() { peak_live_forward_ = live_; }
 
  private:
-  enum class Phase { Forward, Backward };
-  struct Use {
-    size_t unit;
-    Phase phase;
+  using Phase = UnitSchedule::Phase;
+  enum class Residency { Released, Gathering, Gathered };
+  struct GroupState {
+    Residency residency = Residency::Released;
+    bool persistent = false;       // the root, or a unit under the persistence threshold
+    comm::WorkHandle gather;       // the allgather in flight while Gathering
+    int in_forward = 0;            // forward calls of the group running now
+    bool awaiting_grads = false;   // gathered for backward, grads not all in yet
+    bool prefetched = false;       // gathered ahead of use, not used yet
+    int pinned = 0;                // gathered_parameters() scopes holding it
+    std::string label;             // "params of unit 'h3'": every gather's label
   };
 
-  void start_gather(size_t group);  // reallocate the storage and launch the allgather
+  void start_gather(size_t group);  // restore the buffer and launch the allgather
   // Releases units kept for reuse (gathered, not in use) until `need` more
   // elements fit under stage3_max_live_parameters, or none is left.
   void evict_for(int64_t need);
   void use(size_t unit, Phase phase);
+  void prefetch_after(size_t position);
+  bool reused_soon(size_t unit, size_t position) const;
   // Runs `gathers`; a CollectiveMismatch from them (ranks gathering other
   // units) is rethrown naming this rank's unit and position.
   template <typename F>
   void naming_divergence(size_t unit, Phase phase, F&& gathers);
   void name_released_contents(size_t group);
-  void prefetch_after(size_t position);
-  bool reused_soon(size_t unit, size_t position) const;
   size_t group_of(size_t unit) const { return unit_to_group_[unit]; }
   int64_t numel_of_unit(size_t unit) const { return groups_[group_of(unit)].layout.padded_numel; }
 
   std::vector<partition::FlatGroup>& groups_;
-  std::vector<bool> persistent_;
+  std::vector<GroupState> state_;
   std::vector<size_t> unit_to_group_;
   std::vector<std::string> unit_names_;
   comm::Comm& comm_;
   const comm::Group& dp_;
   Stage3Options opts_;
-  std::vector<bool> gathered_;           // storage allocated (gather done or in flight)
-  std::vector<comm::WorkHandle> inflight_;
-  std::vector<int> in_forward_;           // forward calls of the group running now
-  std::vector<bool> awaiting_grads_;      // gathered for backward, grads not all in yet
-  std::vector<bool> prefetched_;          // gathered ahead of use, not used yet
-  std::vector<int> pinned_;               // gathered_parameters() scopes holding it
-  std::vector<std::string> labels_;       // "params of unit 'h3'": every gather's label
-  int64_t live_ = 0;       // elements of non-persistent groups gathered or in flight
+  UnitSchedule schedule_;
+  int64_t live_ = 0;  // elements of non-persistent groups gathered or in flight
   int64_t peak_live_forward_ = 0;
   bool in_backward_ = false;
-
-  bool recording_ = true;  // the first step: learn the order, check it across ranks
-  std::vector<Use> trace_; // the recorded uses, forward then backward
-  size_t position_ = 0;    // uses seen this step
-  bool on_trace_ = true;   // this step follows the recorded order so far
 };
+
+template <typename NumelOf>
+int64_t UnitSchedule::reuse_distance(size_t unit, size_t position, NumelOf&& numel_of) const {
+  int64_t distance = 0;
+  for (size_t p = position; p < trace_.size(); ++p) {
+    if (trace_[p].unit == unit) return distance;
+    distance += numel_of(trace_[p].unit);
+  }
+  return -1;
+}
 
 }  // namespace zero

@@ -1,0 +1,115 @@
+#include "engine/flat_optimizer.h"
+
+#include <cmath>
+
+#include "optim/kernels.h"
+#include "optim/lr_schedule.h"
+
+namespace zero {
+
+namespace {
+
+optim::Out16 out16_kind(at::ScalarType t) {
+  return t == at::kBFloat16 ? optim::Out16::BF16 : t == at::kHalf ? optim::Out16::FP16 : optim::Out16::None;
+}
+
+}  // namespace
+
+FlatOptimizer::FlatOptimizer(const Config& config, const StagePolicy& policy, at::ScalarType param_dtype,
+                             comm::Comm& comm, const comm::Group& dp, std::function<void(const std::string&)> log)
+    : config_(config), policy_(policy), param_dtype_(param_dtype), comm_(comm), dp_(dp), log_(std::move(log)),
+      scaler_(config.fp16) {}
+
+void FlatOptimizer::init_state(partition::FlatGroup& g) const {
+  g.exp_avg = at::zeros_like(g.master);
+  if (config_.optimizer.type != OptimizerType::SGD) g.exp_avg_sq = at::zeros_like(g.master);
+  else if (config_.optimizer.momentum == 0.0) g.exp_avg = at::Tensor();
+}
+
+double FlatOptimizer::lr() const {
+  return optim::scheduled_lr(config_.scheduler, config_.optimizer.lr, scheduler_iter_);
+}
+
+at::Tensor FlatOptimizer::grads_of(const partition::FlatGroup& g) const {
+  if (policy_.shard_optimizer_state) return g.grad_shard;
+  return g.grad_flat.scalar_type() == at::kFloat ? g.grad_flat : g.grad_flat.to(at::kFloat);
+}
+
+double FlatOptimizer::global_sumsq(const std::vector<at::Tensor>& grads) {
+  auto acc = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
+  // Per-group norms in fp32 (no double copy of the grads), squared and summed in fp64.
+  for (const auto& gr : grads) acc += at::norm(gr).to(at::kDouble).pow(2);
+  // Full grads are already identical on every rank; shards are summed.
+  if (policy_.shard_optimizer_state) comm_.all_reduce(dp_, acc, comm::ReduceOp::Sum, "grad norm")->wait();
+  return acc.item<double>();
+}
+
+bool FlatOptimizer::step(std::vector<partition::FlatGroup>& groups) {
+  std::vector<at::Tensor> grads;
+  for (const auto& g : groups) grads.push_back(grads_of(g));
+  const double sumsq = global_sumsq(grads);
+  const double scale = scaler_.scale();
+  if ((config_.fp16.enabled || config_.bf16.enabled) && !std::isfinite(sumsq)) {
+    scaler_.update(true);  // throws at the minimum scale, as DeepSpeed
+    ++skipped_steps_;
+    const std::string step = std::to_string(global_steps_ + skipped_steps_);
+    log_(config_.fp16.enabled ? "OVERFLOW! Skipping step " + step + ". Attempted loss scale: " + c10::str(scale) +
+                                    ", reducing to " + c10::str(scaler_.scale())
+                              : "OVERFLOW! Skipping step " + step + ": inf or nan grads (bf16)");
+    return false;
+  }
+  last_grad_norm_ = std::sqrt(sumsq) / scale;
+  // DeepSpeed's clip: divide by (norm + 1e-6) / max_norm when that exceeds 1.
+  float grad_scale = static_cast<float>(1.0 / scale);
+  if (config_.gradient_clipping > 0) {
+    const double clip = (last_grad_norm_ + 1e-6) / config_.gradient_clipping;
+    if (clip > 1.0) grad_scale = static_cast<float>(1.0 / (scale * clip));
+  }
+  const double rate = lr();
+  ++optimizer_steps_;
+  for (size_t i = 0; i < groups.size(); ++i) update(groups[i], grads[i], rate, grad_scale);
+  scaler_.update(false);
+  ++scheduler_iter_;
+  ++global_steps_;
+  return true;
+}
+
+void FlatOptimizer::update(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale) {
+  const int64_t n = g.master.numel();
+  const auto kind = out16_kind(param_dtype_);
+  void* out16 = kind == optim::Out16::None ? nullptr : policy_.update_destination(g, dp_.rank()).data_ptr();
+  const auto& o = config_.optimizer;
+  if (o.type == OptimizerType::SGD) {
+    optim::SgdHyper h{static_cast<float>(lr), static_cast<float>(o.momentum), static_cast<float>(o.dampening),
+                      static_cast<float>(o.weight_decay), o.nesterov, optimizer_steps_ == 1};
+    optim::sgd_update(g.master.data_ptr<float>(), grad.data_ptr<float>(),
+                      g.exp_avg.defined() ? g.exp_avg.data_ptr<float>() : nullptr, n, h, grad_scale, out16, kind);
+  } else {
+    optim::AdamHyper h{static_cast<float>(lr), static_cast<float>(o.betas[0]), static_cast<float>(o.betas[1]),
+                       static_cast<float>(o.eps), static_cast<float>(o.weight_decay), optimizer_steps_,
+                       o.adam_w_mode, true};
+    optim::adam_update(g.master.data_ptr<float>(), grad.data_ptr<float>(), g.exp_avg.data_ptr<float>(),
+                       g.exp_avg_sq.data_ptr<float>(), n, h, grad_scale, out16, kind);
+  }
+}
+
+nlohmann::json FlatOptimizer::state() const {
+  const auto s = scaler_.state();
+  return {{"global_steps", global_steps_}, {"skipped_steps", skipped_steps_},
+          {"optimizer_steps", optimizer_steps_}, {"scheduler_iter", scheduler_iter_},
+          {"last_grad_norm", last_grad_norm_}, {"optimizer", to_string(config_.optimizer.type)},
+          {"loss_scaler", {{"scale", s.scale}, {"cur_hysteresis", s.cur_hysteresis}, {"cur_iter", s.cur_iter},
+                           {"last_overflow_iter", s.last_overflow_iter}}}};
+}
+
+void FlatOptimizer::restore(const nlohmann::json& j) {
+  global_steps_ = j.at("global_steps");
+  skipped_steps_ = j.at("skipped_steps");
+  optimizer_steps_ = j.at("optimizer_steps");
+  scheduler_iter_ = j.at("scheduler_iter");
+  last_grad_norm_ = j.at("last_grad_norm");
+  const auto& s = j.at("loss_scaler");
+  scaler_.restore({s.at("scale"), s.at("cur_hysteresis"), s.at("cur_iter"), s.at("last_overflow_iter")});
+}
+
+}  // namespace zero

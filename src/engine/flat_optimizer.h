@@ -1,0 +1,65 @@
+// The optimizer over the flat groups' fp32 masters: global grad norm,
+// overflow check (fp16/bf16), DeepSpeed's clipping, the fused update
+// (optim/kernels: AdamW/Adam/SGD, writing the 16-bit params in the same
+// pass), the LR schedule, the loss scaler and the step counters. It knows
+// nothing of backward or of how params reach the ranks afterwards: the
+// engine reduces grads before step() and publishes params after it.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "zero/stage_policy.h"
+#include "optim/loss_scaler.h"
+#include "partition/flat_group.h"
+#include "zero/comm.h"
+#include "zero/config.h"
+
+namespace zero {
+
+class FlatOptimizer {
+ public:
+  FlatOptimizer(const Config& config, const StagePolicy& policy, at::ScalarType param_dtype, comm::Comm& comm,
+                const comm::Group& dp, std::function<void(const std::string&)> log);
+
+  // Optimizer state for a group whose master is set: moments (Adam), momentum (SGD).
+  void init_state(partition::FlatGroup& g) const;
+
+  // One optimizer step over the reduced grads: false when skipped for an
+  // fp16/bf16 overflow (the loss scale drops; reported as DeepSpeed does).
+  bool step(std::vector<partition::FlatGroup>& groups);
+
+  double loss_scale() const { return scaler_.scale(); }
+  double lr() const;  // the lr the next step uses
+  int64_t global_steps() const { return global_steps_; }
+  int64_t skipped_steps() const { return skipped_steps_; }
+  double last_grad_norm() const { return last_grad_norm_; }
+
+  // Counters, loss scaler and schedule position, for checkpoints.
+  nlohmann::json state() const;
+  void restore(const nlohmann::json& state);
+
+ private:
+  at::Tensor grads_of(const partition::FlatGroup& g) const;  // fp32: a shard, or all of it
+  double global_sumsq(const std::vector<at::Tensor>& grads);
+  void update(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale);
+
+  const Config& config_;
+  const StagePolicy& policy_;
+  at::ScalarType param_dtype_;
+  comm::Comm& comm_;
+  const comm::Group& dp_;
+  std::function<void(const std::string&)> log_;
+  optim::LossScaler scaler_;
+  int64_t global_steps_ = 0;     // steps taken (skipped ones excluded)
+  int64_t skipped_steps_ = 0;
+  int64_t optimizer_steps_ = 0;  // updates applied (bias correction / momentum start)
+  int64_t scheduler_iter_ = -1;  // DeepSpeed's last_batch_iteration
+  double last_grad_norm_ = 0.0;
+};
+
+}  // namespace zero

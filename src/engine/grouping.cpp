@@ -1,0 +1,211 @@
+#include "engine/grouping.h"
+
+#include <algorithm>
+#include <set>
+#include <unordered_set>
+
+#include <ATen/core/grad_mode.h>
+#include <torch/nn/module.h>
+
+#include "engine/flat_optimizer.h"
+#include "memory/page_buffer.h"
+#include "zero/stage3.h"
+#include "zero/unit_runtime.h"
+
+namespace zero {
+
+namespace {
+
+struct Params {
+  std::vector<at::Tensor> tensors;  // registration order, each once
+  std::vector<std::string> names;   // its first registered name
+  std::unordered_map<const void*, int64_t> index_of;
+};
+
+Params trainable_params(torch::nn::Module& model, ModelGroups& out) {
+  Params p;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& t = item.value();
+    if (!t.requires_grad()) continue;
+    if (p.index_of.count(t.unsafeGetTensorImpl())) {
+      out.other_names[t.unsafeGetTensorImpl()].push_back(item.key());
+      continue;
+    }
+    if (t.scalar_type() != at::kFloat)
+      throw std::invalid_argument("zero::Engine: param " + item.key() + " is " + c10::toString(t.scalar_type()) +
+                                  "; build the model in fp32 (the engine casts to bf16/fp16 as configured)");
+    if (!t.is_cpu())
+      throw std::invalid_argument("zero::Engine: param " + item.key() + " is not on the CPU; this build runs on CPU");
+    p.index_of[t.unsafeGetTensorImpl()] = static_cast<int64_t>(p.tensors.size());
+    p.tensors.push_back(t);
+    p.names.push_back(item.key());
+  }
+  if (p.tensors.empty()) throw std::invalid_argument("zero::Engine: the model has no trainable parameters");
+  return p;
+}
+
+// The master the optimizer updates, and the params in their dtype: fp32
+// params are updated in place (the flat buffer, its own slot, or the shard
+// kept at rest); 16-bit ones get a 16-bit copy of the buffer to view.
+void setup_precision(partition::FlatGroup& g, const GroupingContext& ctx) {
+  at::NoGradGuard no_grad;
+  const int rank = ctx.dp.rank();
+  const at::Tensor fp32 = ctx.policy.shard_optimizer_state ? g.own_slot(g.param_flat, rank) : g.param_flat;
+  if (ctx.param_dtype != at::kFloat) {
+    g.master = fp32.clone();
+    at::Tensor low = memory::zeros_flat(g.layout.padded_numel, ctx.param_dtype);
+    low.copy_(g.param_flat);
+    partition::view_params_in(g, low);  // the fp32 buffer goes here
+  }
+  if (ctx.policy.shard_params) g.param_shard = g.own_slot(g.param_flat, rank).clone();
+  if (!g.master.defined()) g.master = ctx.policy.update_destination(g, rank);  // fp32: the params themselves
+  ctx.optimizer.init_state(g);
+}
+
+partition::FlatGroup make_group(const Params& p, const std::vector<int64_t>& members, const GroupingContext& ctx,
+                                ModelGroups& out) {
+  partition::FlatGroup g;
+  std::vector<int64_t> numels;
+  for (int64_t i : members) {
+    numels.push_back(p.tensors[i].numel());
+    g.params.push_back(p.tensors[i]);
+    g.names.push_back(p.names[i]);
+    out.num_params += p.tensors[i].numel();
+  }
+  g.layout = partition::make_group_layout(numels, members, ctx.dp.size(), partition::kShardAlignElements);
+  partition::flatten_from_rank0(g, ctx.comm, ctx.dp);
+  out.largest_group_bytes = std::max(out.largest_group_bytes, g.layout.padded_numel * 4);
+  setup_precision(g, ctx);
+  return g;
+}
+
+void bucket_groups(const Params& p, const GroupingContext& ctx, ModelGroups& out) {
+  std::vector<int64_t> numels, indices;
+  for (int64_t i = static_cast<int64_t>(p.tensors.size()) - 1; i >= 0; --i) {
+    numels.push_back(p.tensors[i].numel());
+    indices.push_back(i);
+  }
+  for (const auto& bucket : partition::bucket_params(numels, indices, ctx.config.zero.reduce_bucket_size))
+    out.groups.push_back(make_group(p, bucket, ctx, out));
+}
+
+// Which unit owns each param (-1: the root). A param belongs to one unit
+// only if every module it is registered in lies inside that unit; one
+// registered in several units, or also outside every unit (a tied LM head
+// registered beside an embedding in a unit), is used outside its unit's
+// forward, so it belongs to the root, which outlives all its uses.
+std::vector<int> owning_units(torch::nn::Module& model, const Params& p, const ModelGroups& out) {
+  std::vector<std::set<int>> registered_in(p.tensors.size());  // unit index, -1 for outside every unit
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    auto it = p.index_of.find(item.value().unsafeGetTensorImpl());
+    if (it == p.index_of.end()) continue;
+    int owner = -1;
+    for (size_t u = 0; u < out.units.size() && owner < 0; ++u)
+      if (item.key().rfind(out.unit_names[u] + ".", 0) == 0) owner = static_cast<int>(u);
+    registered_in[it->second].insert(owner);
+  }
+  std::vector<int> owner(p.tensors.size(), -1);
+  for (size_t i = 0; i < p.tensors.size(); ++i)
+    if (registered_in[i].size() == 1) owner[i] = *registered_in[i].begin();
+  return owner;
+}
+
+void find_units(torch::nn::Module& model, ModelGroups& out) {
+  if (dynamic_cast<UnitBase*>(&model))
+    throw std::invalid_argument("zero::Engine: the root model is itself a zero::Unit; wrap its blocks instead");
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    if (auto* u = dynamic_cast<UnitBase*>(item.value().get())) {
+      for (const auto& sub : u->modules(/*include_self=*/false))
+        if (dynamic_cast<UnitBase*>(sub.get()))
+          throw std::invalid_argument("zero::Engine: nested zero::Unit inside a unit is not supported");
+      out.units.push_back(u);
+      out.unit_names.push_back(item.key());
+    }
+}
+
+// A unit zero::Init sharded at construction: its group holds this rank's
+// fp32 shard only; name its params and set up precision and optimizer state.
+void adopt(partition::FlatGroup& g, const std::string& unit, const Params& p, const GroupingContext& ctx) {
+  if (g.layout.dp_size != ctx.dp.size())
+    throw std::invalid_argument("zero::Engine: unit '" + unit + "' was sharded by zero::Init over " +
+                                std::to_string(g.layout.dp_size) + " ranks, but the data-parallel group has " +
+                                std::to_string(ctx.dp.size()));
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const int64_t idx = p.index_of.at(g.params[i].unsafeGetTensorImpl());
+    g.layout.params[i].param_index = idx;
+    g.names.push_back(p.names[idx]);
+  }
+  at::NoGradGuard no_grad;
+  g.master = g.param_shard;  // fp32, as zero::Init kept it
+  if (ctx.param_dtype != at::kFloat) {
+    g.param_shard = g.master.to(ctx.param_dtype);
+    partition::view_params_in(g, memory::zeros_flat(g.layout.padded_numel, ctx.param_dtype));
+    partition::release_params(g);
+  }
+  ctx.optimizer.init_state(g);
+}
+
+void unit_groups(torch::nn::Module& model, const Params& p, const GroupingContext& ctx, ModelGroups& out) {
+  find_units(model, out);
+  const auto owner = owning_units(model, p, out);
+  std::vector<std::vector<int64_t>> own(out.units.size());  // each unit's params, in registration order
+  std::vector<int64_t> root;
+  for (size_t i = 0; i < p.tensors.size(); ++i) (owner[i] < 0 ? root : own[owner[i]]).push_back(static_cast<int64_t>(i));
+  out.unit_to_group.assign(out.units.size(), 0);
+  out.unit_has_params.assign(out.units.size(), false);
+  for (size_t k = 0; k < out.units.size(); ++k)
+    for (const auto& t : out.units[k]->parameters(/*recurse=*/true))
+      if (p.index_of.count(t.unsafeGetTensorImpl())) out.unit_has_params[k] = true;
+  const int64_t threshold = ctx.config.zero.param_persistence_threshold;
+  std::vector<size_t> in_root;  // units all of whose params live in the root
+  for (size_t k = out.units.size(); k-- > 0;) {
+    const std::string label = "params of unit '" + out.unit_names[k] + "'";
+    auto pre = detail::UnitAccess::take_sharded_at_init(*out.units[k]);
+    if (pre && pre->params.size() != own[k].size()) {
+      // zero::Init sharded a unit one of whose params turns out to be
+      // shared: gather it back whole and group it afresh (one unit, once).
+      gather_params(*pre, ctx.comm, ctx.dp, label);
+      pre.reset();
+    }
+    if (!pre && own[k].empty()) {
+      in_root.push_back(k);
+      continue;
+    }
+    out.unit_to_group[k] = out.groups.size();
+    if (pre) {
+      adopt(*pre, out.unit_names[k], p, ctx);
+      out.num_params += pre->layout.numel;
+      ++out.sharded_at_init_units;
+      out.persistent.push_back(pre->layout.numel < threshold);
+      if (out.persistent.back()) gather_params(*pre, ctx.comm, ctx.dp, label);
+      out.groups.push_back(std::move(*pre));
+    } else {
+      out.groups.push_back(make_group(p, own[k], ctx, out));
+      out.persistent.push_back(out.groups.back().layout.numel < threshold);
+      if (!out.persistent.back()) partition::release_params(out.groups.back());
+    }
+  }
+  if (!root.empty()) {
+    out.groups.push_back(make_group(p, root, ctx, out));
+    out.persistent.push_back(true);
+  }
+  for (size_t k : in_root) out.unit_to_group[k] = out.groups.size() - 1;
+  const auto persistent_groups = std::count(out.persistent.begin(), out.persistent.end(), true);
+  out.note = out.units.empty()
+                 ? "no zero::Unit in the model: all params form the root unit and stay gathered "
+                   "(stage 3 then shards grads and optimizer state only)"
+                 : std::to_string(out.units.size()) + " units; " + std::to_string(persistent_groups) +
+                       " persistent groups (root + units under stage3_param_persistence_threshold)";
+}
+
+}  // namespace
+
+ModelGroups group_params(torch::nn::Module& model, const GroupingContext& ctx) {
+  ModelGroups out;
+  const Params p = trainable_params(model, out);
+  if (ctx.policy.shard_params) unit_groups(model, p, ctx, out);
+  else bucket_groups(p, ctx, out);
+  return out;
+}
+
+}  // namespace zero
