@@ -88,21 +88,20 @@ struct ZeroConfig {
   // DeepSpeed: unset means true for stage 3 and false otherwise.
   std::optional<bool> overlap_comm_given;
   bool overlap_comm() const { return overlap_comm_given.value_or(stage == 3); }
-  bool reduce_scatter = true;
   int64_t reduce_bucket_size = 500'000'000;
-  bool allgather_partitions = true;
-  int64_t allgather_bucket_size = 500'000'000;
   int64_t prefetch_bucket_size = 50'000'000;          // stage3_prefetch_bucket_size
   int64_t param_persistence_threshold = 100'000;      // stage3_param_persistence_threshold
-  int64_t model_persistence_threshold = std::numeric_limits<int64_t>::max();
   int64_t max_live_parameters = 1'000'000'000;        // stage3_max_live_parameters
   int64_t max_reuse_distance = 1'000'000'000;         // stage3_max_reuse_distance
-  int64_t sub_group_size = 1'000'000'000;
-  bool gather_16bit_weights_on_model_save = false;
-  bool ignore_unused_parameters = true;
-  bool round_robin_gradients = false;
+  // Validated (offload_param needs stage 3); on CPU the state already lives
+  // in host memory, so they change nothing yet.
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param;
+  // (reduce_scatter, allgather_partitions, allgather_bucket_size,
+  // stage3_model_persistence_threshold, sub_group_size,
+  // stage3_gather_16bit_weights_on_model_save, ignore_unused_parameters and
+  // round_robin_gradients are accepted and type-checked but inert: see
+  // docs/config.md.)
 };
 
 // The three batch numbers after resolution against the data-parallel size:

@@ -231,28 +231,29 @@ ZeroConfig read_zero(ObjectReader& top) {
     if (!v->is_boolean()) r.fail_value("overlap_comm", *v, "true or false");
     c.overlap_comm_given = v->get<bool>();
   }
-  c.reduce_scatter = r.get_bool("reduce_scatter", c.reduce_scatter);
   c.reduce_bucket_size = r.get_size("reduce_bucket_size", c.reduce_bucket_size);
-  c.allgather_partitions = r.get_bool("allgather_partitions", c.allgather_partitions);
-  c.allgather_bucket_size = r.get_size("allgather_bucket_size", c.allgather_bucket_size);
   c.prefetch_bucket_size =
       r.get_size("stage3_prefetch_bucket_size", c.prefetch_bucket_size, {"prefetch_bucket_size"});
   c.param_persistence_threshold = r.get_size("stage3_param_persistence_threshold",
                                              c.param_persistence_threshold,
                                              {"param_persistence_threshold"});
-  c.model_persistence_threshold = r.get_size("stage3_model_persistence_threshold",
-                                             c.model_persistence_threshold,
-                                             {"model_persistence_threshold"});
   c.max_live_parameters =
       r.get_size("stage3_max_live_parameters", c.max_live_parameters, {"max_live_parameters"});
   c.max_reuse_distance =
       r.get_size("stage3_max_reuse_distance", c.max_reuse_distance, {"max_reuse_distance"});
-  c.sub_group_size = r.get_size("sub_group_size", c.sub_group_size);
-  c.gather_16bit_weights_on_model_save = r.get_bool(
-      "stage3_gather_16bit_weights_on_model_save", false,
-      {"stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save"});
-  c.ignore_unused_parameters = r.get_bool("ignore_unused_parameters", c.ignore_unused_parameters);
-  c.round_robin_gradients = r.get_bool("round_robin_gradients", c.round_robin_gradients);
+  // Inert here, so read (and type-checked) but not kept: reduce_scatter and
+  // allgather_partitions only pick DeepSpeed's collective (the result is the
+  // same), the others tune what zero-cpp does its own way or not at all.
+  r.get_bool("reduce_scatter", true);
+  r.get_bool("allgather_partitions", true);
+  r.get_size("allgather_bucket_size", 500'000'000);
+  r.get_size("stage3_model_persistence_threshold", std::numeric_limits<int64_t>::max(),
+             {"model_persistence_threshold"});
+  r.get_size("sub_group_size", 1'000'000'000);
+  r.get_bool("stage3_gather_16bit_weights_on_model_save", false,
+             {"stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save"});
+  r.get_bool("ignore_unused_parameters", true);
+  r.get_bool("round_robin_gradients", false);
   c.offload_optimizer = read_offload(r, "offload_optimizer", false);
   c.offload_param = read_offload(r, "offload_param", true);
   if (c.offload_param.device != OffloadDevice::None && c.stage != 3)
@@ -545,19 +546,11 @@ json Config::to_json() const {
   json zj = {{"stage", z.stage},
              {"contiguous_gradients", z.contiguous_gradients},
              {"overlap_comm", z.overlap_comm()},
-             {"reduce_scatter", z.reduce_scatter},
              {"reduce_bucket_size", z.reduce_bucket_size},
-             {"allgather_partitions", z.allgather_partitions},
-             {"allgather_bucket_size", z.allgather_bucket_size},
              {"stage3_prefetch_bucket_size", z.prefetch_bucket_size},
              {"stage3_param_persistence_threshold", z.param_persistence_threshold},
-             {"stage3_model_persistence_threshold", z.model_persistence_threshold},
              {"stage3_max_live_parameters", z.max_live_parameters},
              {"stage3_max_reuse_distance", z.max_reuse_distance},
-             {"sub_group_size", z.sub_group_size},
-             {"stage3_gather_16bit_weights_on_model_save", z.gather_16bit_weights_on_model_save},
-             {"ignore_unused_parameters", z.ignore_unused_parameters},
-             {"round_robin_gradients", z.round_robin_gradients},
              {"offload_optimizer", {{"device", to_string(z.offload_optimizer.device)},
                                     {"pin_memory", z.offload_optimizer.pin_memory}}},
              {"offload_param", {{"device", to_string(z.offload_param.device)},
