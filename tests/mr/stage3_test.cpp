@@ -1,0 +1,370 @@
+// Stage 3: zero::Unit cases, the prefetch/reuse schedule, zero::Init, diverging unit
+// orders, weights shared across a unit, and params used outside their unit's forward
+// (gathered scopes, the state dict, the message a released param stops the process with).
+#include <chrono>
+#include <cstdio>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "fixtures.h"
+
+namespace {
+
+using namespace zero::test;
+
+TEST(Stage3, UnitCasesTrainWithParity) {
+  auto cfg = toy_config(3, 4, 20);
+  auto ref_cfg = toy_config(0, 4 * world().size());
+  UnitNet m, ref;
+  zero::Engine e(m, cfg, world().comm(), dp_group());
+  zero::Engine er(ref, ref_cfg, world().comm(), solo_group());
+  // a (64 + 3 unused) is its own group; b and c share w (root); d (8 elements) is persistent.
+  EXPECT_GT(e.persistent_params(), 64 + 8);
+  const auto version = m.a->inner->w._version();
+  for (int step = 0; step < 6; ++step) step_with_reference(e, m, er, ref, 200 + step, 8);
+  auto got = e.full_parameters(), want = er.full_parameters();
+  EXPECT_LT(max_abs_diff(got, want), 1e-5);
+  EXPECT_GT(e.peak_live_params(), 0);
+  // Gathers and updates write the flat buffers, never through the param.
+  EXPECT_EQ(m.a->inner->w._version(), version);
+  // Only unit a is ever gathered and released: at most its group (67
+  // elements padded to a multiple of 16·N) is live.
+  const int64_t pad = 16 * world().size();
+  EXPECT_LE(e.peak_live_params(), (67 + pad - 1) / pad * pad);
+}
+
+// The schedule from the second step on: prefetch and reuse stay within
+// stage3_max_live_parameters in forward, change no result (bit for bit), and
+// reuse saves the backward regather.
+TEST(Stage3, ScheduleRespectsLimitsAndKeepsParity) {
+  RunSpec classic;
+  classic.stage = 3;
+  auto base = train(classic, dp_group(), 6);
+  GptTrainer probe(small_gpt(), make_config(classic), corpus(), 7, world().comm(), dp_group());
+  const int64_t unit = (probe.engine().num_params() - probe.engine().persistent_params()) / small_gpt().n_layer;
+  for (int64_t max_live : {unit, 2 * unit + 64, int64_t{1} << 30})
+    for (int64_t reuse : {int64_t{0}, int64_t{1} << 30}) {
+      SCOPED_TRACE("max_live " + std::to_string(max_live) + " reuse " + std::to_string(reuse));
+      RunSpec s = classic;
+      s.max_live = max_live;
+      s.reuse_distance = reuse;
+      s.prefetch = 2 * unit + 64;
+      GptTrainer t(small_gpt(), make_config(s), corpus(), 7, world().comm(), dp_group());
+      for (int i = 0; i < 6; ++i) {
+        t.engine().reset_peak_live_params();
+        auto r = t.train_step();
+        EXPECT_EQ(r.loss, base.losses[i]) << "step " << i;
+        EXPECT_LE(t.engine().peak_live_params(), std::max(max_live, unit + 64)) << "step " << i;
+        if (i >= 1 && reuse > 0 && max_live > 2 * unit + 64) {
+          // Units kept from forward through backward: gathered once per step, not twice.
+          const double persistent = static_cast<double>(t.engine().persistent_params());
+          const double units = static_cast<double>(t.engine().num_params()) - persistent;
+          EXPECT_NEAR(r.comm.at("allgather").bytes, 4 * (units + persistent), 4 * 64 * 4.0);
+        }
+      }
+      EXPECT_EQ(max_abs_diff(t.engine().full_parameters(), base.params), 0.0);
+    }
+}
+
+// DeepSpeed users' most common hang: ranks running units in different
+// orders. Here it is an error on every rank, naming the units. (On a group
+// of its own: a shared-memory lane that saw ranks disagree stays failed.)
+TEST(Stage3, DivergentUnitOrderIsAnErrorOnAllRanks) {
+  auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                {"optimizer", {{"type", "AdamW"}}},
+                                {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0}}}});
+  UnitNet m;
+  zero::Engine e(m, cfg, world().comm(), fresh_dp_group());
+  auto x = at::randn({4, 8});
+  try {
+    // Rank 1 runs d before a; everyone else a before d.
+    auto h = dp_group()->rank() == 1 ? m.a->forward(m.d->forward(x)) : m.d->forward(m.a->forward(x));
+    e.backward(h.sum());
+    ADD_FAILURE() << "no error";
+  } catch (const zero::comm::CollectiveMismatch& err) {
+    const std::string msg = err.what();
+    EXPECT_NE(msg.find("different orders"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("unit 'a'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("unit 'd'"), std::string::npos) << msg;
+  }
+}
+
+TEST(Stage3, ZeroInitStartsEveryRankFromRankZerosWeights) {
+  RunSpec s;
+  s.stage = 3;
+  const auto cfg = make_config(s);
+  // Each rank's RNG differs; the model built under zero::Init must still
+  // equal the one rank 0 builds (seed 7) without it.
+  at::manual_seed(7 + 1000 * dp_group()->rank());
+  zero::models::GPT built{nullptr};
+  {
+    zero::Init init(world().comm(), dp_group(), cfg);
+    built = zero::models::GPT(small_gpt());
+    EXPECT_EQ(init.units_sharded(), small_gpt().n_layer);
+  }
+  zero::Engine e(*built, cfg, world().comm(), dp_group());
+  at::manual_seed(7);
+  zero::models::GPT plain(small_gpt());
+  std::map<std::string, at::Tensor> want;
+  for (const auto& item : plain->named_parameters()) want[item.key()] = item.value().detach().clone();
+  EXPECT_EQ(max_abs_diff(e.full_parameters(), want), 0.0);
+
+  // And training from it matches training without zero::Init, bit for bit.
+  GptTrainer with(small_gpt(), cfg, corpus(), 7, world().comm(), dp_group(), /*zero_init=*/true);
+  GptTrainer without(small_gpt(), cfg, corpus(), 7, world().comm(), dp_group(), /*zero_init=*/false);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(with.train_step().loss, without.train_step().loss);
+  EXPECT_EQ(max_abs_diff(with.engine().full_parameters(), without.engine().full_parameters()), 0.0);
+
+  zero::Config stage2 = make_config(RunSpec{});
+  EXPECT_THROW(zero::Init(world().comm(), dp_group(), stage2), zero::ConfigError);
+}
+
+TEST(Stage3, EvalForwardsInPlaceOpsAndParamlessUnits) {
+  auto cfg = toy_config(3, 4, 0);
+  auto ref_cfg = toy_config(0, 4 * world().size());
+  InPlaceNet m, ref;
+  zero::Engine e(m, cfg, world().comm(), dp_group());
+  zero::Engine er(ref, ref_cfg, world().comm(), solo_group());
+  for (int step = 0; step < 5; ++step) {
+    at::manual_seed(300 + step);
+    auto x = at::randn({4 * world().size(), 8});
+    {
+      at::NoGradGuard eval;
+      EXPECT_NEAR(m.loss(x).item<double>(), ref.loss(x).item<double>(), 1e-5);
+    }
+    e.backward(m.loss(x.narrow(0, 4 * dp_group()->rank(), 4)));
+    e.step();
+    er.backward(ref.loss(x));
+    er.step();
+  }
+  EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
+}
+
+// On both transports: issuing a collective never waits for the peers (a
+// rank whose unit completes early launches its reduce-scatter while its
+// peer still gathers the next unit).
+TEST(Stage3, ParamUnusedOnSomeRanksOnly) {
+  const int N = world().size();
+  for (bool fast_path : {true, false}) {
+    SCOPED_TRACE(fast_path ? "shared memory" : "gloo");
+    // No prefetch: each backward gather is issued when its unit is reached,
+    // between the reduce-scatters the grad hooks launch.
+    auto j = nlohmann::json{{"train_micro_batch_size_per_gpu", 4},
+                            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                            {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0},
+                                                   {"stage3_prefetch_bucket_size", 1}}},
+                            {"zero_cpp", {{"comm_fast_path", fast_path}}}};
+    GatedNet m, ref;
+    zero::Engine e(m, Config::from_json(j), world().comm(), dp_group());
+    zero::Engine er(ref, toy_config(0, 4 * N), world().comm(), solo_group());
+    for (int step = 0; step < 5; ++step) {
+      at::manual_seed(400 + step);
+      auto x = at::randn({4 * N, 8});
+      const int r = dp_group()->rank();
+      e.backward(m.loss(x.narrow(0, 4 * r, 4), /*use_gate=*/r == 0));
+      e.step();
+      // The same math in one process: rank 0's rows use the gate, the rest do not.
+      at::Tensor total = ref.loss(x.narrow(0, 0, 4), true);
+      for (int k = 1; k < N; ++k) total = total + ref.loss(x.narrow(0, 4 * k, 4), false);
+      er.backward(total / N);
+      er.step();
+    }
+    EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
+    world().comm().set_fast_paths_enabled(true);
+  }
+}
+
+TEST(Stage3, ZeroInitRejectsParamsSharedBetweenUnits) {
+  RunSpec s;
+  s.stage = 3;
+  try {
+    zero::Init init(world().comm(), dp_group(), make_config(s));
+    UnitNet m;  // b and c share one weight
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("already sharded by another unit"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Stage3, ZeroInitNeverHoldsTheWholeModel) {
+  RunSpec s;
+  s.stage = 3;
+  const auto cfg = make_config(s);
+  zero::models::GPTConfig big = small_gpt();
+  big.n_layer = 48;
+  big.d_model = 256;  // 48 units of 0.79M params: 151 MB of fp32 in all
+  const double model_bytes = 4.0 * big.num_params();
+  const double unit_bytes = 4.0 * 12 * 256 * 256;
+  const int64_t plain = build_peak_growth([&] { zero::models::GPT m(big); });
+  const int64_t sharded = build_peak_growth([&] {
+    zero::Init init(world().comm(), dp_group(), cfg);
+    zero::models::GPT m(big);
+  });
+  EXPECT_GE(plain, 0.8 * model_bytes);  // (less: the heap reuses what earlier tests freed)
+  // This rank's shards, plus about one unit being built and flattened (and
+  // the small root and allocator slack).
+  EXPECT_LT(sharded, model_bytes / world().size() + 4 * unit_bytes + (12 << 20))
+      << "plain build grew " << plain << " bytes";
+}
+
+// The tied weight belongs to the root (which outlives all its uses): stage 3
+// trains with parity to a single process, with or without zero::Init.
+TEST(SharedWeights, TiedAcrossAUnitTrainsWithParity) {
+  for (int stage : {0, 1, 2, 3})
+    for (bool zero_init : {false, true}) {
+      if (zero_init && stage != 3) continue;
+      SCOPED_TRACE("stage " + std::to_string(stage) + (zero_init ? " zero::Init" : ""));
+      const auto cfg = toy_config(stage, 4, 0);
+      std::shared_ptr<TiedUnitNet> m;
+      if (zero_init) {
+        zero::Init init(world().comm(), dp_group(), cfg);
+        m = std::make_shared<TiedUnitNet>();
+      } else {
+        m = std::make_shared<TiedUnitNet>();
+      }
+      TiedUnitNet ref;
+      zero::Engine e(*m, cfg, world().comm(), dp_group());
+      zero::Engine er(ref, toy_config(0, 4 * world().size()), world().comm(), solo_group());
+      for (int step = 0; step < 4; ++step) {
+        at::manual_seed(1200 + step);
+        auto tokens = at::randint(16, {4 * world().size(), 6}, at::kLong);
+        e.backward(m->loss(tokens.narrow(0, 4 * dp_group()->rank(), 4)));
+        e.step();
+        er.backward(ref.loss(tokens));
+        er.step();
+      }
+      EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
+    }
+}
+
+// Read, modify and write back: the modifier rank's values land in every
+// rank's params and in the fp32 masters (16-bit params: only the elements
+// that changed, so the others keep their fp32 bits), and training goes on
+// as in a single process given the same change.
+TEST(GatheredParameters, ReadModifyAndWriteBackAtEveryStage) {
+  for (const char* dtype : {"fp32", "bf16"})
+    for (int stage : {0, 1, 2, 3}) {
+      SCOPED_TRACE(std::string(dtype) + " stage " + std::to_string(stage));
+      auto config = [&](int st, int64_t micro) {
+        nlohmann::json j = {{"train_micro_batch_size_per_gpu", micro},
+                            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                            {"zero_optimization", {{"stage", st}, {"stage3_param_persistence_threshold", 0}}}};
+        if (std::string(dtype) == "bf16") j["bf16"] = {{"enabled", true}};
+        return Config::from_json(j);
+      };
+      UnitNet m, ref;
+      zero::Engine e(m, config(stage, 4), world().comm(), dp_group());
+      zero::Engine er(ref, config(0, 4 * world().size()), world().comm(), solo_group());
+      step_with_reference(e, m, er, ref, 1300, 8);
+      const auto before = e.state_dict();
+      const int modifier = world().size() - 1;
+      {
+        auto full = e.gathered_parameters({m.a->inner->w, m.d->inner->s}, modifier);
+        // Full values on every rank, equal to the reference's.
+        EXPECT_LT((m.a->inner->w.to(at::kFloat) - ref.a->inner->w.to(at::kFloat)).abs().max().item<double>(), 1e-5);
+        at::NoGradGuard no_grad;
+        m.a->inner->w.fill_(dp_group()->rank() == modifier ? 0.25 : -7.0);  // only the modifier's survives
+        m.d->inner->s[0] = dp_group()->rank() == modifier ? 2.0 : -7.0;
+        full.finish();
+      }
+      {
+        auto full = er.gathered_parameters({ref.a->inner->w, ref.d->inner->s}, 0);
+        at::NoGradGuard no_grad;
+        ref.a->inner->w.fill_(0.25);
+        ref.d->inner->s[0] = 2.0;
+      }
+      const auto after = e.state_dict();
+      EXPECT_TRUE(after.at("a.inner.w").eq(0.25).all().item<bool>());
+      EXPECT_EQ(after.at("d.inner.s")[0].item<float>(), 2.0f);
+      EXPECT_TRUE(after.at("d.inner.s").narrow(0, 1, 7).equal(before.at("d.inner.s").narrow(0, 1, 7)))
+          << "untouched elements keep their fp32 master bits";
+      EXPECT_TRUE(after.at("head").equal(before.at("head")));
+      for (int step = 0; step < 3; ++step) step_with_reference(e, m, er, ref, 1301 + step, 8);
+      EXPECT_LT(max_abs_diff(e.state_dict(), er.state_dict()), std::string(dtype) == "bf16" ? 2e-2 : 1e-5);
+    }
+}
+
+// The whole model by name -- tied params under each name, frozen params and
+// buffers -- as the plain model registers it; rank0_only leaves the others
+// empty; save_weights writes what zero-ckpt consolidate would, and
+// load_weights reads it back.
+TEST(GatheredParameters, StateDictAndSaveWeightsHoldTheWholeModel) {
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    TiedUnitNet m, plain;
+    zero::Engine e(m, toy_config(stage, 4, 0), world().comm(), dp_group());
+    const auto sd = e.state_dict();
+    std::set<std::string> want;
+    for (const auto& p : plain.named_parameters()) want.insert(p.key());
+    std::set<std::string> got;
+    for (const auto& [name, t] : sd) got.insert(name);
+    EXPECT_EQ(got, want);
+    EXPECT_TRUE(sd.at("head").equal(sd.at("emb.inner.weight")));
+    EXPECT_TRUE(sd.at("head").equal(plain.head));
+    const auto r0 = e.state_dict(/*rank0_only=*/true);
+    EXPECT_EQ(r0.empty(), dp_group()->rank() != 0);
+    const std::string path = ckpt_dir("save-weights-" + std::to_string(stage)) + ".safetensors";
+    e.save_weights(path);
+    TiedUnitNet other;
+    {
+      at::NoGradGuard no_grad;
+      other.head.mul_(2);
+    }
+    zero::Engine eo(other, toy_config(stage, 4, 0), world().comm(), dp_group());
+    eo.load_weights(path);
+    EXPECT_EQ(max_abs_diff(eo.state_dict(), sd), 0.0);
+    world().comm().barrier(world().group())->wait();
+    if (world().rank() == 0) std::filesystem::remove(path);
+  }
+}
+
+// Outside a gathered scope a released param cannot be read: the process
+// stops with a message naming it and the way out, instead of a
+// segmentation fault or garbage.
+TEST(GatheredParametersDeathTest, ReadingAReleasedParamNamesIt) {
+  GTEST_FLAG_SET(death_test_style, "fast");
+  UnitNet m;
+  zero::Engine e(m, toy_config(3, 4, 0), world().comm(), dp_group());
+  EXPECT_DEATH(std::printf("%f\n", m.a->inner->w.sum().item<double>()),
+               "param 'a.inner.w' \\(unit 'a'\\) was read or written while released.*gathered_parameters");
+}
+
+// Two steps in the same order (the second prefetching along the first's
+// record), then the last rank swaps two units: every rank fails within
+// seconds, naming the units, on shared memory and on Gloo -- not a generic
+// timeout after ZERO_COLLECTIVE_TIMEOUT_S.
+TEST(UnitOrder, DivergingInALaterStepIsNamedOnEveryRankWithinSeconds) {
+  if (world().size() < 2) GTEST_SKIP();
+  for (bool fast_path : {true, false}) {
+    SCOPED_TRACE(fast_path ? "shared memory" : "gloo");
+    const int64_t unit = 64 + 16 * world().size();  // a unit's padded size
+    auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                  {"optimizer", {{"type", "AdamW"}}},
+                                  {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0},
+                                                         {"stage3_max_reuse_distance", 0},
+                                                         {"stage3_prefetch_bucket_size", 2 * unit},
+                                                         {"stage3_max_live_parameters", 3 * unit}}},
+                                  {"zero_cpp", {{"comm_fast_path", fast_path}}}});
+    SameUnitsNet m;
+    zero::Engine e(m, cfg, world().comm(), fresh_dp_group());
+    const bool odd = dp_group()->rank() == world().size() - 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      for (int step = 0; step < 3; ++step) {
+        auto x = at::randn({4, 8});
+        e.backward(m.loss(x, step == 2 && odd));
+        e.step();
+      }
+      ADD_FAILURE() << "no error";
+    } catch (const zero::comm::CollectiveMismatch& err) {
+      const std::string msg = err.what();
+      EXPECT_NE(msg.find("different orders"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("unit 'u"), std::string::npos) << msg;
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+    world().comm().set_fast_paths_enabled(true);
+  }
+}
+
+}  // namespace
