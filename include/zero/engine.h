@@ -116,7 +116,7 @@ class Engine {
   // there). The destructor calls it if it was not called, and never throws:
   // if the scope is left by an exception the reduction is skipped (the peers
   // may not be there) and the next step() reduces instead; if the reduction
-  // itself fails, the next backward() or step() reports that error.
+  // itself fails, the engine's next call that trains or saves reports it, once.
   class CoalesceGradReduction {
    public:
     explicit CoalesceGradReduction(Engine& e);
@@ -178,7 +178,7 @@ class Engine {
     // destructor calls it if it was not called, and never throws: if the
     // scope is left by an exception the units are released with nothing
     // written back and no collective issued (the peers may not be there);
-    // if the write-back fails, the next backward() or step() reports it.
+    // if the write-back fails, the engine's next call that trains or saves reports it, once.
     void finish();
     ~GatheredParameters();
     GatheredParameters(const GatheredParameters&) = delete;

@@ -108,11 +108,15 @@ void Engine::Impl::log(const std::string& line) const {
   if (dp.rank() == 0) std::fprintf(stderr, "[zero-cpp] %s\n", line.c_str());
 }
 
-void Engine::Impl::check_usable() const {
+void Engine::Impl::check_usable() {
   if (!state_lost.empty())
     throw std::logic_error("zero::Engine: " + state_lost +
                            " failed part way, so the ranks' shards disagree; load again or build a new engine");
-  if (!deferred_error.empty()) throw std::runtime_error("zero::Engine: " + deferred_error);
+  if (!deferred_error.empty()) {
+    const std::string error = "zero::Engine: " + deferred_error;
+    deferred_error.clear();  // reported once, here
+    throw std::runtime_error(error);
+  }
 }
 
 void Engine::Impl::check_no_gathered_scope(const char* what) const {
@@ -194,8 +198,11 @@ bool Engine::Impl::step() {
   // without its reduction, or no boundary backward) are reduced now:
   // stepping on local grads would let the ranks drift apart silently.
   if (reducer->has_unreduced()) reducer->flush();
-  const bool stepped = optimizer.step(groups);
-  if (stepped) policy.publish_updated_params(groups, comm, dp, stage3.get());
+  const bool stepped = optimizer.update(groups);
+  if (stepped) {
+    policy.publish_updated_params(groups, comm, dp, stage3.get());
+    optimizer.commit();
+  }
   reducer->zero_grads();
   sync_buffers();
   ++micro_steps;
@@ -343,11 +350,14 @@ Engine::CoalesceGradReduction::~CoalesceGradReduction() {
     finish();
   } catch (const std::exception& e) {
     engine_.impl_->deferred_error = std::string("the reduction ending coalesce_grad_reduction() failed: ") + e.what();
+  } catch (...) {
+    engine_.impl_->deferred_error = "the reduction ending coalesce_grad_reduction() failed";
   }
 }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& client_state) {
   auto& m = *impl_;
+  m.check_usable();
   if (m.coalescing || m.no_sync)
     throw std::logic_error("save_checkpoint: not inside coalesce_grad_reduction() or no_sync()");
   if (m.micro_steps % m.batch.gradient_accumulation_steps != 0 || m.reducer->has_unreduced())

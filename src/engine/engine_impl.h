@@ -29,6 +29,8 @@ struct Engine::Impl {
   Impl(torch::nn::Module& model, const Config& c, comm::Comm& cm, std::shared_ptr<comm::Group> owner,
        const comm::Group& group);
   ~Impl();
+  Impl(const Impl&) = delete;  // `groups` refers into `model`
+  Impl& operator=(const Impl&) = delete;
 
   Config config;
   BatchConfig batch;
@@ -61,13 +63,14 @@ struct Engine::Impl {
   // their state: training on would mix old and new shards.
   std::string state_lost;
   // A guard's destructor could not finish its collective (it may not throw):
-  // the next backward() or step() reports it.
+  // the next backward(), step() or save reports it, once.
   std::string deferred_error;
 
   // The library's own messages: one line on stderr, from the group's rank 0.
   void log(const std::string& line) const;
-  // Throws if a failed load or a guard's failed destructor left the engine unusable.
-  void check_usable() const;
+  // Throws if a failed load left the ranks' state inconsistent, or (once) if
+  // a guard's destructor failed.
+  void check_usable();
   void check_no_gathered_scope(const char* what) const;
 
   bool boundary() const;

@@ -44,7 +44,7 @@ double FlatOptimizer::global_sumsq(const std::vector<at::Tensor>& grads) {
   return acc.item<double>();
 }
 
-bool FlatOptimizer::step(std::vector<partition::FlatGroup>& groups) {
+bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
   std::vector<at::Tensor> grads;
   for (const auto& g : groups) grads.push_back(grads_of(g));
   const double sumsq = global_sumsq(grads);
@@ -67,14 +67,17 @@ bool FlatOptimizer::step(std::vector<partition::FlatGroup>& groups) {
   }
   const double rate = lr();
   ++optimizer_steps_;
-  for (size_t i = 0; i < groups.size(); ++i) update(groups[i], grads[i], rate, grad_scale);
-  scaler_.update(false);
-  ++scheduler_iter_;
-  ++global_steps_;
+  for (size_t i = 0; i < groups.size(); ++i) update_group(groups[i], grads[i], rate, grad_scale);
   return true;
 }
 
-void FlatOptimizer::update(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale) {
+void FlatOptimizer::commit() {
+  scaler_.update(false);
+  ++scheduler_iter_;
+  ++global_steps_;
+}
+
+void FlatOptimizer::update_group(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale) {
   const int64_t n = g.master.numel();
   const auto kind = out16_kind(param_dtype_);
   void* out16 = kind == optim::Out16::None ? nullptr : policy_.update_destination(g, dp_.rank()).data_ptr();

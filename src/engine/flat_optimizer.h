@@ -29,9 +29,13 @@ class FlatOptimizer {
   // Optimizer state for a group whose master is set: moments (Adam), momentum (SGD).
   void init_state(partition::FlatGroup& g) const;
 
-  // One optimizer step over the reduced grads: false when skipped for an
-  // fp16/bf16 overflow (the loss scale drops; reported as DeepSpeed does).
-  bool step(std::vector<partition::FlatGroup>& groups);
+  // Updates the masters (and the 16-bit params) from the reduced grads;
+  // false when the step is skipped for an fp16/bf16 overflow (the loss
+  // scale drops; reported as DeepSpeed does; counted as skipped at once).
+  bool update(std::vector<partition::FlatGroup>& groups);
+  // After the updated params are published: the step counts (counters, LR
+  // schedule, loss scaler), so a publish that fails leaves them as they were.
+  void commit();
 
   double loss_scale() const { return scaler_.scale(); }
   double lr() const;  // the lr the next step uses
@@ -46,7 +50,7 @@ class FlatOptimizer {
  private:
   at::Tensor grads_of(const partition::FlatGroup& g) const;  // fp32: a shard, or all of it
   double global_sumsq(const std::vector<at::Tensor>& grads);
-  void update(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale);
+  void update_group(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale);
 
   const Config& config_;
   const StagePolicy& policy_;

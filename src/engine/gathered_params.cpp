@@ -109,6 +109,8 @@ Engine::GatheredParameters::~GatheredParameters() {
     finish();
   } catch (const std::exception& e) {
     m.deferred_error = std::string("the write-back ending gathered_parameters() failed: ") + e.what();
+  } catch (...) {
+    m.deferred_error = "the write-back ending gathered_parameters() failed";
   }
 }
 

@@ -123,6 +123,18 @@ void find_units(torch::nn::Module& model, ModelGroups& out) {
     }
 }
 
+// Whether the group zero::Init built for unit k still holds exactly the
+// unit's own trainable params.
+bool adoptable(const partition::FlatGroup& pre, int k, const std::vector<int64_t>& own, const Params& p,
+               const std::vector<int>& owner) {
+  if (pre.params.size() != own.size()) return false;
+  for (const auto& t : pre.params) {
+    auto it = p.index_of.find(t.unsafeGetTensorImpl());
+    if (it == p.index_of.end() || owner[it->second] != k) return false;
+  }
+  return true;
+}
+
 // A unit zero::Init sharded at construction: its group holds this rank's
 // fp32 shard only; name its params and set up precision and optimizer state.
 void adopt(partition::FlatGroup& g, const std::string& unit, const Params& p, const GroupingContext& ctx) {
@@ -161,11 +173,17 @@ void unit_groups(torch::nn::Module& model, const Params& p, const GroupingContex
   for (size_t k = out.units.size(); k-- > 0;) {
     const std::string label = "params of unit '" + out.unit_names[k] + "'";
     auto pre = detail::UnitAccess::take_sharded_at_init(*out.units[k]);
-    if (pre && pre->params.size() != own[k].size()) {
-      // zero::Init sharded a unit one of whose params turns out to be
-      // shared: gather it back whole and group it afresh (one unit, once).
+    if (pre && !adoptable(*pre, static_cast<int>(k), own[k], p, owner)) {
+      // zero::Init sharded this unit, but its trainable params are no longer
+      // exactly the ones it sharded (one is shared now, or was frozen or
+      // unfrozen since): gather it back whole and group it afresh (one
+      // unit's worth of memory, once).
       gather_params(*pre, ctx.comm, ctx.dp, label);
       pre.reset();
+    }
+    if (!out.unit_has_params[k]) {
+      out.unit_to_group[k] = ModelGroups::kNoGroup;  // a pass-through
+      continue;
     }
     if (!pre && own[k].empty()) {
       in_root.push_back(k);

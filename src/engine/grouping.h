@@ -43,6 +43,7 @@ struct ModelGroups {
   // when all its params live there), which have no trainable params (they
   // stay pass-throughs), and which groups stay gathered (the root, units
   // under stage3_param_persistence_threshold).
+  static constexpr size_t kNoGroup = static_cast<size_t>(-1);  // a unit without trainable params
   std::vector<UnitBase*> units;
   std::vector<std::string> unit_names;
   std::vector<size_t> unit_to_group;

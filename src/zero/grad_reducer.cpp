@@ -246,7 +246,12 @@ void GradReducer::flush() {
   if (flat_reduced_) return;  // stage 1: nothing accumulated since the last reduction
   for (auto& s : state_) s.launched = s.late = false;
   next_launch_ = 0;
-  reduce_remaining();
+  try {
+    reduce_remaining();
+  } catch (...) {
+    abort_backward();  // nothing left in flight; the accumulated grads are gone
+    throw;
+  }
 }
 
 void GradReducer::reduce_remaining() {

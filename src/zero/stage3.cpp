@@ -40,6 +40,7 @@ Stage3Runtime::Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vec
   // Each gather's label names its unit: ranks whose unit orders diverge get
   // an error naming both units at the first gather that differs.
   for (size_t u = 0; u < unit_to_group_.size(); ++u) {
+    if (unit_to_group_[u] >= groups_.size()) continue;  // no trainable params: never gathered
     auto& label = state_[unit_to_group_[u]].label;
     label += (label.empty() ? "params of unit '" : ", '") + unit_names_[u] + "'";
   }

@@ -85,6 +85,7 @@ class UnitSchedule {
 class Stage3Runtime : public detail::UnitRuntime {
  public:
   // Non-persistent groups must already be released (partition::release_params).
+  // A unit mapped to a group index past the end has no params (never gathered).
   Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vector<bool> persistent,
                 std::vector<size_t> unit_to_group, std::vector<std::string> unit_names, comm::Comm& comm,
                 const comm::Group& dp, Stage3Options opts);

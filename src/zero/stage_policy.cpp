@@ -25,6 +25,7 @@ at::Tensor StagePolicy::update_destination(const partition::FlatGroup& g, int ra
 void StagePolicy::publish_updated_params(std::vector<partition::FlatGroup>& groups, comm::Comm& comm,
                                          const comm::Group& dp, Stage3Runtime* stage3) const {
   if (shard_params) {
+    if (!stage3) throw std::logic_error("publish_updated_params: stage 3 without its runtime");
     stage3->after_step();
     return;
   }

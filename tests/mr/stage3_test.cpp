@@ -319,6 +319,20 @@ TEST(GatheredParameters, StateDictAndSaveWeightsHoldTheWholeModel) {
   }
 }
 
+// A guard's destructor may not throw: when its write-back fails (here each
+// rank names itself the modifier, so the write-back broadcasts disagree on
+// every rank), the error is kept and the engine's next call reports it, once.
+TEST(GatheredParameters, AFailingWriteBackIsReportedByTheNextCall) {
+  if (world().size() < 2) GTEST_SKIP();
+  UnitNet m;
+  zero::Engine e(m, toy_config(3, 4, 0), world().comm(), fresh_dp_group());
+  {
+    auto full = e.gathered_parameters({m.a->inner->w}, dp_group()->rank());
+  }  // no exception here
+  expect_error([&] { e.step(); }, "the write-back ending gathered_parameters() failed");
+  world().comm().barrier(world().group())->wait();
+}
+
 // Outside a gathered scope a released param cannot be read: the process
 // stops with a message naming it and the way out, instead of a
 // segmentation fault or garbage.

@@ -280,4 +280,35 @@ TEST(Stage3Schedule, ReuseKeepsAUnitFromItsForwardToItsBackward) {
   EXPECT_EQ(m.solo.log().size(), 4u);
 }
 
+// Reuse would keep every unit from its forward to its backward, but only
+// two fit under the live limit: units kept for reuse are evicted as later
+// ones are gathered, and the limit holds.
+TEST(Stage3Schedule, EvictsUnitsKeptForReuseToStayUnderTheLimit) {
+  FourUnits m(Stage3Options{/*prefetch=*/0, /*max_live=*/32, /*reuse=*/1 << 20});
+  m.step();
+  m.solo.log().clear();
+  m.step();
+  EXPECT_GT(m.solo.log().size(), 4u) << "not everything could be kept";
+  EXPECT_LE(m.solo.log().size(), 8u);
+  EXPECT_LE(m.rt->peak_live_in_forward(), 32);
+}
+
+// A unit gathered for its backward stays until its grads are in, whatever
+// the live limit: its backward ops read its params (a later unit's gather
+// goes over the limit instead of evicting it).
+TEST(Stage3Schedule, NeverEvictsAUnitAwaitingItsGrads) {
+  FourUnits m(Stage3Options{/*prefetch=*/0, /*max_live=*/16, /*reuse=*/1 << 20});
+  m.step();
+  m.rt->before_forward(0);
+  m.rt->after_forward(0, at::zeros({1}));
+  m.rt->before_backward(0);  // gathered for backward, grads not in yet
+  m.rt->before_backward(1);  // the next unit's backward starts meanwhile
+  EXPECT_TRUE(m.rt->gathered(0));
+  EXPECT_TRUE(m.rt->gathered(1));
+  m.rt->on_grads_complete(0);
+  EXPECT_FALSE(m.rt->gathered(0));
+  m.rt->on_grads_complete(1);
+  m.rt->after_backward();
+}
+
 }  // namespace
