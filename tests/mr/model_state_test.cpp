@@ -60,7 +60,9 @@ TEST(FrozenAndBuffers, BuffersFollowRankZeroAtEachStep) {
       EXPECT_TRUE(m.bn->running_mean.equal(shadow->running_mean)) << "step " << step;
       EXPECT_TRUE(m.bn->running_var.equal(shadow->running_var)) << "step " << step;
       EXPECT_EQ(m.bn->num_batches_tracked.item<int64_t>(), step + 1);
-      if (world().size() > 1) EXPECT_EQ(same_on_all_ranks(m.bn->running_mean), broadcast);
+      if (world().size() > 1) {
+        EXPECT_EQ(same_on_all_ranks(m.bn->running_mean), broadcast);
+      }
     }
   }
 }

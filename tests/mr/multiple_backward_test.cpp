@@ -193,13 +193,17 @@ TEST(RepeatedGrads, RecomputedPiecesSharingAWeightMatchThePlainModel) {
       // With overlap, the first step reduced `shared`'s group at its first
       // arrival and again after the second: the late path ran.
       const char* reduce_op = stage == 0 ? "all_reduce" : "reduce_scatter";
-      if (overlap) EXPECT_GT(first_step[1].at(reduce_op).calls, first_step[0].at(reduce_op).calls);
+      if (overlap) {
+        EXPECT_GT(first_step[1].at(reduce_op).calls, first_step[0].at(reduce_op).calls);
+      }
       for (const char* op : {"all_reduce", "reduce_scatter", "allgather"}) {
         const auto calls = [&](int k) {
           return later_steps[k].count(op) ? later_steps[k].at(op).calls : int64_t{0};
         };
         // Stage 3 gathers `shared` again for each recompute: more allgathers, by design.
-        if (!(stage == 3 && std::string(op) == "allgather")) EXPECT_EQ(calls(1), calls(0)) << op;
+        if (!(stage == 3 && std::string(op) == "allgather")) {
+          EXPECT_EQ(calls(1), calls(0)) << op;
+        }
       }
     }
 }

@@ -28,7 +28,8 @@ struct Region {
   int id;
 };
 
-int read_byte(const volatile char* p) { return *p; }
+// Not inlined: the access must happen here, at an address GCC cannot see into.
+[[gnu::noinline]] int read_byte(const volatile char* p) { return *p; }
 
 TEST(ReleaseGuardDeathTest, AnAccessNamesTheParamAndTheWayOut) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
