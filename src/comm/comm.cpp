@@ -15,7 +15,7 @@ namespace zero::comm {
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
-BackendWork::BackendWork(c10::intrusive_ptr<compat::C10dWork> work, std::function<void()> finish, std::string what,
+BackendWork::BackendWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what,
                          std::chrono::milliseconds timeout)
     : work_(std::move(work)), finish_(std::move(finish)), what_(std::move(what)), timeout_(timeout) {}
 

@@ -66,7 +66,7 @@ class LaneWork : public Work {
 
 }  // namespace
 
-GlooLane::GlooLane(c10::intrusive_ptr<compat::CollectiveBackend> backend, std::chrono::milliseconds timeout)
+GlooLane::GlooLane(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout)
     : backend_(std::move(backend)), timeout_(timeout), thread_([this] { run(); }) {}
 
 GlooLane::~GlooLane() {

@@ -24,20 +24,20 @@
 #include <thread>
 #include <vector>
 
-#include "compat/torch_compat.h"
+#include "comm/c10d.h"
 #include "zero/comm.h"
 
 namespace zero::comm {
 
 class GlooLane {
  public:
-  GlooLane(c10::intrusive_ptr<compat::CollectiveBackend> backend, std::chrono::milliseconds timeout);
+  GlooLane(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout);
   ~GlooLane();  // fails what is still queued, joins the thread
   GlooLane(const GlooLane&) = delete;
   GlooLane& operator=(const GlooLane&) = delete;
 
   // Issues the collective (on the lane's thread, after the signature check).
-  using Launch = std::function<c10::intrusive_ptr<compat::C10dWork>(compat::CollectiveBackend&)>;
+  using Launch = std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>;
   // `what` names op and group in errors ("allgather on group 'dp' (ranks 0,1)");
   // `finish` runs once after the collective completes (e.g. a local sum).
   WorkHandle submit(const Group& g, const char* op, const Signature& sig, Launch launch,
@@ -49,7 +49,7 @@ class GlooLane {
   void run();
   void check_signatures(Job& job);
 
-  c10::intrusive_ptr<compat::CollectiveBackend> backend_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -16,13 +16,6 @@ namespace {
 
 bool is_16bit_float(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
-// Gloo in 1.13 has no bf16 or bool: move their bytes under a type it has.
-at::Tensor gloo_view(const at::Tensor& t) {
-  if (t.scalar_type() == at::kBFloat16) return t.view(at::kHalf);
-  if (t.scalar_type() == at::kBool) return t.view(at::kByte);
-  return t;
-}
-
 }  // namespace
 
 int64_t GlooTransport::wire_bytes(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel) const {
@@ -45,18 +38,13 @@ int64_t GlooTransport::wire_bytes(const Group& g, CollectiveOp op, at::ScalarTyp
 }
 
 WorkHandle GlooTransport::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard, const Signature& sig) {
-  const int64_t n = in_shard.numel();
   if (g.size() == 1) {
     if (!out_flat.is_same(in_shard)) out_flat.copy_(in_shard);
     return completed_work();
   }
-  const int size = g.size();
-  return g.impl().lane->submit(g, "allgather", sig, [=](compat::CollectiveBackend& gloo) {
-    at::Tensor out = gloo_view(out_flat);
-    std::vector<std::vector<at::Tensor>> outs(1);
-    for (int r = 0; r < size; ++r) outs[0].push_back(out.narrow(0, r * n, n));
-    std::vector<at::Tensor> ins{gloo_view(in_shard)};
-    return gloo.allgather(outs, ins);
+  return g.impl().lane->submit(g, "allgather", sig, [=](c10d::Backend& gloo) {
+    at::Tensor out = out_flat, in = in_shard;  // the backend takes them by reference
+    return gloo._allgather_base(out, in);
   }, nullptr);
 }
 
@@ -81,12 +69,11 @@ WorkHandle GlooTransport::reduce_scatter(const Group& g, at::Tensor out_shard, a
   }
   // The scratch is allocated when the collective is issued, not queued.
   auto recv = std::make_shared<at::Tensor>();
-  return g.impl().reduce_lane->submit(g, "reduce_scatter", sig, [=](compat::CollectiveBackend& gloo) {
+  return g.impl().reduce_lane->submit(g, "reduce_scatter", sig, [=](c10d::Backend& gloo) {
     *recv = memory::zeros_flat(size * n, in_flat.scalar_type());  // pages freed with it
-    at::Tensor recv_view = gloo_view(*recv);
-    at::Tensor send_view = gloo_view(in_flat);
+    at::Tensor send = in_flat;
     std::vector<int64_t> equal_splits;
-    return gloo.alltoall_base(recv_view, send_view, equal_splits, equal_splits);
+    return gloo.alltoall_base(*recv, send, equal_splits, equal_splits);
   }, [=] {
     reduce_into_out(recv->view({size, n}));
     *recv = at::Tensor();
@@ -96,11 +83,11 @@ WorkHandle GlooTransport::reduce_scatter(const Group& g, at::Tensor out_shard, a
 WorkHandle GlooTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op, const Signature& sig) {
   const int size = g.size();
   if (size == 1) return completed_work();
-  // 16-bit floats are summed in fp32 (Gloo has no bf16 and sums fp16 in fp16),
+  // 16-bit floats are summed in fp32 (Gloo would sum them in 16 bits, rounding at every addition),
   // converted when the collective is issued (the caller may still be writing t).
   const bool widen = is_16bit_float(t.scalar_type());
   auto buf = std::make_shared<at::Tensor>(t);
-  return g.impl().lane->submit(g, "all_reduce", sig, [=](compat::CollectiveBackend& gloo) {
+  return g.impl().lane->submit(g, "all_reduce", sig, [=](c10d::Backend& gloo) {
     if (widen) *buf = t.to(at::kFloat);
     std::vector<at::Tensor> bufs{*buf};
     return gloo.allreduce(bufs);
@@ -112,8 +99,8 @@ WorkHandle GlooTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op, 
 
 WorkHandle GlooTransport::broadcast(const Group& g, at::Tensor t, int root, const Signature& sig) {
   if (g.size() == 1) return completed_work();
-  return g.impl().lane->submit(g, "broadcast", sig, [=](compat::CollectiveBackend& gloo) {
-    std::vector<at::Tensor> bufs{gloo_view(t)};
+  return g.impl().lane->submit(g, "broadcast", sig, [=](c10d::Backend& gloo) {
+    std::vector<at::Tensor> bufs{t};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     return gloo.broadcast(bufs, opts);
@@ -122,7 +109,7 @@ WorkHandle GlooTransport::broadcast(const Group& g, at::Tensor t, int root, cons
 
 WorkHandle GlooTransport::barrier(const Group& g, const Signature& sig) {
   if (g.size() == 1) return completed_work();
-  return g.impl().lane->submit(g, "barrier", sig, [](compat::CollectiveBackend& gloo) { return gloo.barrier(); },
+  return g.impl().lane->submit(g, "barrier", sig, [](c10d::Backend& gloo) { return gloo.barrier(); },
                                nullptr);
 }
 

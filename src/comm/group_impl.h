@@ -6,7 +6,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include "comm/gloo_lane.h"
-#include "compat/torch_compat.h"
+#include "comm/c10d.h"
 #include "zero/comm.h"
 
 namespace zero::comm {
@@ -20,8 +20,8 @@ namespace zero::comm {
 struct ShmGroup;  // comm/shm_transport.cpp
 
 struct Group::Impl {
-  c10::intrusive_ptr<compat::CollectiveBackend> backend;         // everything else
-  c10::intrusive_ptr<compat::CollectiveBackend> reduce_backend;  // reduce-scatter
+  c10::intrusive_ptr<c10d::Backend> backend;         // everything else
+  c10::intrusive_ptr<c10d::Backend> reduce_backend;  // reduce-scatter
   std::chrono::milliseconds timeout;
   // The threads that check signatures and issue the collectives of each
   // backend (comm/gloo_lane.h); destroyed first, before their backends.

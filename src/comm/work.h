@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "compat/torch_compat.h"
+#include "comm/c10d.h"
 #include "zero/comm.h"
 
 namespace zero::comm {
@@ -17,14 +17,14 @@ namespace zero::comm {
 // Failures and timeouts become CommError naming `what` ("allgather on dp0 (ranks 0,1)").
 class BackendWork : public Work {
  public:
-  BackendWork(c10::intrusive_ptr<compat::C10dWork> work, std::function<void()> finish, std::string what,
+  BackendWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what,
               std::chrono::milliseconds timeout);
   void wait() override;
   bool is_completed() override;
 
  private:
   std::mutex mu_;
-  c10::intrusive_ptr<compat::C10dWork> work_;
+  c10::intrusive_ptr<c10d::Work> work_;
   std::function<void()> finish_;
   std::string what_;
   std::chrono::milliseconds timeout_;

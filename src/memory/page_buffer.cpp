@@ -9,7 +9,6 @@
 
 #include <c10/core/Allocator.h>
 
-#include "compat/torch_compat.h"
 #include "memory/release_guard.h"
 
 namespace zero::memory {
@@ -50,7 +49,7 @@ Mapping& page_mapping(const at::Tensor& t, const char* what) {
 
 class PageAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t bytes) ZERO_ALLOCATOR_CONST override {
+  c10::DataPtr allocate(size_t bytes) override {
     if (bytes == 0) return {nullptr, nullptr, nullptr, c10::Device(c10::DeviceType::CPU)};
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
@@ -58,9 +57,7 @@ class PageAllocator final : public c10::Allocator {
                                " MiB flat buffer: " + std::strerror(errno));
     return {p, new Mapping{p, bytes}, &unmap, c10::Device(c10::DeviceType::CPU)};
   }
-#if ZERO_ALLOCATOR_NEEDS_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-#endif
 };
 
 PageAllocator g_allocator;
@@ -69,12 +66,10 @@ PageAllocator g_allocator;
 class HybridAllocator final : public c10::Allocator {
  public:
   explicit HybridAllocator(c10::Allocator* small) : small_(small) {}
-  c10::DataPtr allocate(size_t bytes) ZERO_ALLOCATOR_CONST override {
+  c10::DataPtr allocate(size_t bytes) override {
     return bytes >= kPageBackedMin ? g_allocator.allocate(bytes) : small_->allocate(bytes);
   }
-#if ZERO_ALLOCATOR_NEEDS_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-#endif
 
  private:
   static constexpr size_t kPageBackedMin = 64 << 10;

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include "common/half_bits.h"
+#include "optim/update_math.h"
 
 namespace zero::optim {
 
@@ -27,23 +28,13 @@ inline void store16(void* out, int64_t i, float x, Out16 kind) {
 
 #define ZERO_CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
 
-// The per-chunk loops, one clone per instruction set (see kernels.h).
+// The per-chunk loops, one clone per instruction set (see kernels.h); the
+// per-element formulas are optim/update_math.h's, shared with the CUDA kernels.
 ZERO_CLONES
 void adam_chunk(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
-                int64_t n, float lr, float b1, float b2, float eps, float wd, float step_size,
-                float inv_sqrt_bc2, bool adam_w_mode, float grad_scale, uint16_t* __restrict out16,
-                Out16 kind) {
-  const float decay = 1.0f - lr * wd;
+                int64_t n, const AdamCoeffs c, uint16_t* __restrict out16, Out16 kind) {
   for (int64_t i = 0; i < n; ++i) {
-    float grad = g[i] * grad_scale;
-    float param = p[i];
-    if (adam_w_mode) param *= decay;
-    else grad += wd * param;
-    const float mi = m[i] * b1 + (1.0f - b1) * grad;
-    const float vi = v[i] * b2 + (1.0f - b2) * grad * grad;
-    m[i] = mi;
-    v[i] = vi;
-    param -= step_size * (mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps));
+    const float param = adam_element(p[i], g[i], m[i], v[i], c);
     p[i] = param;
     if (out16) {
       if (kind == Out16::BF16) out16[i] = to_bf16(param);
@@ -56,13 +47,7 @@ ZERO_CLONES
 void sgd_chunk(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n,
                const SgdHyper h, float grad_scale, uint16_t* __restrict out16, Out16 kind) {
   for (int64_t i = 0; i < n; ++i) {
-    float grad = g[i] * grad_scale + h.weight_decay * p[i];
-    if (buf) {
-      const float b = h.first_step ? grad : buf[i] * h.momentum + (1.0f - h.dampening) * grad;
-      buf[i] = b;
-      grad = h.nesterov ? grad + h.momentum * b : b;
-    }
-    const float param = p[i] - h.lr * grad;
+    const float param = sgd_element(p[i], g[i], buf ? buf + i : nullptr, h, grad_scale);
     p[i] = param;
     if (out16) {
       if (kind == Out16::BF16) out16[i] = to_bf16(param);
@@ -95,14 +80,10 @@ void parallel_chunks(int64_t n, F&& fn) {
 
 void adam_update(float* p, const float* grad, float* m, float* v, int64_t n, const AdamHyper& h,
                  float grad_scale, void* out16, Out16 kind) {
-  const double bc1 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta1), h.step) : 1.0;
-  const double bc2 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta2), h.step) : 1.0;
-  const float step_size = static_cast<float>(h.lr / bc1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  const AdamCoeffs c = adam_coeffs(h, grad_scale);
   auto* o = static_cast<uint16_t*>(out16);
   parallel_chunks(n, [&](int64_t lo, int64_t len) {
-    adam_chunk(p + lo, grad + lo, m + lo, v + lo, len, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
-               step_size, inv_sqrt_bc2, h.adam_w_mode, grad_scale, o ? o + lo : nullptr, kind);
+    adam_chunk(p + lo, grad + lo, m + lo, v + lo, len, c, o ? o + lo : nullptr, kind);
   });
 }
 

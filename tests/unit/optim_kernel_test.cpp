@@ -32,10 +32,49 @@
 #include <torch/optim/sgd.h>
 
 #include "optim/kernels.h"
+#ifdef ZERO_HAVE_CUDA
+#include <torch/cuda.h>
+
+#include "optim/cuda/kernels.h"
+#endif
 
 namespace {
 
 using namespace zero::optim;
+
+// Where the kernels under test run: the CPU, or (tests at the end, on a
+// machine with a GPU) the CUDA kernels, held to the same bounds.
+enum class Where { Cpu, Cuda };
+Where g_where = Where::Cpu;
+
+// One step of the kernel under test on CPU tensors; on CUDA, through device
+// copies of them and back.
+void adam_step(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v, const AdamHyper& h, float scale) {
+  if (g_where == Where::Cpu) {
+    adam_update(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), p.numel(), h,
+                scale);
+    return;
+  }
+#ifdef ZERO_HAVE_CUDA
+  auto pd = p.cuda(), gd = g.cuda(), md = m.cuda(), vd = v.cuda();
+  cuda::adam_update(pd.data_ptr<float>(), gd.data_ptr<float>(), md.data_ptr<float>(), vd.data_ptr<float>(),
+                    p.numel(), h, scale, nullptr, Out16::None, nullptr);
+  p.copy_(pd), m.copy_(md), v.copy_(vd);
+#endif
+}
+
+void sgd_step(at::Tensor& p, const at::Tensor& g, at::Tensor& buf, const SgdHyper& h) {
+  if (g_where == Where::Cpu) {
+    sgd_update(p.data_ptr<float>(), g.data_ptr<float>(), buf.data_ptr<float>(), p.numel(), h, 1.0f);
+    return;
+  }
+#ifdef ZERO_HAVE_CUDA
+  auto pd = p.cuda(), gd = g.cuda(), bd = buf.cuda();
+  cuda::sgd_update(pd.data_ptr<float>(), gd.data_ptr<float>(), bd.data_ptr<float>(), p.numel(), h, 1.0f, nullptr,
+                   Out16::None, nullptr);
+  p.copy_(pd), buf.copy_(bd);
+#endif
+}
 
 constexpr double kU = 1.0 / (1 << 24);
 
@@ -78,7 +117,7 @@ double adam_ratio(int64_t n, int steps, const AdamHyper& h, AdamHyper kernel) {
     const auto& g = tr.grads[t - 1];
     const auto prev = exact.detach().clone();
     kernel.step = t;
-    adam_update(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, kernel, 1.0f);
+    adam_step(p, g, m, v, kernel, 1.0f);
     exact.mutable_grad() = g.to(at::kDouble);
     opt->step();
 
@@ -128,7 +167,7 @@ double sgd_ratio(int64_t n, int steps, const SgdHyper& h, SgdHyper kernel) {
     const auto& g = tr.grads[t - 1];
     const auto prev = exact.detach().clone();
     kernel.first_step = t == 1;
-    sgd_update(p.data_ptr<float>(), g.data_ptr<float>(), buf.data_ptr<float>(), n, kernel, 1.0f);
+    sgd_step(p, g, buf, kernel);
     exact.mutable_grad() = g.to(at::kDouble);
     opt.step();
 
@@ -225,5 +264,46 @@ TEST(Downcast, BitExactWithATen) {
               1.0f, out.data_ptr(), Out16::BF16);
   EXPECT_TRUE(out.equal(p.to(at::kBFloat16)));
 }
+
+#ifdef ZERO_HAVE_CUDA
+// The CUDA kernels (optim/cuda): the same bounds against the same fp64
+// oracle, and the fused 16-bit write bit-exact with ATen's cast. Skipped
+// where no GPU is present; CI builds them on every machine.
+class CudaKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+    g_where = Where::Cuda;
+  }
+  void TearDown() override { g_where = Where::Cpu; }
+};
+
+TEST_F(CudaKernels, AdamMatchesTorchAdamW) {
+  for (int64_t n : {1, 1000, 300001}) EXPECT_LE(adam_ratio(n, 10, kAdamW), 1.0) << "n = " << n;
+  EXPECT_LE(adam_ratio(4099, 10, kAdamL2), 1.0) << "L2 mode";
+  auto wrong = kAdamW;
+  wrong.beta1 = 0.909f;
+  EXPECT_GT(adam_ratio(4099, 10, kAdamW, wrong), 10.0) << "the bound still catches a wrong beta1";
+}
+
+TEST_F(CudaKernels, SgdMatchesTorchSgd) {
+  for (bool nesterov : {false, true}) EXPECT_LE(sgd_ratio(70001, 6, sgd_hyper(nesterov)), 1.0) << "nesterov " << nesterov;
+}
+
+TEST_F(CudaKernels, DowncastAndFusedWriteBitExactWithATen) {
+  at::manual_seed(3);
+  const auto x = (at::randn({100003}) * 1000).cuda();
+  for (auto [kind, dt] : {std::pair{Out16::BF16, at::kBFloat16}, std::pair{Out16::FP16, at::kHalf}}) {
+    auto out = at::empty({x.numel()}, x.options().dtype(dt));
+    cuda::downcast(x.data_ptr<float>(), out.data_ptr(), x.numel(), kind, nullptr);
+    EXPECT_TRUE(out.view(at::kShort).equal(x.to(dt).view(at::kShort))) << c10::toString(dt);
+  }
+  auto p = at::randn({5000}).cuda(), g = at::randn({5000}).cuda();
+  auto m = at::zeros_like(p), v = at::zeros_like(p), out = at::empty_like(p, at::kBFloat16);
+  cuda::adam_update(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), p.numel(),
+                    AdamHyper{}, 1.0f, out.data_ptr(), Out16::BF16, nullptr);
+  EXPECT_TRUE(out.equal(p.to(at::kBFloat16)));
+}
+#endif
 
 }  // namespace

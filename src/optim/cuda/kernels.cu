@@ -1,0 +1,90 @@
+#include "optim/cuda/kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "optim/update_math.h"
+
+namespace zero::optim::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Enough blocks to fill the device; each thread strides over the rest.
+unsigned blocks_for(int64_t n) {
+  const int64_t wanted = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(wanted < 65535 * 8 ? (wanted > 0 ? wanted : 1) : 65535 * 8);
+}
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+__device__ inline void store16(void* out, int64_t i, float x, Out16 kind) {
+  if (kind == Out16::BF16) static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(x);
+  else static_cast<__half*>(out)[i] = __float2half_rn(x);
+}
+
+__global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                            float* __restrict__ v, int64_t n, AdamCoeffs c, void* out16, Out16 kind) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float mi = m[i], vi = v[i];
+    const float param = adam_element(p[i], g[i], mi, vi, c);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = param;
+    if (out16) store16(out16, i, param, kind);
+  }
+}
+
+__global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ buf, int64_t n,
+                           SgdHyper h, float grad_scale, void* out16, Out16 kind) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float param = sgd_element(p[i], g[i], buf ? buf + i : nullptr, h, grad_scale);
+    p[i] = param;
+    if (out16) store16(out16, i, param, kind);
+  }
+}
+
+__global__ void downcast_kernel(const float* __restrict__ src, void* dst, int64_t n, Out16 kind) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    store16(dst, i, src[i], kind);
+}
+
+}  // namespace
+
+void adam_update(float* p, const float* grad, float* m, float* v, int64_t n, const AdamHyper& h,
+                 float grad_scale, void* out16, Out16 kind, void* stream) {
+  if (n == 0) return;
+  adam_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(p, grad, m, v, n, adam_coeffs(h, grad_scale),
+                                                                  out16, kind);
+  check_launch("adam_update");
+}
+
+void sgd_update(float* p, const float* grad, float* momentum_buf, int64_t n, const SgdHyper& h,
+                float grad_scale, void* out16, Out16 kind, void* stream) {
+  if (n == 0) return;
+  float* buf = h.momentum != 0.0f ? momentum_buf : nullptr;
+  sgd_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(p, grad, buf, n, h, grad_scale, out16, kind);
+  check_launch("sgd_update");
+}
+
+void downcast(const float* src, void* dst, int64_t n, Out16 kind, void* stream) {
+  if (n == 0) return;
+  downcast_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(src, dst, n, kind);
+  check_launch("downcast");
+}
+
+void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string("zero::optim::cuda::") + what + ": " + cudaGetErrorString(err));
+}
+
+}  // namespace zero::optim::cuda

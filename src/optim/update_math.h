@@ -1,0 +1,60 @@
+// The per-element optimizer updates, written once for the CPU kernels
+// (optim/kernels.cpp) and the CUDA ones (optim/cuda/kernels.cu), so both
+// compute the same formula in the same order.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "optim/kernels.h"
+
+#if defined(__CUDACC__)
+#define ZERO_HOST_DEVICE __host__ __device__
+#else
+#define ZERO_HOST_DEVICE
+#endif
+
+namespace zero::optim {
+
+// What one Adam step needs per element, computed once per step on the host.
+struct AdamCoeffs {
+  float b1, b2, eps, wd;
+  float decay;         // 1 - lr * wd (AdamW's decoupled decay)
+  float step_size;     // lr / (1 - beta1^t)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
+  float grad_scale;    // loss unscale times the clip coefficient
+  bool adam_w_mode;
+};
+
+inline AdamCoeffs adam_coeffs(const AdamHyper& h, float grad_scale) {
+  const double bc1 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta1), h.step) : 1.0;
+  const double bc2 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta2), h.step) : 1.0;
+  return {h.beta1, h.beta2, h.eps, h.weight_decay, 1.0f - h.lr * h.weight_decay,
+          static_cast<float>(h.lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2)), grad_scale, h.adam_w_mode};
+}
+
+// Updates m and v in place and returns the new param.
+ZERO_HOST_DEVICE inline float adam_element(float param, float grad, float& m, float& v, const AdamCoeffs& c) {
+  grad *= c.grad_scale;
+  if (c.adam_w_mode) param *= c.decay;
+  else grad += c.wd * param;
+  const float mi = m * c.b1 + (1.0f - c.b1) * grad;
+  const float vi = v * c.b2 + (1.0f - c.b2) * grad * grad;
+  m = mi;
+  v = vi;
+  return param - c.step_size * (mi / (sqrtf(vi) * c.inv_sqrt_bc2 + c.eps));
+}
+
+// Updates the momentum buffer (when there is one) and returns the new param.
+ZERO_HOST_DEVICE inline float sgd_element(float param, float grad, float* momentum, const SgdHyper& h,
+                                          float grad_scale) {
+  grad = grad * grad_scale + h.weight_decay * param;
+  if (momentum) {
+    const float b = h.first_step ? grad : *momentum * h.momentum + (1.0f - h.dampening) * grad;
+    *momentum = b;
+    grad = h.nesterov ? grad + h.momentum * b : b;
+  }
+  return param - h.lr * grad;
+}
+
+}  // namespace zero::optim
