@@ -1,13 +1,17 @@
-"""The peer for the benchmark report: the bundled GPT trained with PyTorch's
-own DistributedDataParallel (Gloo, CPU), from the same initial weights and
-the same batches as zero-train (both exported by bench_export_gpt), with the
-same optimizer (AdamW, DeepSpeed's defaults but lr/weight decay as given),
-clipping (1.0) and thread count. Launch it like any rank program:
+"""The peers for the benchmark report: the bundled GPT trained with PyTorch's
+DistributedDataParallel, PyTorch's FSDP2 (fully_shard per block, then the
+root) or DeepSpeed (its ZeRO stages, CPU accelerator, Gloo), from the same
+initial weights and the same batches as zero-train (both exported by
+bench_export_gpt), with the same AdamW, clipping (1.0), thread count and --
+for FSDP2 and DeepSpeed -- the same ds_config zero-train reads. Launch it
+like any rank program:
 
-    zero-run -n 2 -- python3 bench/ddp_gpt.py EXPORT_DIR LAYERS D_MODEL HEADS SEQ STEPS LR WD OUT.json
+    zero-run -n 2 -- PYTHON bench/peer_gpt.py PEER EXPORT_DIR LAYERS D_MODEL HEADS SEQ STEPS CONFIG OUT.json
 
-Rank 0 writes OUT.json: per-step loss (global-batch mean), step time, and
-peak RSS; the median step time leaves out the first two steps, as zero-train's.
+PEER is ddp, fsdp2 or deepspeed. Rank 0 writes OUT.json: per-step loss
+(global-batch mean), step time, peak RSS, and the model-state bytes this
+rank holds (params, grads and optimizer state, counted from the tensors);
+the median step time leaves out the first two steps, as zero-train's.
 """
 import json
 import math
@@ -99,18 +103,127 @@ class GPT(torch.nn.Module):
         return F.linear(x, self.wte)  # tied head
 
 
+def state_bytes(tensors):
+    """Bytes of distinct storages among `tensors` (DTensors count their local shard)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None or not torch.is_tensor(t):
+            continue
+        if hasattr(t, "to_local"):
+            t = t.to_local()
+        if t.numel() == 0:
+            continue
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def optimizer_tensors(opt):
+    for st in opt.state.values():
+        yield from (v for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+
+
+def build_ddp(model, cfg, lr, wd):
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+
+    def step(x, y):
+        logits = ddp(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        opt.zero_grad()  # set_to_none, torch 2.x default
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+
+    def held():
+        ps = list(model.parameters())
+        return state_bytes(ps + [p.grad for p in ps] + list(optimizer_tensors(opt)))
+
+    return step, held, "torch DistributedDataParallel (gloo)"
+
+
+def build_fsdp2(model, cfg, lr, wd):
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    bf16 = cfg.get("bf16", {}).get("enabled", False)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for i in range(model.layers):
+        fully_shard(getattr(model, f"h{i}"), mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+
+    def step(x, y):
+        logits = model(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+
+    def held():
+        ps = list(model.parameters())
+        return state_bytes(ps + [p.grad for p in ps] + list(optimizer_tensors(opt)))
+
+    return step, held, "torch FSDP2 fully_shard (gloo)" + (", bf16 params" if bf16 else "")
+
+
+def build_deepspeed(model, cfg, lr, wd):
+    import deepspeed
+
+    engine, opt, _, _ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters())
+
+    def step(x, y):
+        logits = engine(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        engine.backward(loss)
+        engine.step()
+        return loss
+
+    def held():
+        # Everything the engine and its optimizer hold as tensors: params (or
+        # their ZeRO-3 partitions), flat fp32 partitions and their grads, and
+        # the inner optimizer's moments. Transient buffers are not counted.
+        ts = []
+        for p in model.parameters():
+            ts += [p, p.grad, getattr(p, "ds_tensor", None)]
+        for obj in (opt, getattr(opt, "optimizer", None)):
+            if obj is None:
+                continue
+            for v in vars(obj).values():
+                for t in (v if isinstance(v, (list, tuple)) else [v]):
+                    if torch.is_tensor(t):
+                        ts += [t, t.grad]
+        inner = getattr(opt, "optimizer", opt)
+        ts += list(optimizer_tensors(inner))
+        return state_bytes(ts)
+
+    stage = cfg.get("zero_optimization", {}).get("stage", 0)
+    return step, held, f"DeepSpeed {deepspeed.__version__} ZeRO stage {stage} (cpu, {dist.get_backend()})"
+
+
 def main():
-    export, layers, d, heads, seq, steps, lr, wd, out = sys.argv[1:10]
-    layers, d, heads, seq, steps, lr, wd = int(layers), int(d), int(heads), int(seq), int(steps), float(lr), float(wd)
+    peer, export, layers, d, heads, seq, steps, config, out = sys.argv[1:10]
+    layers, d, heads, seq, steps = int(layers), int(d), int(heads), int(seq), int(steps)
+    cfg = json.load(open(config))
+    opt_params = cfg["optimizer"]["params"]
+    lr, wd = float(opt_params["lr"]), float(opt_params.get("weight_decay", 0.01))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group("gloo")
+    if peer != "deepspeed":  # DeepSpeed sets up its own process group
+        dist.init_process_group("gloo")
+    else:
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
 
     model = GPT(layers, d, heads, seq)
     init = read_safetensors(f"{export}/init.safetensors")
     model.load_state_dict(init, strict=True)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+    step, held, name = {"ddp": build_ddp, "fsdp2": build_fsdp2, "deepspeed": build_deepspeed}[peer](model, cfg, lr, wd)
     tokens = read_safetensors(f"{export}/tokens.safetensors")["tokens"]
     micro = tokens.shape[1] // world
 
@@ -118,23 +231,18 @@ def main():
     for s in range(steps):
         t0 = time.perf_counter()
         batch = tokens[s, rank * micro : (rank + 1) * micro]
-        x, y = batch[:, :-1], batch[:, 1:]
-        logits = ddp(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = step(batch[:, :-1], batch[:, 1:])
         times.append((time.perf_counter() - t0) * 1000)
-        mean = loss.detach().clone()
+        mean = loss.detach().float().clone()
         dist.all_reduce(mean)
         losses.append(mean.item() / world)
     steady = sorted(times[min(2, len(times) // 2) :])
+    model_state = held()
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"peer": "torch DistributedDataParallel (gloo)", "torch": torch.__version__,
-                       "threads": torch.get_num_threads(), "losses": losses,
-                       "median_step_ms": steady[len(steady) // 2],
+            json.dump({"peer": name, "torch": torch.__version__, "threads": torch.get_num_threads(),
+                       "losses": losses, "median_step_ms": steady[len(steady) // 2],
+                       "model_state_bytes": model_state,
                        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}, f)
     dist.destroy_process_group()
 

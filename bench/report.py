@@ -57,82 +57,110 @@ def gnuplot(script):
         return False
 
 
+def peer_label(p):
+    name = {"ddp": "DDP", "fsdp2": "FSDP2", "deepspeed": f"DeepSpeed stage {p['stage']}"}[p["peer"]]
+    return f"{name} {p['dtype']}"
+
+
+def max_rel_diff(a, b):
+    n = min(len(a), len(b))
+    return max(abs(x - y) / abs(y) for x, y in zip(a[:n], b[:n])) if n else float("nan")
+
+
+def against_peers(w, stages, peers):
+    """The table of every run against DDP, the goals as ratios, and the charts."""
+    for model in ("gpt_small", "gpt_big"):
+        mine = [r for r in stages["runs"] if r["run"] == model]
+        theirs = [p for p in peers["runs"] if p["run"] == model]
+        if not mine:
+            continue
+        ddp = next((p["result"] for p in theirs if p["peer"] == "ddp"), None)
+        w(f"## {model}: zero-cpp and the peers\n")
+        w("| run | step ms | vs DDP | peak RSS / rank | model state / rank | max loss diff vs DDP (rel) |")
+        w("|---|---|---|---|---|---|")
+        rows = [(peer_label(p), p["result"]["median_step_ms"], p["result"]["peak_rss_bytes"],
+                 p["result"].get("model_state_bytes"), p["result"]["losses"], p["dtype"]) for p in theirs]
+        rows += [(f"zero-cpp stage {r['stage']} {r['dtype']}", r["summary"]["median_step_ms"],
+                  r["summary"]["peak_rss_bytes"], r["summary"]["model_state_bytes"], r["losses"], r["dtype"])
+                 for r in mine]
+        for name, ms, rss, state, losses, dtype in rows:
+            ratio = f"{ms / ddp['median_step_ms']:.2f}×" if ddp else ""
+            diff = f"{max_rel_diff(losses, ddp['losses']):.1e}" if ddp and dtype == "fp32" else ""
+            w(f"| {name} | {ms:.0f} | {ratio} | {mb(rss)} | {mb(state) if state else ''} | {diff} |")
+        w("")
+        goals(w, model, mine, theirs, stages.get("ranks", 2))
+        charts(w, model, rows)
+
+
+def goals(w, model, mine, theirs, n):
+    def ours(stage, dtype):
+        return next((r["summary"] for r in mine if r["stage"] == stage and r["dtype"] == dtype), None)
+
+    def peer(name, stage, dtype):
+        return next((p["result"] for p in theirs if p["peer"] == name and p["stage"] == stage
+                     and p["dtype"] == dtype), None)
+
+    lines = []
+    def ratio(label, a, b, key, goal):
+        if a and b:
+            lines.append(f"| {label} | {a[key] / b[key]:.2f} | {goal} |")
+
+    ratio("stage 0 ÷ DDP, step time, fp32", ours(0, "fp32"), peer("ddp", 0, "fp32"), "median_step_ms", "≤ 1.0")
+    for dt in ("fp32", "bf16"):
+        ratio(f"stage 3 ÷ DeepSpeed stage 3, step time, {dt}", ours(3, dt), peer("deepspeed", 3, dt),
+              "median_step_ms", "≤ 0.7")
+        ratio(f"stage 3 ÷ FSDP2, step time, {dt}", ours(3, dt), peer("fsdp2", 3, dt), "median_step_ms", "< 1.0")
+    ratio("stage 3 ÷ stage 0, step time, fp32", ours(3, "fp32"), ours(0, "fp32"), "median_step_ms", "≤ 1.05")
+    for dt in ("fp32", "bf16"):
+        ratio(f"stage 3 ÷ DeepSpeed stage 3, peak RSS, {dt}", ours(3, dt), peer("deepspeed", 3, dt),
+              "peak_rss_bytes", "< 1 (lowest)")
+        ratio(f"stage 3 ÷ FSDP2, peak RSS, {dt}", ours(3, dt), peer("fsdp2", 3, dt), "peak_rss_bytes", "< 1 (lowest)")
+    s0, s3 = ours(0, "fp32"), ours(3, "fp32")
+    if s0 and s3:
+        psi = s0["model_state_bytes"] / 16  # stage 0 holds 16 bytes per param in fp32 with Adam
+        saved = s0["peak_rss_bytes"] - s3["peak_rss_bytes"]
+        lines.append(f"| stage 0 − stage 3 peak RSS ÷ 16Ψ(1 − 1/N) | {saved / (16 * psi * (1 - 1 / n)):.2f} | ≥ 0.9 |")
+    if lines:
+        w(f"Goals ({model}):\n")
+        w("| ratio | measured | goal |")
+        w("|---|---|---|")
+        for line in lines:
+            w(line)
+        w("")
+
+
+def charts(w, model, rows):
+    dat = os.path.join(R, f"time_{model}.dat")
+    with open(dat, "w") as f:
+        for name, ms, rss, *_ in rows:
+            f.write(f'"{name}" {ms} {rss / 1e6}\n')
+    if gnuplot(f"set terminal png size 1000,550\nset output '{R}/time_{model}.png'\nset style data histograms\n"
+               f"set style fill solid 0.6\nset ylabel 'ms / step'\nset y2label 'peak RSS MB'\nset y2tics\n"
+               f"set yrange [0:*]\nset y2range [0:*]\nset bmargin 8\n"
+               f"set title '{model}: step time and peak RSS per rank'\nset xtics rotate by -40\n"
+               f"plot '{dat}' using 2:xtic(1) title 'step ms', '' using 3 axes x1y2 title 'peak RSS MB'\n"):
+        w(f"![{model} step time and memory](time_{model}.png)\n")
+    losses = [(name, l) for name, _, _, _, l, dtype in rows if dtype == "fp32"]
+    lines = []
+    for k, (name, l) in enumerate(losses):
+        path = os.path.join(R, f"loss_{model}_{k}.dat")
+        open(path, "w").write("\n".join(f"{i + 1} {x}" for i, x in enumerate(l)))
+        lines.append(f"'{path}' with lines title '{name}'")
+    if lines and gnuplot(f"set terminal png size 900,500\nset output '{R}/loss_{model}.png'\nset xlabel 'step'\n"
+                         f"set ylabel 'loss'\nset title '{model}: loss per step, fp32'\nplot {', '.join(lines)}\n"):
+        w(f"![{model} loss curves](loss_{model}.png)\n")
+
+
 def main():
-    stages, ddp = load("stages.json"), load("ddp.json")
+    stages, peers = load("stages.json"), load("peers.json")
     out = []
     w = out.append
     w("# zero-cpp benchmark report\n")
     w(f"- date: {datetime.date.today()}; machine: {cpu_model()}, {os.cpu_count()} cores")
-    w("- 2 local ranks, 1 thread per rank (zero-run and the DDP peer alike); fp32 compute")
+    w("- 2 local ranks, 1 thread per rank (zero-run and the peers alike)")
     w("- every timing below comes from one `./run bench` invocation: compare as ratios\n")
-
     if stages:
-        peers = {r["run"]: r["result"] for r in (ddp or {}).get("runs", [])}
-        w("## Stages against PyTorch DDP\n")
-        w("| model | dtype | run | step ms | vs DDP | tokens/s | peak RSS / rank | model state / rank | "
-          "collective MB / step | max loss diff vs DDP |")
-        w("|---|---|---|---|---|---|---|---|---|---|")
-        for model in ("gpt_small", "gpt_big"):
-            peer = peers.get(model)
-            runs = [r for r in stages["runs"] if r["run"] == model]
-            if not runs:
-                continue
-            if peer:
-                w(f"| {model} | fp32 | DDP (torch {peer['torch']}) | {peer['median_step_ms']:.0f} | 1.00× | | "
-                  f"{mb(peer['peak_rss_bytes'])} | | | |")
-            for r in runs:
-                s = r["summary"]
-                comm = sum(c["bytes"] for op, c in s.get("last_step_comm", {}).items())
-                ratio = f"{s['median_step_ms'] / peer['median_step_ms']:.2f}×" if peer else ""
-                diff = ""
-                if peer and r["dtype"] == "fp32":
-                    n = min(len(peer["losses"]), len(r["losses"]))
-                    diff = f"{max(abs(a - b) / abs(b) for a, b in zip(r['losses'][:n], peer['losses'][:n])):.1e} rel"
-                w(f"| {model} | {r['dtype']} | stage {r['stage']} | {s['median_step_ms']:.0f} | {ratio} | "
-                  f"{s['tokens_per_s']:.0f} | {mb(s['peak_rss_bytes'])} | {mb(s['model_state_bytes'])} | "
-                  f"{comm / 1e6:.1f} | {diff} |")
-        w("\nBoth start from the same weights and see the same batches. The parity tests' tolerance is 2e-5 "
-          "relative. For scale, the largest relative loss difference between zero-cpp's own fp32 stages "
-          "(which differ only in the order of float sums):")
-        for model in ("gpt_small", "gpt_big"):
-            runs = [r for r in stages["runs"] if r["run"] == model and r["dtype"] == "fp32"]
-            if len(runs) > 1:
-                spread = max(abs(a - b) / abs(b) for r in runs for q in runs for a, b in zip(r["losses"], q["losses"]))
-                w(f"- {model}: {spread:.1e}")
-        w("\nWhere training is unstable (a loss that jumps up in the first steps), last-bit differences "
-          "between two AdamW implementations grow along the trajectory as they do between the stages.\n")
-        small = [r for r in stages["runs"] if r["run"] == "gpt_small"]
-        peer = peers.get("gpt_small")
-        lines = []
-        if peer:
-            open(os.path.join(R, "loss_ddp.dat"), "w").write("\n".join(f"{i + 1} {l}" for i, l in enumerate(peer["losses"])))
-            lines.append(f"'{R}/loss_ddp.dat' with lines lw 3 title 'DDP'")
-        for r in small:
-            name = f"loss_s{r['stage']}_{r['dtype']}.dat"
-            open(os.path.join(R, name), "w").write("\n".join(f"{i + 1} {l}" for i, l in enumerate(r["losses"])))
-            lines.append(f"'{R}/{name}' with lines dt {2 if r['dtype'] == 'bf16' else 1} "
-                         f"title 'stage {r['stage']} {r['dtype']}'")
-        if lines and gnuplot(f"set terminal png size 900,500\nset output '{R}/loss.png'\nset xlabel 'step'\n"
-                             f"set ylabel 'loss'\nset title 'GPT 4x256: loss per step'\nplot {', '.join(lines)}\n"):
-            w("![loss curves](loss.png)\n")
-        for model in ("gpt_small", "gpt_big"):
-            runs = [r for r in stages["runs"] if r["run"] == model]
-            if not runs:
-                continue
-            dat = os.path.join(R, f"time_{model}.dat")
-            with open(dat, "w") as f:
-                if peers.get(model):
-                    f.write(f"DDP {peers[model]['median_step_ms']} {peers[model]['peak_rss_bytes'] / 1e6}\n")
-                for r in runs:
-                    f.write(f"s{r['stage']}-{r['dtype']} {r['summary']['median_step_ms']} "
-                            f"{r['summary']['peak_rss_bytes'] / 1e6}\n")
-            if gnuplot(f"set terminal png size 900,500\nset output '{R}/time_{model}.png'\nset style data histograms\n"
-                       f"set style fill solid 0.6\nset ylabel 'ms / step'\nset y2label 'peak RSS MB'\nset y2tics\n"
-                       f"set yrange [0:*]\nset y2range [0:*]\n"
-                       f"set title '{model}: step time and peak RSS per rank'\nset xtics rotate by -30\n"
-                       f"plot '{dat}' using 2:xtic(1) title 'step ms', '' using 3 axes x1y2 title 'peak RSS MB'\n"):
-                w(f"![{model} step time and memory](time_{model}.png)\n")
-
+        against_peers(w, stages, peers or {"runs": []})
     fast = load("fastpath.json")
     if fast:
         table(w, "Shared-memory fast path against Gloo (end to end)",

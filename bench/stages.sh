@@ -5,6 +5,7 @@
 # back to back in one invocation, so compare them as ratios.
 # Prints one JSON object (the summary record of each zero-train run).
 #   bench/stages.sh BUILD_DIR [STEPS_SMALL] [STEPS_100M]
+# ZERO_BENCH_MODELS ("small big"), ZERO_BENCH_DTYPES, ZERO_BENCH_STAGES narrow a run.
 set -euo pipefail
 B=${1:-build}
 STEPS_SMALL=${2:-30}
@@ -23,11 +24,11 @@ run() {  # name stage dtype steps zero-train-args...
 
 echo '{"bench": "stages", "ranks": 2, "omp_threads_per_rank": 1, "date": "'"$(date -u +%F)"'", "runs": ['
 first=1
-for model in small big; do
+for model in ${ZERO_BENCH_MODELS:-small big}; do
   bench_model $model
   steps=$STEPS_BIG; [ $model = small ] && steps=$STEPS_SMALL
-  for dtype in fp32 bf16; do
-    for stage in 0 1 2 3; do
+  for dtype in ${ZERO_BENCH_DTYPES:-fp32 bf16}; do
+    for stage in ${ZERO_BENCH_STAGES:-0 1 2 3}; do
       [ $first = 1 ] || echo ','
       first=0
       run "gpt_$model" $stage $dtype $steps "${model_args[@]}"
