@@ -125,13 +125,14 @@ def optimizer_tensors(opt):
         yield from (v for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
 
 
-def build_ddp(model, cfg, lr, wd):
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+def torch_training(model, forward, lr, wd):
+    """A step and a state count for a model trained with torch.optim.AdamW
+    (DDP's and FSDP2's loop; `forward` is the wrapped model)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
 
     def step(x, y):
-        logits = ddp(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        logits = forward(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
         opt.zero_grad()  # set_to_none, torch 2.x default
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -142,7 +143,12 @@ def build_ddp(model, cfg, lr, wd):
         ps = list(model.parameters())
         return state_bytes(ps + [p.grad for p in ps] + list(optimizer_tensors(opt)))
 
-    return step, held, "torch DistributedDataParallel (gloo)"
+    return step, held
+
+
+def build_ddp(model, cfg, lr, wd):
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    return (*torch_training(model, ddp, lr, wd), "torch DistributedDataParallel (gloo)")
 
 
 def build_fsdp2(model, cfg, lr, wd):
@@ -153,22 +159,8 @@ def build_fsdp2(model, cfg, lr, wd):
     for i in range(model.layers):
         fully_shard(getattr(model, f"h{i}"), mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
-
-    def step(x, y):
-        logits = model(x)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        return loss
-
-    def held():
-        ps = list(model.parameters())
-        return state_bytes(ps + [p.grad for p in ps] + list(optimizer_tensors(opt)))
-
-    return step, held, "torch FSDP2 fully_shard (gloo)" + (", bf16 params" if bf16 else "")
+    name = "torch FSDP2 fully_shard (gloo)" + (", bf16 params" if bf16 else "")
+    return (*torch_training(model, model, lr, wd), name)
 
 
 def build_deepspeed(model, cfg, lr, wd):
