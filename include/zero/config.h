@@ -93,6 +93,9 @@ struct ZeroConfig {
   int64_t param_persistence_threshold = 100'000;      // stage3_param_persistence_threshold
   int64_t max_live_parameters = 1'000'000'000;        // stage3_max_live_parameters
   int64_t max_reuse_distance = 1'000'000'000;         // stage3_max_reuse_distance
+  // false skips the global grad norm at fp32 stages 1-2 (DeepSpeed's rule: only
+  // without clipping or optimizer offload); last_grad_norm() is then NaN.
+  bool compute_grad_norm = true;
   // Validated (offload_param needs stage 3); on CPU the state already lives
   // in host memory, so they change nothing yet.
   OffloadConfig offload_optimizer;

@@ -33,7 +33,9 @@ DType parse_dtype(const std::string& s) {
 }
 
 // DeepSpeed also spells the dtypes as torch names in a few places.
+// null is DeepSpeed's default for these keys (None: follow the params' dtype).
 std::optional<DType> read_dtype(ObjectReader& r, const std::string& key) {
+  if (const json* v = r.find(key); v && v->is_null()) return std::nullopt;
   auto s = r.get_opt_choice(key, {"fp32", "fp16", "bf16", "float32", "float16", "bfloat16"}, true);
   if (!s) return std::nullopt;
   if (*s == "float32") return DType::fp32;
@@ -227,7 +229,7 @@ ZeroConfig read_zero(ObjectReader& top) {
   r.auto_means_default();
   c.stage = r.get_int("stage", 0, 0, 3);
   c.contiguous_gradients = r.get_bool("contiguous_gradients", c.contiguous_gradients);
-  if (const json* v = r.find("overlap_comm"); v && !ObjectReader::is_auto(v)) {
+  if (const json* v = r.find("overlap_comm"); v && !ObjectReader::is_auto(v) && !v->is_null()) {
     if (!v->is_boolean()) r.fail_value("overlap_comm", *v, "true or false");
     c.overlap_comm_given = v->get<bool>();
   }
@@ -254,6 +256,7 @@ ZeroConfig read_zero(ObjectReader& top) {
              {"stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save"});
   r.get_bool("ignore_unused_parameters", true);
   r.get_bool("round_robin_gradients", false);
+  c.compute_grad_norm = r.get_bool("compute_grad_norm", c.compute_grad_norm);
   c.offload_optimizer = read_offload(r, "offload_optimizer", false);
   c.offload_param = read_offload(r, "offload_param", true);
   if (c.offload_param.device != OffloadDevice::None && c.stage != 3)
@@ -295,10 +298,20 @@ ZeroConfig read_zero(ObjectReader& top) {
   r.unsupported_unless("allgather_sequential", false, {"stage3_allgather_sequential"});
   r.unsupported_unless("enable_sanity_checks", false);
   r.unsupported_unless("save_muon_momentum_buffer_in_memory", false);
+  r.unsupported_unless("parameter_alignment", false);  // params are packed; alignment is the group's
   r.unsupported_unless("zenflow", nullptr);
   // Python class names cannot match C++ modules: declare zero::Unit<> instead.
   r.unsupported_unless("leaf_module", nullptr);
   r.finish();
+  // DeepSpeed's rules for skipping the norm (stage_1_and_2.py, zero/config.py).
+  if (!c.compute_grad_norm) {
+    if (c.stage != 1 && c.stage != 2)
+      throw ConfigError("ds_config: zero_optimization.compute_grad_norm = false is supported only "
+                        "with ZeRO stage 1 or 2 (stage is " + std::to_string(c.stage) + ")");
+    if (c.offload_optimizer.device != OffloadDevice::None)
+      throw ConfigError("ds_config: zero_optimization.compute_grad_norm = false does not support "
+                        "optimizer offload");
+  }
   return c;
 }
 
@@ -381,6 +394,21 @@ Config Config::from_json(const json& j) {
   top.unsupported_unless("managed_gradient_accumulation", true);
   top.accept_any("dataloader_drop_last");  // the data loader is the caller's
   top.accept_any("vocabulary_size");
+  // Python's garbage collector and DeepSpeed's logger level and throughput
+  // timers: nothing of these exists in a C++ program.
+  top.get_bool("disable_python_gc", false);
+  if (const json* v = top.find("log_level"); v && !v->is_null() && !v->is_string())
+    top.fail_value("log_level", *v, "a logging level name or null");
+  top.accept_any("timers");
+  // Parallelism zero-cpp does not have: accepted only switched off.
+  top.unsupported_unless("use_data_before_expert_parallelism", false);
+  top.unsupported_unless("datastates_ckpt", false);
+  top.unsupported_unless("graph_harvesting", false);
+  {
+    ObjectReader tp = top.child("tensor_parallel");
+    tp.unsupported_unless("autotp_size", 0);
+    tp.accept_all_remaining();  // the rest configures tensor parallelism, which is off
+  }
   // Timing and memory printouts zero-cpp does not produce: asking for them
   // would be silently unanswered, so only DeepSpeed's default (off) passes.
   top.unsupported_unless("wall_clock_breakdown", false);
@@ -393,13 +421,22 @@ Config Config::from_json(const json& j) {
                             "data_efficiency", "compression_training",
                             "sparse_attention", "pipeline", "eigenvalue", "progressive_layer_drop",
                             "quantize_training", "nebula", "weight_quantization", "hybrid_engine",
-                            "torch_autocast", "compile"})
+                            "torch_autocast", "expert_parallel"})
     disabled_feature_block(top, block);
+  {
+    // No "enabled" key: DeepCompile is what it switches on (engine.compile() in Python).
+    ObjectReader compile = top.child("compile");
+    compile.unsupported_unless("deepcompile", false);
+    compile.accept_all_remaining();
+  }
   read_activation_checkpointing(top);
   top.finish();
 
   if (c.zero.offload_optimizer.device != OffloadDevice::None && c.zero.stage == 0)
     throw ConfigError("ds_config: zero_optimization.offload_optimizer requires stage 1, 2 or 3");
+  if (!c.zero.compute_grad_norm && c.gradient_clipping > 0)
+    throw ConfigError("ds_config: zero_optimization.compute_grad_norm = false requires "
+                      "gradient_clipping = 0 (it is " + json(c.gradient_clipping).dump() + ")");
   if (c.fp16.enabled && c.communication_data_type == DType::bf16)
     throw ConfigError("ds_config: communication_data_type = \"bf16\" with fp16 enabled is not supported");
   return c;
@@ -551,6 +588,7 @@ json Config::to_json() const {
              {"stage3_param_persistence_threshold", z.param_persistence_threshold},
              {"stage3_max_live_parameters", z.max_live_parameters},
              {"stage3_max_reuse_distance", z.max_reuse_distance},
+             {"compute_grad_norm", z.compute_grad_norm},
              {"offload_optimizer", {{"device", to_string(z.offload_optimizer.device)},
                                     {"pin_memory", z.offload_optimizer.pin_memory}}},
              {"offload_param", {{"device", to_string(z.offload_param.device)},

@@ -1,6 +1,7 @@
 #include "engine/flat_optimizer.h"
 
 #include <cmath>
+#include <limits>
 
 #include "optim/kernels.h"
 #include "optim/lr_schedule.h"
@@ -47,7 +48,10 @@ double FlatOptimizer::global_sumsq(const std::vector<at::Tensor>& grads) {
 bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
   std::vector<at::Tensor> grads;
   for (const auto& g : groups) grads.push_back(grads_of(g));
-  const double sumsq = global_sumsq(grads);
+  // Clipping needs the norm, and 16-bit runs need it to see an overflow.
+  const bool skip_norm = !config_.zero.compute_grad_norm && config_.gradient_clipping == 0 &&
+                         !config_.fp16.enabled && !config_.bf16.enabled;
+  const double sumsq = skip_norm ? std::numeric_limits<double>::quiet_NaN() : global_sumsq(grads);
   const double scale = scaler_.scale();
   if ((config_.fp16.enabled || config_.bf16.enabled) && !std::isfinite(sumsq)) {
     scaler_.update(true);  // throws at the minimum scale, as DeepSpeed

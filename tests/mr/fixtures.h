@@ -67,6 +67,7 @@ struct RunSpec {
   int64_t reuse_distance = 0;
   int64_t max_live = 1'000'000'000;
   int64_t prefetch = 50'000'000;
+  bool compute_grad_norm = true;  // false needs stage 1/2 and clip 0
 };
 
 inline Config make_config(const RunSpec& s) {
@@ -82,7 +83,8 @@ inline Config make_config(const RunSpec& s) {
                              {"stage3_param_persistence_threshold", s.persistence},
                              {"stage3_max_reuse_distance", s.reuse_distance},
                              {"stage3_max_live_parameters", s.max_live},
-                             {"stage3_prefetch_bucket_size", s.prefetch}}}};
+                             {"stage3_prefetch_bucket_size", s.prefetch},
+                             {"compute_grad_norm", s.compute_grad_norm}}}};
   if (std::string(s.dtype) == "bf16") j["bf16"] = {{"enabled", true}};
   // A start scale the small model's grads never overflow at, so the fp16
   // run takes the same steps as fp32 (overflow skips are tested apart).

@@ -163,6 +163,33 @@ TEST(Communication, FastPathServesEveryCollectiveOfAStep) {
   }
 }
 
+// zero_optimization.compute_grad_norm = false (stages 1-2, no clipping): the
+// norm's all-reduce is gone and nothing else changes, bit for bit.
+TEST(Communication, SkippingTheGradNormDropsOnlyItsAllReduce) {
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    std::map<std::string, at::Tensor> params[2];
+    int64_t all_reduces[2];
+    double norm[2];
+    for (bool compute : {true, false}) {
+      RunSpec s;
+      s.stage = stage;
+      s.clip = 0;
+      s.compute_grad_norm = compute;
+      GptTrainer t(small_gpt(), make_config(s), corpus(), /*seed=*/7, world().comm(), dp_group());
+      t.train_step();
+      const auto r = t.train_step();
+      all_reduces[compute] = r.comm.count("all_reduce") ? r.comm.at("all_reduce").calls : 0;
+      norm[compute] = t.engine().last_grad_norm();
+      params[compute] = t.engine().full_parameters();
+    }
+    EXPECT_EQ(all_reduces[true] - all_reduces[false], 1);
+    EXPECT_TRUE(std::isfinite(norm[true]) && norm[true] > 0);
+    EXPECT_TRUE(std::isnan(norm[false]));
+    EXPECT_EQ(max_abs_diff(params[true], params[false]), 0.0);
+  }
+}
+
 TEST(Robustness, UnusedParamsAndOddSizesTrain) {
   for (int stage : {0, 1, 2, 3}) {  // at stage 3 this unit-less model is one root unit
     SCOPED_TRACE("stage " + std::to_string(stage));

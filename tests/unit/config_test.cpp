@@ -39,7 +39,7 @@ TEST(ConfigDocExamples, EverySupportedExampleParses) {
     EXPECT_EQ(Config::from_json(c.to_json()).to_json(), c.to_json());
     ++n;
   }
-  EXPECT_GE(n, 12);
+  EXPECT_GE(n, 14);
 }
 
 TEST(ConfigDocExamples, ValuesAsDocumented) {
@@ -263,6 +263,40 @@ TEST(ConfigUnsupported, LoggingAndActivationCheckpointingOnlyAtTheirDefault) {
                {"activation_checkpointing.number_checkpoints = 4 is not supported", "only null"});
   expect_error(R"({"activation_checkpointing": {"enabled": false}})",
                {"activation_checkpointing.enabled is not a key zero-cpp knows"});
+}
+
+// Keys DeepSpeed 0.19.8 reads that earlier releases did not (every one of its
+// keys at its default is tests/data/ds_configs/ok/deepspeed_0.19.8_defaults.json).
+TEST(ConfigDeepSpeed0198, NewKeysOnlyAtTheirDefaultOrHonoured) {
+  EXPECT_NO_THROW(Config::from_string(R"({"log_level": "info", "disable_python_gc": true,
+      "timers": {"throughput": {"enabled": false}}, "tensor_parallel": {"autotp_size": 0, "tp_overlap_comm": true},
+      "expert_parallel": {"enabled": false, "autoep_size": 4}, "compile": {"deepcompile": false, "debug_log": true}})"));
+  expect_error(R"({"log_level": 20})", {"log_level", "logging level name"});
+  expect_error(R"({"tensor_parallel": {"autotp_size": 2}})", {"tensor_parallel.autotp_size = 2 is not supported"});
+  expect_error(R"({"expert_parallel": {"enabled": true}})", {"expert_parallel", "not supported"});
+  expect_error(R"({"compile": {"deepcompile": true}})", {"compile.deepcompile = true is not supported"});
+  expect_error(R"({"datastates_ckpt": {"host_cache_size": 16}})", {"datastates_ckpt", "not supported"});
+  expect_error(R"({"use_data_before_expert_parallelism": true})", {"use_data_before_expert_parallelism"});
+  expect_error(R"({"zero_optimization": {"parameter_alignment": true}})",
+               {"zero_optimization.parameter_alignment = true is not supported"});
+
+  // compute_grad_norm = false is honoured, under DeepSpeed's conditions.
+  Config c = Config::from_string(
+      R"({"gradient_clipping": 0, "zero_optimization": {"stage": 2, "compute_grad_norm": false}})");
+  EXPECT_FALSE(c.zero.compute_grad_norm);
+  EXPECT_FALSE(Config::from_json(c.to_json()).zero.compute_grad_norm);
+  expect_error(R"({"zero_optimization": {"stage": 2, "compute_grad_norm": false}})",
+               {"compute_grad_norm = false requires gradient_clipping = 0", "1.0"});
+  expect_error(R"({"gradient_clipping": 0, "zero_optimization": {"stage": 3, "compute_grad_norm": false}})",
+               {"compute_grad_norm = false is supported only with ZeRO stage 1 or 2"});
+  expect_error(R"({"gradient_clipping": 0, "zero_optimization": {"stage": 1, "compute_grad_norm": false,
+      "offload_optimizer": {"device": "cpu"}}})", {"compute_grad_norm = false does not support optimizer offload"});
+
+  // null is DeepSpeed's default (None) for the dtype keys and overlap_comm.
+  Config n = Config::from_string(R"({"communication_data_type": null, "data_types": {"grad_accum_dtype": null},
+      "zero_optimization": {"stage": 3, "overlap_comm": null}})");
+  EXPECT_FALSE(n.communication_data_type.has_value());
+  EXPECT_TRUE(n.zero.overlap_comm());
 }
 
 TEST(ConfigOptimizerScheduler, Values) {
