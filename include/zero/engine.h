@@ -60,6 +60,32 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // Runs the model's forward, as DeepSpeed's engine(inputs): `fn` calls it
+  // and returns the tensor backward starts from (or one it flows through,
+  // e.g. the logits), which is returned:
+  //   auto loss = engine.forward([&] { return model->loss(x, y); });
+  // At stage 3 the root unit's params (those outside every zero::Unit:
+  // embeddings, final norm, head) are gathered for `fn` and again for its
+  // backward, and released after each, as a unit's are; so between steps
+  // every param, the root's too, is held only as this rank's shard. A model
+  // whose forward is called directly keeps its root gathered throughout
+  // (and works as before); once engine.forward() has been used, the root's
+  // params may be used only inside it. A root smaller than
+  // stage3_param_persistence_threshold stays gathered either way. At stages
+  // 0-2 it only calls `fn`.
+  template <typename Fn>
+  at::Tensor forward(Fn&& fn) {
+    begin_forward();
+    at::Tensor out;
+    try {
+      out = std::forward<Fn>(fn)();
+    } catch (...) {
+      forward_failed();
+      throw;
+    }
+    return end_forward(out);
+  }
+
   // Backpropagates loss * loss_scale / gradient_accumulation_steps and
   // reduces grads as the stage requires. Returns the unscaled loss / gas
   // (as DeepSpeed's backward does). If the backward throws, the engine
@@ -229,6 +255,12 @@ class Engine {
   void load_weights(const std::string& safetensors_path);
 
  private:
+  // forward()'s brackets: the stage-3 root's gather, and its release and
+  // backward hook on `out`.
+  void begin_forward();
+  at::Tensor end_forward(const at::Tensor& out);
+  void forward_failed();
+
   struct Impl;  // src/engine/engine_impl.h
   std::unique_ptr<Impl> impl_;
 };

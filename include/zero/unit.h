@@ -12,7 +12,9 @@
 // return the one tensor its backward starts from). Under stages 0-2, or
 // with no engine, it is a plain pass-through to the wrapped module. Params
 // outside every unit (embeddings, final norm, head) form the root unit,
-// which stays gathered.
+// which stays gathered unless the model's forward runs inside
+// engine.forward(...) (zero/engine.h): then it is gathered around that
+// forward and its backward like a unit.
 #pragma once
 
 #include <cstddef>

@@ -88,13 +88,14 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
                     [this] { return implicit_backward(); }};
   if (policy.shard_params) {
     const auto& z = config.zero;
-    stage3 = std::make_unique<Stage3Runtime>(groups, model.persistent, model.unit_to_group, model.unit_names, comm,
-                                             dp, Stage3Options{z.prefetch_bucket_size, z.max_live_parameters,
-                                                               z.max_reuse_distance});
+    stage3 = std::make_unique<Stage3Runtime>(
+        groups, model.persistent, model.unit_to_group, model.unit_names, model.root_group, comm, dp,
+        Stage3Options{z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance});
     // A unit without trainable params has nothing to gather: it stays a pass-through.
     for (size_t k = 0; k < model.units.size(); ++k)
       detail::UnitAccess::attach(*model.units[k], model.unit_has_params[k] ? stage3.get() : nullptr, k);
     ro.on_group_complete = [this](size_t g) { stage3->on_grads_complete(g); };
+    if (model.root_shardable) stage3->set_shardable_root(model.root_group);
   }
   reducer = std::make_shared<GradReducer>(groups, comm, dp, ro);
   reducer->install_hooks();
@@ -257,6 +258,21 @@ Engine::Engine(torch::nn::Module& model, const Config& config, comm::Comm& comm,
                : throw std::invalid_argument("zero::Engine: the data-parallel group is null (not a member?)")) {}
 
 Engine::~Engine() = default;
+
+// ---- forward --------------------------------------------------------------------
+
+void Engine::begin_forward() {
+  impl_->check_usable();
+  if (impl_->stage3) impl_->stage3->begin_root_forward();
+}
+
+at::Tensor Engine::end_forward(const at::Tensor& out) {
+  return impl_->stage3 ? impl_->stage3->end_root_forward(out) : out;
+}
+
+void Engine::forward_failed() {
+  if (impl_->stage3) impl_->stage3->root_forward_failed();
+}
 
 at::Tensor Engine::backward(const at::Tensor& loss) {
   if (!loss.defined() || loss.numel() != 1)

@@ -204,8 +204,10 @@ void unit_groups(torch::nn::Module& model, const Params& p, const GroupingContex
     }
   }
   if (!root.empty()) {
+    out.root_group = out.groups.size();
     out.groups.push_back(make_group(p, root, ctx, out));
-    out.persistent.push_back(true);
+    out.persistent.push_back(true);  // until engine.forward() brackets the forward
+    out.root_shardable = out.groups.back().layout.numel >= threshold;
   }
   for (size_t k : in_root) out.unit_to_group[k] = out.groups.size() - 1;
   const auto persistent_groups = std::count(out.persistent.begin(), out.persistent.end(), true);
@@ -213,7 +215,8 @@ void unit_groups(torch::nn::Module& model, const Params& p, const GroupingContex
                  ? "no zero::Unit in the model: all params form the root unit and stay gathered "
                    "(stage 3 then shards grads and optimizer state only)"
                  : std::to_string(out.units.size()) + " units; " + std::to_string(persistent_groups) +
-                       " persistent groups (root + units under stage3_param_persistence_threshold)";
+                       " persistent groups (root + units under stage3_param_persistence_threshold; the root is "
+                       "sharded too once the forward runs inside engine.forward())";
 }
 
 }  // namespace

@@ -49,6 +49,12 @@ struct ModelGroups {
   std::vector<size_t> unit_to_group;
   std::vector<bool> unit_has_params;
   std::vector<bool> persistent;
+  // The root unit's group (params outside every unit, and those shared
+  // between units), kNoGroup when there is none. It stays gathered unless
+  // the forward runs inside engine.forward() and it has at least
+  // stage3_param_persistence_threshold elements (root_shardable).
+  size_t root_group = kNoGroup;
+  bool root_shardable = false;
   // Trainable params registered under more than one name (tied weights):
   // the names after the first, for state_dict().
   std::unordered_map<const void*, std::vector<std::string>> other_names;

@@ -78,8 +78,9 @@ StepRecord GptTrainer::train_step() {
       if (coalesce_) coalesced.emplace(*engine_);
       for (int64_t c = 0; c < backward_chunks_; ++c) {
         // Equal chunks: the mean of chunk means is the micro-batch mean.
-        auto loss = model_->loss(x.narrow(0, c * rows, rows), y.narrow(0, c * rows, rows)) /
-                    static_cast<double>(backward_chunks_);
+        auto loss = engine_->forward([&] {
+          return model_->loss(x.narrow(0, c * rows, rows), y.narrow(0, c * rows, rows));
+        }) / static_cast<double>(backward_chunks_);
         loss_sum += engine_->backward(loss).detach();  // loss / gas
       }
     }

@@ -34,13 +34,14 @@ void UnitSchedule::end_step() {
 
 Stage3Runtime::Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vector<bool> persistent,
                              std::vector<size_t> unit_to_group, std::vector<std::string> unit_names,
-                             comm::Comm& comm, const comm::Group& dp, Stage3Options opts)
+                             size_t root_group, comm::Comm& comm, const comm::Group& dp, Stage3Options opts)
     : groups_(groups), state_(groups.size()), unit_to_group_(std::move(unit_to_group)),
       unit_names_(std::move(unit_names)), comm_(comm), dp_(dp), opts_(opts) {
   // Each gather's label names its unit: ranks whose unit orders diverge get
   // an error naming both units at the first gather that differs.
   for (size_t u = 0; u < unit_to_group_.size(); ++u) {
     if (unit_to_group_[u] >= groups_.size()) continue;  // no trainable params: never gathered
+    if (unit_to_group_[u] == root_group) continue;      // a unit whose params all live in the root
     auto& label = state_[unit_to_group_[u]].label;
     label += (label.empty() ? "params of unit '" : ", '") + unit_names_[u] + "'";
   }
@@ -63,7 +64,9 @@ void Stage3Runtime::name_released_contents(size_t i) {
                       "stage 3: param '" + g.names[p] + "' (" + state_[i].label.substr(10) + ")"});
   memory::name_released_contents(
       g.param_flat, std::move(ranges),
-      "between uses only this rank's shard of it exists. Read or change full params inside "
+      "between uses only this rank's shard of it exists (the root unit's params, those outside every "
+      "zero::Unit, are full only inside engine.forward(...) and its backward, once it is used). Read or "
+      "change full params inside "
       "engine.gathered_parameters(...); save them with engine.state_dict() or engine.save_weights(); and a "
       "param that code outside its unit uses must be registered in that code's module too (it then stays "
       "gathered). After its engine is destroyed a stage-3 model's units stay released: take "
@@ -125,7 +128,8 @@ void Stage3Runtime::gather(size_t i) {
 
 void Stage3Runtime::release(size_t i) {
   auto& s = state_[i];
-  if (s.residency == Residency::Released || s.persistent || s.pinned) return;
+  // in_forward: a unit whose params live in the root ends its forward inside the root's.
+  if (s.residency == Residency::Released || s.persistent || s.pinned || s.in_forward > 0) return;
   if (s.residency == Residency::Gathering) gather(i);  // never free a buffer a collective is writing
   partition::release_params(groups_[i]);
   s.residency = Residency::Released;
@@ -169,6 +173,32 @@ void Stage3Runtime::before_forward(size_t unit) {
     use(unit, Phase::Forward);
   }
   ++state_[group_of(unit)].in_forward;
+}
+
+void Stage3Runtime::set_shardable_root(size_t group) {
+  if (group >= groups_.size()) return;
+  root_unit_ = unit_to_group_.size();
+  unit_to_group_.push_back(group);
+  unit_names_.push_back("the root");
+}
+
+void Stage3Runtime::begin_root_forward() {
+  if (root_unit_ == kNoUnit) return;
+  if (!root_sharded_) {
+    root_sharded_ = true;
+    state_[group_of(root_unit_)].persistent = false;
+    name_released_contents(group_of(root_unit_));
+    if (!schedule_.recording()) schedule_ = UnitSchedule{};  // re-learn the order with the root in it
+  }
+  before_forward(root_unit_);
+}
+
+at::Tensor Stage3Runtime::end_root_forward(const at::Tensor& out) {
+  return root_unit_ == kNoUnit ? out : after_forward(root_unit_, out);
+}
+
+void Stage3Runtime::root_forward_failed() {
+  if (root_unit_ != kNoUnit) forward_failed(root_unit_);
 }
 
 void Stage3Runtime::forward_failed(size_t unit) {

@@ -11,9 +11,13 @@
 // Gathers happen before a unit's forward and again before its backward (a
 // hook on the unit's output); the release follows its forward, and its
 // backward once all its grads are accumulated (the grad reducer reports
-// that). Persistent groups -- the root unit (params outside every unit, or
-// shared between units) and units under stage3_param_persistence_threshold
-// -- stay gathered and are refreshed from their shards after each step.
+// that). Persistent groups -- units under stage3_param_persistence_threshold,
+// and the root unit (params outside every unit, or shared between units)
+// while the model's forward runs outside engine.forward() -- stay gathered
+// and are refreshed from their shards after each step. Inside
+// engine.forward() the root is one more unit, its forward being the whole
+// model's (as FSDP2's fully_shard on the root module): gathered around it
+// and again for backward, so between steps a rank holds only shards.
 //
 // Schedule. The first step records the order units run in (forward and
 // backward). From the second step on, gathers run ahead of use along the
@@ -87,13 +91,22 @@ class Stage3Runtime : public detail::UnitRuntime {
   // Non-persistent groups must already be released (partition::release_params).
   // A unit mapped to a group index past the end has no params (never gathered).
   Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vector<bool> persistent,
-                std::vector<size_t> unit_to_group, std::vector<std::string> unit_names, comm::Comm& comm,
-                const comm::Group& dp, Stage3Options opts);
+                std::vector<size_t> unit_to_group, std::vector<std::string> unit_names, size_t root_group,
+                comm::Comm& comm, const comm::Group& dp, Stage3Options opts);
 
   void before_forward(size_t unit) override;
   at::Tensor after_forward(size_t unit, const at::Tensor& out) override;
   void forward_failed(size_t unit) override;
   void before_backward(size_t unit);
+
+  // The root's group as a unit used by engine.forward(), when it may be
+  // sharded (kNoGroup: it always stays gathered). The first
+  // begin_root_forward() shards it from then on (and starts the recorded
+  // order afresh, so the root's uses are part of it).
+  void set_shardable_root(size_t group);
+  void begin_root_forward();
+  at::Tensor end_root_forward(const at::Tensor& out);
+  void root_forward_failed();
 
   // The reducer saw all of the group's grads: its params can go.
   void on_grads_complete(size_t group);
@@ -163,6 +176,9 @@ class Stage3Runtime : public detail::UnitRuntime {
   int64_t live_ = 0;  // elements of non-persistent groups gathered or in flight
   int64_t peak_live_forward_ = 0;
   bool in_backward_ = false;
+  static constexpr size_t kNoUnit = static_cast<size_t>(-1);
+  size_t root_unit_ = kNoUnit;  // the root's unit index (engine.forward), if shardable
+  bool root_sharded_ = false;   // engine.forward() has run: the root is a unit like the others
 };
 
 template <typename NumelOf>

@@ -42,7 +42,11 @@ TEST(Stage3, ScheduleRespectsLimitsAndKeepsParity) {
   classic.stage = 3;
   auto base = train(classic, dp_group(), 6);
   GptTrainer probe(small_gpt(), make_config(classic), corpus(), 7, world().comm(), dp_group());
-  const int64_t unit = (probe.engine().num_params() - probe.engine().persistent_params()) / small_gpt().n_layer;
+  // Before its first engine.forward() only the root is persistent. The
+  // trainer's forward runs inside engine.forward(), so the root is then a
+  // unit gathered throughout each forward, on top of what the limits allow.
+  const int64_t root = probe.engine().persistent_params();
+  const int64_t unit = (probe.engine().num_params() - root) / small_gpt().n_layer;
   for (int64_t max_live : {unit, 2 * unit + 64, int64_t{1} << 30})
     for (int64_t reuse : {int64_t{0}, int64_t{1} << 30}) {
       SCOPED_TRACE("max_live " + std::to_string(max_live) + " reuse " + std::to_string(reuse));
@@ -55,7 +59,7 @@ TEST(Stage3, ScheduleRespectsLimitsAndKeepsParity) {
         t.engine().reset_peak_live_params();
         auto r = t.train_step();
         EXPECT_EQ(r.loss, base.losses[i]) << "step " << i;
-        EXPECT_LE(t.engine().peak_live_params(), std::max(max_live, unit + 64)) << "step " << i;
+        EXPECT_LE(t.engine().peak_live_params(), std::max(max_live, unit + 64) + root) << "step " << i;
         if (i >= 1 && reuse > 0 && max_live > 2 * unit + 64) {
           // Units kept from forward through backward: gathered once per step, not twice.
           const double persistent = static_cast<double>(t.engine().persistent_params());
@@ -210,11 +214,16 @@ TEST(Stage3, ZeroInitNeverHoldsTheWholeModel) {
 
 // The tied weight belongs to the root (which outlives all its uses): stage 3
 // trains with parity to a single process, with or without zero::Init.
+// Inside engine.forward() the root (here: the tied head, and the embedding
+// unit whose only param it is) is gathered around the forward and released
+// after the step, and evaluation through it matches the reference.
 TEST(SharedWeights, TiedAcrossAUnitTrainsWithParity) {
   for (int stage : {0, 1, 2, 3})
-    for (bool zero_init : {false, true}) {
+    for (bool zero_init : {false, true})
+      for (bool via_forward : {false, true}) {
       if (zero_init && stage != 3) continue;
-      SCOPED_TRACE("stage " + std::to_string(stage) + (zero_init ? " zero::Init" : ""));
+      SCOPED_TRACE("stage " + std::to_string(stage) + (zero_init ? " zero::Init" : "") +
+                   (via_forward ? " engine.forward" : ""));
       const auto cfg = toy_config(stage, 4, 0);
       std::shared_ptr<TiedUnitNet> m;
       if (zero_init) {
@@ -229,13 +238,50 @@ TEST(SharedWeights, TiedAcrossAUnitTrainsWithParity) {
       for (int step = 0; step < 4; ++step) {
         at::manual_seed(1200 + step);
         auto tokens = at::randint(16, {4 * world().size(), 6}, at::kLong);
-        e.backward(m->loss(tokens.narrow(0, 4 * dp_group()->rank(), 4)));
+        auto mine = tokens.narrow(0, 4 * dp_group()->rank(), 4);
+        e.backward(via_forward ? e.forward([&] { return m->loss(mine); }) : m->loss(mine));
         e.step();
         er.backward(ref.loss(tokens));
         er.step();
       }
+      // The root is sharded at rest exactly when the forward ran inside engine.forward().
+      if (stage == 3) EXPECT_EQ(e.persistent_params() == 0, via_forward);
+      if (via_forward) {
+        at::NoGradGuard no_grad;
+        auto tokens = at::randint(16, {8, 6}, at::kLong);
+        EXPECT_NEAR(e.forward([&] { return m->loss(tokens); }).item<double>(), ref.loss(tokens).item<double>(), 1e-5);
+      }
       EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
     }
+}
+
+// With engine.forward() and no persistent units, a rank holds exactly its
+// share of the model state between steps: 16 bytes per param / N in fp32
+// (params, grads, Adam's two moments), the root's too. Before the first
+// engine.forward() the root is still whole.
+TEST(RootUnit, ShardedAtRestInsideEngineForward) {
+  RunSpec s;
+  s.stage = 3;
+  s.persistence = 0;
+  GptTrainer t(small_gpt(), make_config(s), corpus(), /*seed=*/7, world().comm(), dp_group());
+  EXPECT_GT(t.engine().persistent_params(), 0);  // the root, before engine.forward()
+  t.train_step();
+  t.train_step();
+  EXPECT_EQ(t.engine().persistent_params(), 0);
+  const double psi = static_cast<double>(t.engine().num_params());
+  const double got = static_cast<double>(t.engine().state_bytes().total());
+  EXPECT_NEAR(got / (16 * psi / world().size()), 1.0, 0.01) << got << " bytes";
+}
+
+TEST(GatheredParametersDeathTest, ARootParamOutsideEngineForwardNamesIt) {
+  GTEST_FLAG_SET(death_test_style, "fast");
+  TiedUnitNet m;
+  zero::Engine e(m, toy_config(3, 4, 0), world().comm(), dp_group());
+  auto tokens = at::randint(16, {4, 6}, at::kLong);
+  e.backward(e.forward([&] { return m.loss(tokens); }));
+  e.step();
+  EXPECT_DEATH(std::printf("%f\n", m.head.sum().item<double>()),
+               "param 'head' \\(the root unit\\) was read or written while released.*engine.forward");
 }
 
 // Read, modify and write back: the modifier rank's values land in every

@@ -233,7 +233,8 @@ struct FourUnits {
       partition::release_params(g);
     }
     rt = std::make_unique<Stage3Runtime>(groups, std::vector<bool>(4, false), std::vector<size_t>{0, 1, 2, 3},
-                                         std::vector<std::string>{"u0", "u1", "u2", "u3"}, solo.comm, solo.group, o);
+                                         std::vector<std::string>{"u0", "u1", "u2", "u3"},
+                                         /*root_group=*/static_cast<size_t>(-1), solo.comm, solo.group, o);
   }
   // Returns, per use, how many gathers had been issued when it began.
   std::vector<size_t> step() {
