@@ -4,7 +4,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 # Writes a ds_config for the benchmark GPTs: stage $1, dtype $2 (fp32|bf16),
-# micro-batch $3, to $tmp/c.json.
+# micro-batch $3, to $tmp/c.json. ZERO_BENCH_PREFETCH overrides
+# stage3_prefetch_bucket_size (elements; 0: gather on demand only).
 bench_config() {
   local stage=$1 dtype=$2 micro=${3:-4} prec=""
   [ "$dtype" = bf16 ] && prec='"bf16": {"enabled": true},'
@@ -12,7 +13,7 @@ bench_config() {
 { "train_micro_batch_size_per_gpu": $micro, "gradient_clipping": 1.0, $prec
   "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}},
   "zero_optimization": {"stage": $stage, "overlap_comm": true, "reduce_bucket_size": 5e7,
-                        "stage3_prefetch_bucket_size": 2e7, "stage3_max_live_parameters": 4e7,
+                        "stage3_prefetch_bucket_size": ${ZERO_BENCH_PREFETCH:-2e7}, "stage3_max_live_parameters": 4e7,
                         "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 1e4} }
 JSON
 }

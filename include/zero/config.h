@@ -138,6 +138,11 @@ struct Config {
   // rank 0's module buffers (BatchNorm running statistics) to every rank at
   // each step boundary (DDP's broadcast_buffers; on by default, as there).
   bool broadcast_buffers = true;
+  // "zero_cpp": {"malloc_mmap_threshold": bytes}: the engine fixes glibc's
+  // mmap threshold there, so freed activations and scratch go back to the OS
+  // instead of holding the heap at its high-water mark (src/memory/malloc_policy.h);
+  // 0 leaves glibc's moving threshold alone, as does MALLOC_MMAP_THRESHOLD_.
+  int64_t malloc_mmap_threshold = 1 << 20;
 
   // Parses and validates; throws ConfigError naming the offending key.
   static Config from_json(const nlohmann::json& j);

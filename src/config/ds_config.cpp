@@ -379,6 +379,8 @@ Config Config::from_json(const json& j) {
     ObjectReader own = top.child("zero_cpp");
     c.comm_fast_path = own.get_bool("comm_fast_path", c.comm_fast_path);
     c.broadcast_buffers = own.get_bool("broadcast_buffers", c.broadcast_buffers);
+    // glibc caps its threshold at 32 MiB on 64-bit (HEAP_MAX / 2).
+    c.malloc_mmap_threshold = own.get_int("malloc_mmap_threshold", c.malloc_mmap_threshold, 0, int64_t{32} << 20);
     own.finish();
   }
 
@@ -550,7 +552,9 @@ json Config::to_json() const {
                {"consecutive_hysteresis", fp16.consecutive_hysteresis},
                {"min_loss_scale", fp16.min_loss_scale}};
   j["bf16"] = {{"enabled", bf16.enabled}};
-  j["zero_cpp"] = {{"comm_fast_path", comm_fast_path}, {"broadcast_buffers", broadcast_buffers}};
+  j["zero_cpp"] = {{"comm_fast_path", comm_fast_path},
+                   {"broadcast_buffers", broadcast_buffers},
+                   {"malloc_mmap_threshold", malloc_mmap_threshold}};
   if (optimizer.given) {
     json p = {{"lr", optimizer.lr}, {"weight_decay", optimizer.weight_decay}};
     if (optimizer.type == OptimizerType::SGD) {

@@ -16,6 +16,7 @@
 #include <torch/nn/module.h>
 
 #include "engine/engine_impl.h"
+#include "memory/malloc_policy.h"
 #include "memory/page_buffer.h"
 #include "optim/kernels.h"
 #include "zero/unit_runtime.h"
@@ -78,6 +79,7 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
       groups(model.groups) {
   validate(config, grad_dtype);
   if (!config.comm_fast_path) comm.set_fast_paths_enabled(false);  // every rank builds its engine at the same point
+  memory::fix_mmap_threshold(static_cast<size_t>(config.malloc_mmap_threshold));
   optim::set_kernel_threads(at::get_num_threads());
   batch = config.resolve_batch(dp.size());
   check_same_model_on_all_ranks(m, comm, dp);

@@ -299,6 +299,14 @@ TEST(ConfigDeepSpeed0198, NewKeysOnlyAtTheirDefaultOrHonoured) {
   EXPECT_TRUE(n.zero.overlap_comm());
 }
 
+TEST(ConfigOwnKeys, MallocMmapThreshold) {
+  EXPECT_EQ(Config::from_string("{}").malloc_mmap_threshold, 1 << 20);
+  Config c = Config::from_string(R"({"zero_cpp": {"malloc_mmap_threshold": 0}})");
+  EXPECT_EQ(c.malloc_mmap_threshold, 0);
+  EXPECT_EQ(Config::from_json(c.to_json()).malloc_mmap_threshold, 0);
+  expect_error(R"({"zero_cpp": {"malloc_mmap_threshold": 67108864}})", {"zero_cpp.malloc_mmap_threshold"});
+}
+
 TEST(ConfigOptimizerScheduler, Values) {
   Config c = Config::from_string(R"({"optimizer": {"type": "adamw", "params": {"lr": 3e-4, "betas": [0.8, 0.95],
       "eps": 1e-6, "weight_decay": 0.1}}, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5,
