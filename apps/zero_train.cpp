@@ -54,7 +54,7 @@ struct Args {
 
 constexpr const char* kUsage =
     "usage: zero-train --config FILE [--data FILE_OR_DIR] [--steps N] [--seed S]\n"
-    "                  [--layers L] [--d-model D] [--heads H] [--seq S] [--untied-head]\n"
+    "                  [--layers L] [--d-model D] [--heads H] [--seq S] [--untied-head] [--checkpoint-activations]\n"
     "                  [--log-json FILE | --log-json-all FILE] [--backward-chunks K [--coalesce]]\n"
     "                  [--save DIR [--save-every K]] [--resume DIR [--tag TAG]] [--init-from FILE]\n";
 
@@ -73,6 +73,7 @@ constexpr const char* kUsage =
               "  --steps N              optimizer steps in total (default 100)\n"
               "  --seed S               weights and data order (default 1234)\n"
               "  --layers, --d-model, --heads, --seq, --untied-head   the model's shape\n"
+              "  --checkpoint-activations   recompute each block's activations in backward\n"
               "  --log-json FILE        JSON Lines log on rank 0 (--log-json-all: every rank, FILE.rankN)\n"
               "  --backward-chunks K    K backward passes per micro-batch (--coalesce: one reduction)\n"
               "  --save DIR             checkpoint into DIR at the end (--save-every K: every K steps)\n"
@@ -107,6 +108,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--heads") a.model.n_head = to_int(f, val(), 1);
     else if (f == "--seq") a.model.seq_len = to_int(f, val(), 1);
     else if (f == "--untied-head") a.model.tied_head = false;
+    else if (f == "--checkpoint-activations") a.model.checkpoint_activations = true;
     else if (f == "--log-json") a.log_json = val();
     else if (f == "--log-json-all") a.log_json = val(), a.log_all = true;
     else if (f == "--backward-chunks") a.backward_chunks = to_int(f, val(), 1);

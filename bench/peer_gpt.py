@@ -44,63 +44,48 @@ def read_safetensors(path):
 
 
 class Block(torch.nn.Module):
-    """zero-cpp's models/gpt.cpp block, op for op (pre-LN, causal attention, GELU MLP)."""
+    """zero-cpp's models/gpt.cpp block, layer for layer and name for name
+    (pre-LN, causal attention, GELU MLP)."""
 
     def __init__(self, d, n_head):
         super().__init__()
         self.n_head = n_head
-        P = lambda *s: torch.nn.Parameter(torch.empty(*s))
-        self.ln1_weight, self.ln1_bias = P(d), P(d)
-        self.attn_qkv_weight, self.attn_qkv_bias = P(3 * d, d), P(3 * d)
-        self.attn_proj_weight, self.attn_proj_bias = P(d, d), P(d)
-        self.ln2_weight, self.ln2_bias = P(d), P(d)
-        self.mlp_fc_weight, self.mlp_fc_bias = P(4 * d, d), P(4 * d)
-        self.mlp_proj_weight, self.mlp_proj_bias = P(d, 4 * d), P(d)
+        self.ln1 = torch.nn.LayerNorm(d)
+        self.attn_qkv = torch.nn.Linear(d, 3 * d)
+        self.attn_proj = torch.nn.Linear(d, d)
+        self.ln2 = torch.nn.LayerNorm(d)
+        self.mlp_fc = torch.nn.Linear(d, 4 * d)
+        self.mlp_proj = torch.nn.Linear(4 * d, d)
 
     def forward(self, x):
         B, T, C = x.shape
         hd = C // self.n_head
-        h = F.layer_norm(x, (C,), self.ln1_weight, self.ln1_bias, 1e-5)
-        qkv = F.linear(h, self.attn_qkv_weight, self.attn_qkv_bias).view(B, T, 3, self.n_head, hd)
+        qkv = self.attn_qkv(self.ln1(x)).view(B, T, 3, self.n_head, hd)
         q, k, v = (qkv.select(2, i).transpose(1, 2) for i in range(3))
         att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
         mask = torch.ones(T, T, dtype=torch.bool).triu(1)
         att = torch.softmax(att.masked_fill(mask, float("-inf")), -1)
         y = torch.matmul(att, v).transpose(1, 2).reshape(B, T, C)
-        h = x + F.linear(y, self.attn_proj_weight, self.attn_proj_bias)
-        m = F.gelu(F.linear(F.layer_norm(h, (C,), self.ln2_weight, self.ln2_bias, 1e-5), self.mlp_fc_weight, self.mlp_fc_bias))
-        return h + F.linear(m, self.mlp_proj_weight, self.mlp_proj_bias)
-
-
-class Unit(torch.nn.Module):
-    """zero::Unit's naming: the wrapped block's params sit under "inner"."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x):
-        return self.inner(x)
+        h = x + self.attn_proj(y)
+        return h + self.mlp_proj(F.gelu(self.mlp_fc(self.ln2(h))))
 
 
 class GPT(torch.nn.Module):
     def __init__(self, layers, d, n_head, seq, vocab=256):
         super().__init__()
-        self.wte = torch.nn.Parameter(torch.empty(vocab, d))
-        self.wpe = torch.nn.Parameter(torch.empty(seq, d))
+        self.wte = torch.nn.Embedding(vocab, d)
+        self.wpe = torch.nn.Embedding(seq, d)
         for i in range(layers):
-            self.add_module(f"h{i}", Unit(Block(d, n_head)))
+            self.add_module(f"h{i}", Block(d, n_head))  # named as zero-cpp names them
         self.layers = layers
-        self.ln_f_weight = torch.nn.Parameter(torch.empty(d))
-        self.ln_f_bias = torch.nn.Parameter(torch.empty(d))
+        self.ln_f = torch.nn.LayerNorm(d)
 
     def forward(self, tokens):
         T = tokens.shape[1]
-        x = F.embedding(tokens, self.wte) + self.wpe[:T]
+        x = self.wte(tokens) + self.wpe.weight[:T]
         for i in range(self.layers):
             x = getattr(self, f"h{i}")(x)
-        x = F.layer_norm(x, (x.shape[-1],), self.ln_f_weight, self.ln_f_bias, 1e-5)
-        return F.linear(x, self.wte)  # tied head
+        return F.linear(self.ln_f(x), self.wte.weight)  # tied head
 
 
 def state_bytes(tensors):

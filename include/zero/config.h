@@ -123,6 +123,16 @@ struct Config {
 
   double gradient_clipping = 1.0;  // DeepSpeed >= 0.19.3 default; 0 = no clipping
   int64_t steps_per_print = 10;
+  // DeepSpeed's timers: forward, backward, reduction, step and all-gather
+  // times, printed with the progress line (ms per optimizer step).
+  bool wall_clock_breakdown = false;
+  // DeepSpeed's csv_monitor: rank 0 writes one CSV per event
+  // (Train/Samples/train_loss, .../lr, ...) into output_path/job_name.
+  struct CsvMonitor {
+    bool enabled = false;
+    std::string output_path;
+    std::string job_name = "DeepSpeedJobName";
+  } csv_monitor;
   FP16Config fp16;
   BF16Config bf16;
   OptimizerConfig optimizer;
@@ -143,6 +153,13 @@ struct Config {
   // instead of holding the heap at its high-water mark (src/memory/malloc_policy.h);
   // 0 leaves glibc's moving threshold alone, as does MALLOC_MMAP_THRESHOLD_.
   int64_t malloc_mmap_threshold = 1 << 20;
+  // "zero_cpp": {"compute_dtype": "auto" | "fp32" | "bf16" | "fp16"}: the
+  // dtype the module's params have in forward and backward under bf16/fp16
+  // (they are stored and communicated in 16 bits either way). "auto" (the
+  // default, nullopt here) times a GEMM in both on this CPU at engine
+  // construction and takes the faster (engine/precision.h); a 16-bit value
+  // must be the enabled block's.
+  std::optional<DType> compute_dtype;
 
   // Parses and validates; throws ConfigError naming the offending key.
   static Config from_json(const nlohmann::json& j);

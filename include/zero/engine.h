@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -85,6 +86,28 @@ class Engine {
     }
     return end_forward(out);
   }
+
+  // The module's forward with its floating-point tensor arguments cast to
+  // the dtype the params compute in (FSDP2's cast_forward_inputs), inside
+  // forward(fn) above:
+  //   auto logits = engine.forward(model, x);
+  // Needed only when params compute in 16 bits (compute_dtype()) and the
+  // model takes float inputs; token ids and other integer tensors pass as they are.
+  template <typename Module, typename Arg, typename... Args>
+  at::Tensor forward(Module& module, Arg&& arg, Args&&... args) {
+    return forward([&] {
+      return module->forward(cast_input(std::forward<Arg>(arg)), cast_input(std::forward<Args>(args))...);
+    });
+  }
+  // A floating-point tensor in the compute dtype; anything else as it is.
+  at::Tensor cast_input(const at::Tensor& t) const;
+  template <typename T, typename = std::enable_if_t<!std::is_convertible_v<T, const at::Tensor&>>>
+  T&& cast_input(T&& v) const {
+    return std::forward<T>(v);
+  }
+  // The dtype the module's params have in forward and backward: fp32, or the
+  // 16-bit dtype they are stored in (zero_cpp.compute_dtype; measured by default).
+  at::ScalarType compute_dtype() const;
 
   // Backpropagates loss * loss_scale / gradient_accumulation_steps and
   // reduces grads as the stage requires. Returns the unscaled loss / gas
@@ -157,6 +180,12 @@ class Engine {
     bool finished_ = false;
   };
   CoalesceGradReduction coalesce_grad_reduction() { return CoalesceGradReduction(*this); }
+  // The mean over the data-parallel ranks of a scalar each computed (its
+  // loss, say), for logging: every rank gets the same value. Collective:
+  // every rank calls it. Does not touch autograd.
+  double global_mean(const at::Tensor& value);
+  double global_mean(double value);
+
   int64_t global_steps() const;   // optimizer steps taken (skipped ones excluded)
   int64_t skipped_steps() const;  // steps skipped for fp16/bf16 overflow
   int64_t micro_steps() const;
@@ -265,10 +294,9 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
-// Returns `t` in fp32 for compute. Mixed precision here stores params in
-// 16 bits but computes in fp32 (16-bit matmul is slow on CPUs without
-// AVX-512 BF16); a model calls this on each param it uses. Differentiable:
-// the grad flows back to the 16-bit param in its dtype.
+// Returns `t` in fp32 (differentiable). No longer needed: the engine gives
+// the module its params in the compute dtype (zero_cpp.compute_dtype), so
+// stock modules train at every precision; kept for models written for it.
 at::Tensor compute(const at::Tensor& t);
 
 }  // namespace zero

@@ -23,7 +23,8 @@ namespace zero {
 
 class Init {
  public:
-  // Throws ConfigError unless the config is stage 3.
+  // Below stage 3 the scope does nothing (params are whole on every rank
+  // there), so the same program runs at every stage.
   Init(World& world, const Config& config);
   Init(comm::Comm& comm, std::shared_ptr<comm::Group> dp, const Config& config);
   ~Init();
@@ -43,6 +44,7 @@ class Init {
   Init* previous_;
   std::shared_ptr<void> page_backed_;  // memory::PageBackedScope for the scope's lifetime
   int64_t units_sharded_ = 0;
+  bool inactive_ = false;  // below stage 3
 };
 
 }  // namespace zero

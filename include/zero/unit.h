@@ -46,6 +46,13 @@ class UnitBase : public torch::nn::Module {
   virtual torch::nn::Module& inner_module() = 0;
 
  protected:
+  // Registers the wrapped module's params, buffers and submodules as the
+  // unit's own, under their own names: a unit registered as "h0" names its
+  // block's params "h0.fc.weight", exactly as the plain model does (not
+  // "h0.inner.fc.weight"), so checkpoints and state dicts match the
+  // unsharded model and its Python twin. What the wrapped module registers
+  // after construction is not seen.
+  void adopt_members(torch::nn::Module& inner);
   // The wrapped forward, bracketed for the stage-3 runtime (zero/unit.cpp):
   // enter gathers (or waits for a prefetch), leave releases and hooks the
   // output so its backward regathers first, failed undoes enter.
@@ -68,8 +75,14 @@ template <typename Holder>
 class UnitImpl : public UnitBase {
  public:
   template <typename... Args>
-  explicit UnitImpl(Args&&... args) : inner(register_module("inner", Holder(std::forward<Args>(args)...))) {
+  explicit UnitImpl(Args&&... args) : inner(std::forward<Args>(args)...) {
+    adopt_members(*inner);
     detail::on_unit_constructed(*this);
+  }
+
+  void train(bool on = true) override {
+    torch::nn::Module::train(on);
+    inner->train(on);  // the wrapped module's own flag (its children are the unit's)
   }
 
   template <typename... Args>

@@ -113,13 +113,20 @@ WorkHandle Comm::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_s
   const auto op = CollectiveOp::AllGather;
   check_dense(op, g, out_flat, "output");
   check_dense(op, g, in_shard, "input");
-  if (out_flat.scalar_type() != in_shard.scalar_type())
-    bad_args(op, g, "output and input dtypes differ");
+  // Widening: 16-bit shards gathered into an fp32 buffer (mixed precision
+  // with fp32 compute), converted as they land.
+  const bool widening = out_flat.scalar_type() == at::kFloat &&
+                        (in_shard.scalar_type() == at::kHalf || in_shard.scalar_type() == at::kBFloat16);
+  if (out_flat.scalar_type() != in_shard.scalar_type() && !widening)
+    bad_args(op, g, "output dtype must equal the input's, or be fp32 for a 16-bit input");
   if (out_flat.numel() != in_shard.numel() * g.size())
     bad_args(op, g, "output has " + std::to_string(out_flat.numel()) + " elements, expected " +
                         std::to_string(g.size()) + " x " + std::to_string(in_shard.numel()));
-  Transport& t = route(g, op, out_flat);
-  return count(g, op, t, out_flat, t.all_gather(g, out_flat.view(-1), in_shard.view(-1), signature(op, out_flat, label)));
+  Transport& t = route(g, op, in_shard);
+  // Counted in the dtype that travels (the input's).
+  const at::Tensor as_sent = widening ? at::empty({1}, in_shard.options()).expand({out_flat.numel()}) : out_flat;
+  return count(g, op, t, as_sent,
+               t.all_gather(g, out_flat.view(-1), in_shard.view(-1), signature(op, as_sent, label)));
 }
 
 WorkHandle Comm::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp rop,

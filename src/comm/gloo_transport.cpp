@@ -42,6 +42,15 @@ WorkHandle GlooTransport::all_gather(const Group& g, at::Tensor out_flat, at::Te
     if (!out_flat.is_same(in_shard)) out_flat.copy_(in_shard);
     return completed_work();
   }
+  if (out_flat.scalar_type() != in_shard.scalar_type()) {
+    // Widening: gather the 16-bit shards, then convert (Gloo cannot convert
+    // as it receives; the shared-memory transport does).
+    at::Tensor landed = at::empty({out_flat.numel()}, in_shard.options());
+    return g.impl().lane->submit(g, "allgather", sig, [=](c10d::Backend& gloo) {
+      at::Tensor out = landed, in = in_shard;
+      return gloo._allgather_base(out, in);
+    }, [=] { out_flat.copy_(landed); });
+  }
   return g.impl().lane->submit(g, "allgather", sig, [=](c10d::Backend& gloo) {
     at::Tensor out = out_flat, in = in_shard;  // the backend takes them by reference
     return gloo._allgather_base(out, in);

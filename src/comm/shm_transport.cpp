@@ -193,9 +193,13 @@ int64_t ShmTransport::wire_bytes(const Group& g, CollectiveOp op, at::ScalarType
 }
 
 WorkHandle ShmTransport::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard, const Signature& sig) {
-  return std::make_shared<ShmWork>(shm_of(g).main->all_gather(out_flat.data_ptr(), in_shard.data_ptr(),
-                                                              static_cast<int64_t>(in_shard.nbytes()),
-                                                              make_signature_record(sig.text),
+  // Any dtype travels as bytes; only a widening gather needs element types.
+  const bool widen = out_flat.scalar_type() != in_shard.scalar_type();
+  const shm::Elem in_type = widen ? *reducible(in_shard.scalar_type()) : shm::Elem::Bytes;
+  const shm::Elem out_type = widen ? shm::Elem::F32 : shm::Elem::Bytes;
+  const int64_t shard_numel = widen ? in_shard.numel() : static_cast<int64_t>(in_shard.nbytes());
+  return std::make_shared<ShmWork>(shm_of(g).main->all_gather(out_flat.data_ptr(), out_type, in_shard.data_ptr(),
+                                                              in_type, shard_numel, make_signature_record(sig.text),
                                                               keep_alive({out_flat, in_shard})));
 }
 

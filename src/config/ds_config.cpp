@@ -381,7 +381,12 @@ Config Config::from_json(const json& j) {
     c.broadcast_buffers = own.get_bool("broadcast_buffers", c.broadcast_buffers);
     // glibc caps its threshold at 32 MiB on 64-bit (HEAP_MAX / 2).
     c.malloc_mmap_threshold = own.get_int("malloc_mmap_threshold", c.malloc_mmap_threshold, 0, int64_t{32} << 20);
+    const std::string compute = own.get_choice("compute_dtype", "auto", {"auto", "fp32", "bf16", "fp16"});
+    if (compute != "auto") c.compute_dtype = parse_dtype(compute);
     own.finish();
+    if (c.compute_dtype && *c.compute_dtype != DType::fp32 && *c.compute_dtype != c.param_dtype())
+      own.fail("compute_dtype", std::string("is \"") + compute + "\" but the params are stored in " +
+                                    to_string(c.param_dtype()) + "; compute in fp32 or in the storage dtype");
   }
 
   // DeepSpeed keys whose default is the only behaviour zero-cpp has.
@@ -411,14 +416,21 @@ Config Config::from_json(const json& j) {
     tp.unsupported_unless("autotp_size", 0);
     tp.accept_all_remaining();  // the rest configures tensor parallelism, which is off
   }
-  // Timing and memory printouts zero-cpp does not produce: asking for them
-  // would be silently unanswered, so only DeepSpeed's default (off) passes.
-  top.unsupported_unless("wall_clock_breakdown", false);
+  // Memory printouts zero-cpp does not produce: asking for them would be
+  // silently unanswered, so only DeepSpeed's default (off) passes.
+  c.wall_clock_breakdown = top.get_bool("wall_clock_breakdown", c.wall_clock_breakdown);
+  {
+    ObjectReader csv = top.child("csv_monitor");
+    c.csv_monitor.enabled = read_enabled(csv);
+    c.csv_monitor.output_path = csv.get_string("output_path", c.csv_monitor.output_path);
+    c.csv_monitor.job_name = csv.get_string("job_name", c.csv_monitor.job_name);
+    csv.finish();
+  }
   top.unsupported_unless("memory_breakdown", false);
   top.accept_any("zero_allow_untested_optimizer");  // any optimizer zero-cpp has is its own
   top.accept_any("checkpoint");
   top.accept_any("aio");  // NVMe I/O tuning; NVMe offload itself is rejected
-  for (const char* block : {"amp", "tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler",
+  for (const char* block : {"amp", "tensorboard", "wandb", "comet", "flops_profiler",
                             "comms_logger", "autotuning", "elasticity", "curriculum_learning",
                             "data_efficiency", "compression_training",
                             "sparse_attention", "pipeline", "eigenvalue", "progressive_layer_drop",
@@ -544,6 +556,10 @@ json Config::to_json() const {
   if (gradient_accumulation_steps) j["gradient_accumulation_steps"] = *gradient_accumulation_steps;
   j["gradient_clipping"] = gradient_clipping;
   j["steps_per_print"] = steps_per_print;
+  j["wall_clock_breakdown"] = wall_clock_breakdown;
+  j["csv_monitor"] = {{"enabled", csv_monitor.enabled},
+                      {"output_path", csv_monitor.output_path},
+                      {"job_name", csv_monitor.job_name}};
   j["fp16"] = {{"enabled", fp16.enabled},
                {"loss_scale", fp16.loss_scale},
                {"initial_scale_power", fp16.initial_scale_power},
@@ -554,7 +570,8 @@ json Config::to_json() const {
   j["bf16"] = {{"enabled", bf16.enabled}};
   j["zero_cpp"] = {{"comm_fast_path", comm_fast_path},
                    {"broadcast_buffers", broadcast_buffers},
-                   {"malloc_mmap_threshold", malloc_mmap_threshold}};
+                   {"malloc_mmap_threshold", malloc_mmap_threshold},
+                   {"compute_dtype", compute_dtype ? to_string(*compute_dtype) : "auto"}};
   if (optimizer.given) {
     json p = {{"lr", optimizer.lr}, {"weight_decay", optimizer.weight_decay}};
     if (optimizer.type == OptimizerType::SGD) {

@@ -91,6 +91,13 @@ bool ObjectReader::get_bool(const std::string& key, bool def, const std::vector<
   return v->get<bool>();
 }
 
+std::string ObjectReader::get_string(const std::string& key, const std::string& def) {
+  const json* v = find_value(key, {});
+  if (!v || v->is_null()) return def;
+  if (!v->is_string()) fail_value(key, *v, "a string");
+  return v->get<std::string>();
+}
+
 int64_t ObjectReader::parse_int(const std::string& key, const json& v, int64_t min, int64_t max) const {
   int64_t out = 0;
   if (v.is_number_integer()) {

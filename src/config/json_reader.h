@@ -42,6 +42,8 @@ class ObjectReader {
   static bool is_auto(const json* v) { return v && v->is_string() && v->get<std::string>() == "auto"; }
 
   bool get_bool(const std::string& key, bool def, const std::vector<std::string>& aliases = {});
+  // Null gives `def`.
+  std::string get_string(const std::string& key, const std::string& def);
   // Integers: JSON numbers like 5e8 are doubles; accepted when integral.
   int64_t get_int(const std::string& key, int64_t def, int64_t min, int64_t max,
                   const std::vector<std::string>& aliases = {});

@@ -27,21 +27,9 @@ at::Tensor compute(const at::Tensor& t) { return t.scalar_type() == at::kFloat ?
 
 namespace {
 
-at::ScalarType to_scalar_type(DType d) {
-  switch (d) {
-    case DType::bf16: return at::kBFloat16;
-    case DType::fp16: return at::kHalf;
-    default: return at::kFloat;
-  }
-}
-
-void validate(const Config& config, at::ScalarType grad_dtype) {
+void validate(const Config& config) {
   if (!config.optimizer.given)
     throw ConfigError("ds_config: an \"optimizer\" block is required (Adam, AdamW or SGD)");
-  if (to_scalar_type(config.comm_dtype()) != grad_dtype)
-    throw ConfigError(std::string("ds_config: communication_data_type = ") + to_string(config.comm_dtype()) +
-                      " differs from the grad dtype (" + c10::toString(grad_dtype) +
-                      "); zero-cpp communicates grads in their accumulation dtype");
 }
 
 // Every rank starts from rank 0's frozen params and buffers (as DDP); those
@@ -60,6 +48,18 @@ void sync_replicated_at_construction(torch::nn::Module& model, const std::vector
   comm.broadcast_coalesced(dp, tensors, 0, "frozen params and buffers");
 }
 
+// With 16-bit compute the frozen params and floating-point buffers move to
+// that dtype too, as DeepSpeed's module.bfloat16()/half() casts them (CPU
+// kernels such as batch_norm want the weight and running statistics in one
+// dtype); integer buffers (a step counter) keep theirs.
+void cast_replicated_to_compute(const std::vector<ReplicatedTensor>& replicated, const Precision& precision) {
+  if (precision.compute == at::kFloat) return;
+  at::NoGradGuard no_grad;
+  for (const auto& r : replicated)
+    if (r.tensor.is_floating_point() && r.tensor.scalar_type() != precision.compute)
+      r.tensor.set_data(r.tensor.to(precision.compute));
+}
+
 int64_t resident(const at::Tensor& t) { return memory::resident_bytes(t); }
 
 bool same_storage(const at::Tensor& a, const at::Tensor& b) {
@@ -73,11 +73,10 @@ bool same_storage(const at::Tensor& a, const at::Tensor& b) {
 Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::shared_ptr<comm::Group> owner,
                    const comm::Group& group)
     : config(c), comm(cm), dp_owner(std::move(owner)), dp(group), policy(StagePolicy::for_stage(c.zero.stage)),
-      param_dtype(to_scalar_type(c.param_dtype())),
-      grad_dtype(to_scalar_type(c.grad_accum_dtype.value_or(c.param_dtype()))),
-      optimizer(config, policy, param_dtype, cm, group, [this](const std::string& line) { log(line); }),
+      precision((validate(c), resolve_precision(c, cm, group))),
+      training_log(c, group.rank() == 0, [this](const std::string& line) { log(line); }),
+      optimizer(config, policy, cm, group, [this](const std::string& line) { log(line); }),
       groups(model.groups) {
-  validate(config, grad_dtype);
   if (!config.comm_fast_path) comm.set_fast_paths_enabled(false);  // every rank builds its engine at the same point
   memory::fix_mmap_threshold(static_cast<size_t>(config.malloc_mmap_threshold));
   optim::set_kernel_threads(at::get_num_threads());
@@ -85,8 +84,9 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
   check_same_model_on_all_ranks(m, comm, dp);
   replicated = replicated_tensors(m);
   sync_replicated_at_construction(m, replicated, comm, dp);
-  model = group_params(m, GroupingContext{config, policy, param_dtype, optimizer, comm, dp});
-  ReducerOptions ro{policy, config.zero.overlap_comm(), config.zero.contiguous_gradients, grad_dtype, nullptr,
+  cast_replicated_to_compute(replicated, precision);
+  model = group_params(m, GroupingContext{config, policy, precision, optimizer, comm, dp});
+  ReducerOptions ro{policy, config.zero.overlap_comm(), config.zero.contiguous_gradients, precision.grad, nullptr,
                     [this] { return implicit_backward(); }};
   if (policy.shard_params) {
     const auto& z = config.zero;
@@ -201,15 +201,31 @@ bool Engine::Impl::step() {
   // without its reduction, or no boundary backward) are reduced now:
   // stepping on local grads would let the ranks drift apart silently.
   if (reducer->has_unreduced()) reducer->flush();
-  const bool stepped = optimizer.update(groups);
-  if (stepped) {
-    policy.publish_updated_params(groups, comm, dp, stage3.get());
-    optimizer.commit();
+  bool stepped = false;
+  {
+    TrainingLog::Timer timer(training_log, TrainingLog::Step);
+    stepped = optimizer.update(groups);
+    if (stepped) {
+      TrainingLog::Timer gather(training_log, TrainingLog::StepGather);
+      policy.publish_updated_params(groups, comm, dp, stage3.get());
+    }
+    if (stepped) optimizer.commit();
   }
   reducer->zero_grads();
   sync_buffers();
   ++micro_steps;
+  report_step(stepped);
   return stepped;
+}
+
+void Engine::Impl::report_step(bool stepped) {
+  const int64_t steps = optimizer.global_steps() + optimizer.skipped_steps();  // DeepSpeed counts skipped ones
+  if (!training_log.reports(steps)) return;
+  double loss = training_log.take_local_loss();
+  at::Tensor mean = at::full({1}, loss, at::kDouble);
+  comm.all_reduce(dp, mean, comm::ReduceOp::Avg, "logged loss")->wait();
+  training_log.on_step({steps, steps * batch.train_batch_size, mean.item<double>(), optimizer.lr(),
+                        optimizer.loss_scale(), optimizer.last_grad_norm(), !stepped});
 }
 
 void Engine::Impl::params_from_masters() {
@@ -217,7 +233,9 @@ void Engine::Impl::params_from_masters() {
     at::NoGradGuard no_grad;
     for (auto& g : groups) {
       at::Tensor dest = policy.update_destination(g, dp.rank());
-      if (dest.data_ptr() != g.master.data_ptr()) dest.copy_(g.master);  // 16-bit rounds as the kernel does
+      if (dest.data_ptr() == g.master.data_ptr()) continue;  // fp32: the master is the params
+      // Round as the kernel does (an fp32 destination of a widened group too).
+      dest.copy_(dest.scalar_type() == g.storage_dtype ? g.master : g.master.to(g.storage_dtype));
     }
   }
   policy.publish_updated_params(groups, comm, dp, stage3.get());
@@ -246,7 +264,7 @@ StateBytes Engine::Impl::state_bytes() const {
 }
 
 CheckpointTarget Engine::Impl::checkpoint_target() {
-  return {comm,      dp,          config,      policy, batch, param_dtype, groups, replicated, optimizer,
+  return {comm,      dp,          config,      policy, batch, precision.storage, groups, replicated, optimizer,
           micro_steps, state_lost, [this] { params_from_masters(); }, [this](const std::string& l) { log(l); }};
 }
 
@@ -265,11 +283,16 @@ Engine::~Engine() = default;
 
 void Engine::begin_forward() {
   impl_->check_usable();
+  impl_->forward_started = std::chrono::steady_clock::now();
   if (impl_->stage3) impl_->stage3->begin_root_forward();
 }
 
 at::Tensor Engine::end_forward(const at::Tensor& out) {
-  return impl_->stage3 ? impl_->stage3->end_root_forward(out) : out;
+  at::Tensor result = impl_->stage3 ? impl_->stage3->end_root_forward(out) : out;
+  impl_->training_log.add_time(TrainingLog::Forward, std::chrono::duration<double, std::milli>(
+                                                         std::chrono::steady_clock::now() - impl_->forward_started)
+                                                         .count());
+  return result;
 }
 
 void Engine::forward_failed() {
@@ -286,6 +309,8 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
   m.check_no_gathered_scope("backward()");
   m.recover_if_backward_failed();
   const double gas = static_cast<double>(m.batch.gradient_accumulation_steps);
+  m.training_log.add_loss(loss.detach().item<double>());
+  TrainingLog::Timer timer(m.training_log, TrainingLog::Backward);
   m.reducer->begin_backward(m.reduce_this_backward());
   try {
     torch::autograd::backward({loss * (m.optimizer.loss_scale() / gas)});
@@ -297,7 +322,10 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
     if (m.stage3) m.stage3->reset_after_error();
     throw;
   }
-  m.end_backward();
+  {
+    TrainingLog::Timer reduce(m.training_log, TrainingLog::BackwardReduce);
+    m.end_backward();
+  }
   return loss.detach() / gas;
 }
 
@@ -441,14 +469,35 @@ std::map<std::string, at::Tensor> Engine::full_parameters() {
   return out;
 }
 
+at::Tensor Engine::cast_input(const at::Tensor& t) const {
+  const auto c = impl_->precision.compute;
+  return t.defined() && t.is_floating_point() && t.scalar_type() != c ? t.to(c) : t;
+}
+
+at::ScalarType Engine::compute_dtype() const { return impl_->precision.compute; }
+
+double Engine::global_mean(const at::Tensor& value) {
+  if (value.numel() != 1)
+    throw std::invalid_argument("global_mean: expected one value, got a tensor of shape " + c10::str(value.sizes()));
+  return global_mean(value.detach().item<double>());
+}
+
+double Engine::global_mean(double value) {
+  at::Tensor t = at::full({1}, value, at::kDouble);
+  impl_->comm.all_reduce(impl_->dp, t, comm::ReduceOp::Avg, "global mean")->wait();
+  return t.item<double>();
+}
+
 std::string Engine::describe() const {
   const auto& m = *impl_;
   int64_t padded = 0;
   for (const auto& g : m.groups) padded += g.layout.padded_numel;
   std::ostringstream os;
   os << "ZeRO stage " << m.policy.stage << " on " << m.dp.describe() << ": " << m.model.num_params << " params in "
-     << m.groups.size() << " flat groups (" << padded << " padded), params " << c10::toString(m.param_dtype)
-     << ", grads " << c10::toString(m.grad_dtype) << ", " << to_string(m.config.optimizer.type)
+     << m.groups.size() << " flat groups (" << padded << " padded), params " << c10::toString(m.precision.storage)
+     << (m.precision.widened() ? std::string(" computing in fp32") : std::string())
+     << (m.precision.why.empty() ? std::string() : " (" + m.precision.why + ")") << ", grads "
+     << c10::toString(m.precision.grad) << ", " << to_string(m.config.optimizer.type)
      << " kernel " << optim::kernel_isa() << ", micro-batch " << m.batch.micro_batch_per_gpu
      << " x accumulation " << m.batch.gradient_accumulation_steps << " x dp " << m.dp.size()
      << (m.model.note.empty() ? "" : "; " + m.model.note)

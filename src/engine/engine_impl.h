@@ -9,6 +9,7 @@
 // StagePolicy (zero/stage_policy.h).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,8 @@
 #include "engine/flat_optimizer.h"
 #include "engine/grouping.h"
 #include "engine/module_state.h"
+#include "engine/precision.h"
+#include "engine/training_log.h"
 #include "zero/engine.h"
 #include "zero/grad_reducer.h"
 #include "zero/stage3.h"
@@ -38,8 +41,9 @@ struct Engine::Impl {
   std::shared_ptr<comm::Group> dp_owner;
   const comm::Group& dp;
   StagePolicy policy;
-  at::ScalarType param_dtype;
-  at::ScalarType grad_dtype;
+  Precision precision;  // storage, compute and grad dtypes (engine/precision.h)
+  TrainingLog training_log;  // progress lines, timers, csv_monitor (engine/training_log.h)
+  std::chrono::steady_clock::time_point forward_started;
   FlatOptimizer optimizer;
   ModelGroups model;  // the flat groups, and what grouping learned of the model
   std::vector<partition::FlatGroup>& groups;  // = model.groups
@@ -87,6 +91,9 @@ struct Engine::Impl {
   void recover_if_backward_failed();
 
   bool step();
+  // After an optimizer step (taken or skipped): the log's progress line,
+  // timers and csv rows; the loss mean over ranks when one is due (collective).
+  void report_step(bool stepped);
   // Every rank's params show the masters' values (after a load or a write-back).
   void params_from_masters();
   // DDP's broadcast_buffers, at each step boundary.

@@ -10,15 +10,20 @@ namespace zero {
 
 namespace {
 
-optim::Out16 out16_kind(at::ScalarType t) {
-  return t == at::kBFloat16 ? optim::Out16::BF16 : t == at::kHalf ? optim::Out16::FP16 : optim::Out16::None;
+// How the update writes the params beside the master: not at all when the
+// master is the params (fp32), 16-bit, or 16-bit values in an fp32 buffer.
+optim::Out16 out_kind(const at::Tensor& dest, const partition::FlatGroup& g) {
+  if (dest.data_ptr() == g.master.data_ptr()) return optim::Out16::None;
+  const bool bf16 = g.storage_dtype == at::kBFloat16;
+  if (dest.scalar_type() == at::kFloat) return bf16 ? optim::Out16::BF16Widened : optim::Out16::FP16Widened;
+  return bf16 ? optim::Out16::BF16 : optim::Out16::FP16;
 }
 
 }  // namespace
 
-FlatOptimizer::FlatOptimizer(const Config& config, const StagePolicy& policy, at::ScalarType param_dtype,
-                             comm::Comm& comm, const comm::Group& dp, std::function<void(const std::string&)> log)
-    : config_(config), policy_(policy), param_dtype_(param_dtype), comm_(comm), dp_(dp), log_(std::move(log)),
+FlatOptimizer::FlatOptimizer(const Config& config, const StagePolicy& policy, comm::Comm& comm,
+                             const comm::Group& dp, std::function<void(const std::string&)> log)
+    : config_(config), policy_(policy), comm_(comm), dp_(dp), log_(std::move(log)),
       scaler_(config.fp16) {}
 
 void FlatOptimizer::init_state(partition::FlatGroup& g) const {
@@ -83,8 +88,9 @@ void FlatOptimizer::commit() {
 
 void FlatOptimizer::update_group(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale) {
   const int64_t n = g.master.numel();
-  const auto kind = out16_kind(param_dtype_);
-  void* out16 = kind == optim::Out16::None ? nullptr : policy_.update_destination(g, dp_.rank()).data_ptr();
+  const at::Tensor dest = policy_.update_destination(g, dp_.rank());
+  const auto kind = out_kind(dest, g);
+  void* out16 = kind == optim::Out16::None ? nullptr : dest.data_ptr();
   const auto& o = config_.optimizer;
   if (o.type == OptimizerType::SGD) {
     optim::SgdHyper h{static_cast<float>(lr), static_cast<float>(o.momentum), static_cast<float>(o.dampening),

@@ -23,8 +23,8 @@ namespace zero {
 
 class FlatOptimizer {
  public:
-  FlatOptimizer(const Config& config, const StagePolicy& policy, at::ScalarType param_dtype, comm::Comm& comm,
-                const comm::Group& dp, std::function<void(const std::string&)> log);
+  FlatOptimizer(const Config& config, const StagePolicy& policy, comm::Comm& comm, const comm::Group& dp,
+                std::function<void(const std::string&)> log);
 
   // Optimizer state for a group whose master is set: moments (Adam), momentum (SGD).
   void init_state(partition::FlatGroup& g) const;
@@ -54,7 +54,6 @@ class FlatOptimizer {
 
   const Config& config_;
   const StagePolicy& policy_;
-  at::ScalarType param_dtype_;
   comm::Comm& comm_;
   const comm::Group& dp_;
   std::function<void(const std::string&)> log_;

@@ -17,14 +17,15 @@ namespace {
 // only the elements that changed, so the others keep their fp32 precision.
 void masters_from_params(const StagePolicy& policy, int rank, partition::FlatGroup& g) {
   at::NoGradGuard no_grad;
-  if (policy.shard_params) g.param_shard.copy_(g.own_slot(g.param_flat, rank));
+  if (g.param_shard.defined()) g.param_shard.copy_(g.own_slot(g.param_flat, rank));
   const at::Tensor src = policy.update_destination(g, rank);
   if (src.data_ptr() == g.master.data_ptr()) return;  // fp32: the master is that memory
-  if (src.scalar_type() == at::kFloat) {
+  if (g.storage_dtype == at::kFloat) {
     g.master.copy_(src);
     return;
   }
-  const auto changed = src.ne(g.master.to(src.scalar_type()));
+  // Compared in the storage dtype: an fp32 (widened) param holds 16-bit values.
+  const auto changed = src.to(g.storage_dtype).ne(g.master.to(g.storage_dtype));
   g.master.copy_(at::where(changed, src.to(at::kFloat), g.master));
 }
 

@@ -44,20 +44,30 @@ Params trainable_params(torch::nn::Module& model, ModelGroups& out) {
   return p;
 }
 
-// The master the optimizer updates, and the params in their dtype: fp32
+// The master the optimizer updates, and the params in their dtypes: fp32
 // params are updated in place (the flat buffer, its own slot, or the shard
-// kept at rest); 16-bit ones get a 16-bit copy of the buffer to view.
+// kept at rest); 16-bit ones get a 16-bit copy of the buffer to view, or,
+// computing in fp32 (widened), keep the fp32 buffer holding the 16-bit
+// values, with a 16-bit shard (stages 1-3) that the update writes and the
+// gathers widen.
 void setup_precision(partition::FlatGroup& g, const GroupingContext& ctx) {
   at::NoGradGuard no_grad;
+  const Precision& pr = ctx.precision;
   const int rank = ctx.dp.rank();
+  g.storage_dtype = pr.storage;
   const at::Tensor fp32 = ctx.policy.shard_optimizer_state ? g.own_slot(g.param_flat, rank) : g.param_flat;
-  if (ctx.param_dtype != at::kFloat) {
+  if (pr.storage != at::kFloat) {
     g.master = fp32.clone();
-    at::Tensor low = memory::zeros_flat(g.layout.padded_numel, ctx.param_dtype);
-    low.copy_(g.param_flat);
-    partition::view_params_in(g, low);  // the fp32 buffer goes here
+    if (pr.widened()) {
+      g.param_flat.copy_(g.param_flat.to(pr.storage));  // the values a 16-bit param holds
+      if (ctx.policy.shard_optimizer_state) g.param_shard = g.master.to(pr.storage);
+    } else {
+      at::Tensor low = memory::zeros_flat(g.layout.padded_numel, pr.storage);
+      low.copy_(g.param_flat);
+      partition::view_params_in(g, low);  // the fp32 buffer goes here
+    }
   }
-  if (ctx.policy.shard_params) g.param_shard = g.own_slot(g.param_flat, rank).clone();
+  if (ctx.policy.shard_params && !g.param_shard.defined()) g.param_shard = g.own_slot(g.param_flat, rank).clone();
   if (!g.master.defined()) g.master = ctx.policy.update_destination(g, rank);  // fp32: the params themselves
   ctx.optimizer.init_state(g);
 }
@@ -148,11 +158,15 @@ void adopt(partition::FlatGroup& g, const std::string& unit, const Params& p, co
     g.names.push_back(p.names[idx]);
   }
   at::NoGradGuard no_grad;
+  const Precision& pr = ctx.precision;
+  g.storage_dtype = pr.storage;
   g.master = g.param_shard;  // fp32, as zero::Init kept it
-  if (ctx.param_dtype != at::kFloat) {
-    g.param_shard = g.master.to(ctx.param_dtype);
-    partition::view_params_in(g, memory::zeros_flat(g.layout.padded_numel, ctx.param_dtype));
-    partition::release_params(g);
+  if (pr.storage != at::kFloat) {
+    g.param_shard = g.master.to(pr.storage);
+    if (!pr.widened()) {  // widened: the module keeps zero::Init's fp32 buffer (released)
+      partition::view_params_in(g, memory::zeros_flat(g.layout.padded_numel, pr.storage));
+      partition::release_params(g);
+    }
   }
   ctx.optimizer.init_state(g);
 }

@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 
+#include "engine/precision.h"
 #include "zero/stage_policy.h"
 #include "partition/flat_group.h"
 #include "zero/comm.h"
@@ -31,7 +32,7 @@ class FlatOptimizer;
 struct GroupingContext {
   const Config& config;
   const StagePolicy& policy;
-  at::ScalarType param_dtype;
+  const Precision& precision;
   const FlatOptimizer& optimizer;  // sets up each group's optimizer state
   comm::Comm& comm;
   const comm::Group& dp;

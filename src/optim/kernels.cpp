@@ -21,9 +21,17 @@ int g_threads = 0;  // 0: OpenMP's default
 using bits::to_bf16;
 using bits::to_fp16;
 
-inline void store16(void* out, int64_t i, float x, Out16 kind) {
-  if (kind == Out16::BF16) static_cast<uint16_t*>(out)[i] = to_bf16(x);
-  else static_cast<uint16_t*>(out)[i] = to_fp16(x);
+using bits::from_bf16;
+using bits::from_fp16;
+
+inline void store_out(void* out, int64_t i, float x, Out16 kind) {
+  switch (kind) {
+    case Out16::BF16: static_cast<uint16_t*>(out)[i] = to_bf16(x); break;
+    case Out16::FP16: static_cast<uint16_t*>(out)[i] = to_fp16(x); break;
+    case Out16::BF16Widened: static_cast<float*>(out)[i] = from_bf16(to_bf16(x)); break;
+    case Out16::FP16Widened: static_cast<float*>(out)[i] = from_fp16(to_fp16(x)); break;
+    case Out16::None: break;
+  }
 }
 
 #define ZERO_CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
@@ -32,33 +40,32 @@ inline void store16(void* out, int64_t i, float x, Out16 kind) {
 // per-element formulas are optim/update_math.h's, shared with the CUDA kernels.
 ZERO_CLONES
 void adam_chunk(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
-                int64_t n, const AdamCoeffs c, uint16_t* __restrict out16, Out16 kind) {
+                int64_t n, const AdamCoeffs c, void* __restrict out, Out16 kind) {
   for (int64_t i = 0; i < n; ++i) {
     const float param = adam_element(p[i], g[i], m[i], v[i], c);
     p[i] = param;
-    if (out16) {
-      if (kind == Out16::BF16) out16[i] = to_bf16(param);
-      else out16[i] = to_fp16(param);
-    }
+    if (out) store_out(out, i, param, kind);
   }
 }
 
 ZERO_CLONES
 void sgd_chunk(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n,
-               const SgdHyper h, float grad_scale, uint16_t* __restrict out16, Out16 kind) {
+               const SgdHyper h, float grad_scale, void* __restrict out, Out16 kind) {
   for (int64_t i = 0; i < n; ++i) {
     const float param = sgd_element(p[i], g[i], buf ? buf + i : nullptr, h, grad_scale);
     p[i] = param;
-    if (out16) {
-      if (kind == Out16::BF16) out16[i] = to_bf16(param);
-      else out16[i] = to_fp16(param);
-    }
+    if (out) store_out(out, i, param, kind);
   }
 }
 
 ZERO_CLONES
-void downcast_chunk(const float* __restrict src, uint16_t* __restrict dst, int64_t n, Out16 kind) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = kind == Out16::BF16 ? to_bf16(src[i]) : to_fp16(src[i]);
+void downcast_chunk(const float* __restrict src, void* __restrict dst, int64_t n, Out16 kind) {
+  for (int64_t i = 0; i < n; ++i) store_out(dst, i, src[i], kind);
+}
+
+// `out` advanced by `lo` elements of its kind.
+inline void* out_at(void* out, int64_t lo, Out16 kind) {
+  return out ? static_cast<char*>(out) + lo * out16_bytes(kind) : nullptr;
 }
 
 template <typename F>
@@ -81,24 +88,23 @@ void parallel_chunks(int64_t n, F&& fn) {
 void adam_update(float* p, const float* grad, float* m, float* v, int64_t n, const AdamHyper& h,
                  float grad_scale, void* out16, Out16 kind) {
   const AdamCoeffs c = adam_coeffs(h, grad_scale);
-  auto* o = static_cast<uint16_t*>(out16);
+  if (kind == Out16::None) out16 = nullptr;
   parallel_chunks(n, [&](int64_t lo, int64_t len) {
-    adam_chunk(p + lo, grad + lo, m + lo, v + lo, len, c, o ? o + lo : nullptr, kind);
+    adam_chunk(p + lo, grad + lo, m + lo, v + lo, len, c, out_at(out16, lo, kind), kind);
   });
 }
 
 void sgd_update(float* p, const float* grad, float* momentum_buf, int64_t n, const SgdHyper& h,
                 float grad_scale, void* out16, Out16 kind) {
-  auto* o = static_cast<uint16_t*>(out16);
   float* buf = h.momentum != 0.0f ? momentum_buf : nullptr;
+  if (kind == Out16::None) out16 = nullptr;
   parallel_chunks(n, [&](int64_t lo, int64_t len) {
-    sgd_chunk(p + lo, grad + lo, buf ? buf + lo : nullptr, len, h, grad_scale, o ? o + lo : nullptr, kind);
+    sgd_chunk(p + lo, grad + lo, buf ? buf + lo : nullptr, len, h, grad_scale, out_at(out16, lo, kind), kind);
   });
 }
 
 void downcast(const float* src, void* dst, int64_t n, Out16 kind) {
-  auto* o = static_cast<uint16_t*>(dst);
-  parallel_chunks(n, [&](int64_t lo, int64_t len) { downcast_chunk(src + lo, o + lo, len, kind); });
+  parallel_chunks(n, [&](int64_t lo, int64_t len) { downcast_chunk(src + lo, out_at(dst, lo, kind), len, kind); });
 }
 
 void set_kernel_threads(int n) { g_threads = n; }

@@ -15,7 +15,13 @@
 
 namespace zero::optim {
 
-enum class Out16 { None, BF16, FP16 };
+// Where the updated params also go, besides the fp32 master: nowhere, as
+// bf16/fp16, or rounded to bf16/fp16 but stored as fp32 (the params of a
+// module that computes in fp32 over 16-bit storage: engine/precision.h).
+enum class Out16 { None, BF16, FP16, BF16Widened, FP16Widened };
+
+// Bytes per element `out16` holds for `kind`.
+inline int out16_bytes(Out16 kind) { return kind == Out16::BF16Widened || kind == Out16::FP16Widened ? 4 : 2; }
 
 struct AdamHyper {
   float lr = 1e-3f;
@@ -30,7 +36,7 @@ struct AdamHyper {
 
 // p, m, v updated in place from grad * grad_scale (grad_scale folds the loss
 // unscale and the clip coefficient into the read of the grad). If out16 is
-// not null, the updated params are also written there as bf16/fp16.
+// not null, the updated params are also written there as `kind` says.
 void adam_update(float* p, const float* grad, float* m, float* v, int64_t n, const AdamHyper& h,
                  float grad_scale, void* out16 = nullptr, Out16 kind = Out16::None);
 

@@ -32,8 +32,13 @@ struct FlatGroup {
   std::vector<at::Tensor> params;  // the module's params, in layout order
   std::vector<std::string> names;
 
-  at::Tensor param_flat;  // [padded_numel], param dtype; params are views into it
-  at::Tensor param_shard; // stage 3: [shard_numel], param dtype, this rank's params at rest
+  // The params' dtype at rest and on the wire (engine/precision.h). param_flat
+  // is in it, or in fp32 holding its values when the module computes in fp32
+  // (widened); then param_shard holds this rank's part in it (stages 1-3).
+  at::ScalarType storage_dtype = at::kFloat;
+  at::Tensor param_flat;  // [padded_numel], compute dtype; params are views into it
+  at::Tensor param_shard; // [shard_numel], storage dtype: stage 3's params at rest, or a widened
+                          // group's updated part before it is gathered (stages 1-2)
   at::Tensor grad_flat;   // [padded_numel], grad dtype; resident or transient by stage
   at::Tensor grad_shard;  // [shard_numel] fp32 reduced grads (stages 1-3); may alias grad_flat
   at::Tensor master;      // fp32 weights the optimizer updates: this rank's shard, or all (stage 0)
@@ -44,6 +49,8 @@ struct FlatGroup {
   at::Tensor own_slot(const at::Tensor& flat, int rank) const {
     return flat.narrow(0, rank * layout.shard_numel, layout.shard_numel);
   }
+  // 16-bit at rest, fp32 in the module.
+  bool widened() const { return param_flat.defined() && param_flat.scalar_type() != storage_dtype; }
   // Point each param's .grad at its slice of grad_flat (grads then
   // accumulate straight into the flat buffer).
   void attach_grads() const;

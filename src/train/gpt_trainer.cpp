@@ -7,7 +7,6 @@
 #include <ATen/core/grad_mode.h>
 
 #include "zero/init.h"
-#include "zero/stage_policy.h"
 
 namespace zero::train {
 
@@ -16,8 +15,8 @@ namespace {
 models::GPT build_model(const models::GPTConfig& c, uint64_t seed, const Config& config, comm::Comm& comm,
                         std::shared_ptr<comm::Group> dp, bool zero_init) {
   at::manual_seed(seed);
-  if (!StagePolicy::for_stage(config.zero.stage).shard_params || !zero_init) return models::GPT(c);
-  Init init(comm, dp, config);  // each block is sharded as soon as it is built
+  if (!zero_init) return models::GPT(c);
+  Init init(comm, dp, config);  // stage 3: each block is sharded as soon as it is built; else a no-op
   return models::GPT(c);
 }
 

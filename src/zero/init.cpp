@@ -29,14 +29,19 @@ Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> dp, const Config& conf
 
 Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> owner, const comm::Group& dp, const Config& config)
     : comm_(comm), dp_owner_(std::move(owner)), dp_(dp), previous_(g_active) {
-  if (!StagePolicy::for_stage(config.zero.stage).shard_params)
-    throw ConfigError("zero::Init shards params at construction, which needs zero_optimization.stage = 3 (got " +
-                      std::to_string(config.zero.stage) + ")");
+  // Below stage 3 params are whole on every rank anyway: the model is built
+  // as without the scope (the engine syncs it from rank 0), so one program
+  // switches stages by config alone.
+  if (!StagePolicy::for_stage(config.zero.stage).shard_params) {
+    inactive_ = true;
+    return;
+  }
   g_active = this;
   page_backed_ = std::make_shared<memory::PageBackedScope>();
 }
 
 Init::~Init() {
+  if (inactive_) return;
   page_backed_.reset();
   g_active = previous_;
 }

@@ -18,7 +18,7 @@ StagePolicy StagePolicy::for_stage(int64_t stage) {
 }
 
 at::Tensor StagePolicy::update_destination(const partition::FlatGroup& g, int rank) const {
-  if (shard_params) return g.param_shard;
+  if (shard_params || g.param_shard.defined()) return g.param_shard;  // stage 3, or widened at 1-2
   return shard_optimizer_state ? g.own_slot(g.param_flat, rank) : g.param_flat;
 }
 
@@ -32,7 +32,7 @@ void StagePolicy::publish_updated_params(std::vector<partition::FlatGroup>& grou
   if (!shard_optimizer_state) return;  // every rank updated all of it
   std::vector<comm::WorkHandle> works;
   for (auto& g : groups)
-    works.push_back(comm.all_gather(dp, g.param_flat, g.own_slot(g.param_flat, dp.rank()), "updated params"));
+    works.push_back(comm.all_gather(dp, g.param_flat, update_destination(g, dp.rank()), "updated params"));
   for (auto& w : works) w->wait();
 }
 

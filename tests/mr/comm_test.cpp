@@ -63,6 +63,30 @@ TEST(Collectives, AllGatherIntoFlat) {
   });
 }
 
+// Mixed precision with fp32 compute: 16-bit shards widened into an fp32
+// buffer as they land, counted in the 16 bits that travel. Values that are
+// not small integers, so a wrong conversion (bits copied, not converted) shows.
+TEST(Collectives, AllGatherWidensSixteenBitShards) {
+  for_each_transport([&] {
+    auto& comm = world().comm();
+    const Group& g = world().group();
+    for (auto dt : {at::kBFloat16, at::kHalf})
+      for (int64_t n : kSizes) {
+        SCOPED_TRACE(std::string(c10::toString(dt)) + " shard " + std::to_string(n));
+        at::manual_seed(n + g.rank());
+        const at::Tensor shard = at::randn({n}).to(dt);
+        auto full = at::empty({n * g.size()}, at::kFloat);
+        const auto before = comm.counters().totals();
+        comm.all_gather(g, full, shard)->wait();
+        const auto counted = zero::comm::diff(comm.counters().totals(), before).at("allgather");
+        EXPECT_EQ(counted.bytes, 2 * n * g.size());
+        auto low = at::empty({n * g.size()}, dt);
+        comm.all_gather(g, low, shard)->wait();
+        EXPECT_TRUE(full.equal(low.to(at::kFloat)));
+      }
+  });
+}
+
 TEST(Collectives, AllGatherInPlaceShard) {
   for_each_transport([&] {
     // ZeRO's common case: the input shard is this rank's slot of the output.

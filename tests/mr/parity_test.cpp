@@ -18,7 +18,7 @@ TEST(Parity, StagesMatchSingleProcess) {
     auto dist = train(s, dp_group());
     auto ref = reference(s);
     EXPECT_LT(max_rel_loss_diff(dist.losses, ref.losses), kLossRelTol);
-    EXPECT_LT(max_abs_diff(dist.params, ref.params), kParamAbsTol);
+    expect_params_close(dist.params, ref.params);
     EXPECT_LT(dist.losses.back(), dist.losses.front() - 0.5) << "the loss falls";
   }
 }
@@ -37,7 +37,7 @@ TEST(Parity, GradientAccumulationMatchesLargerBatch) {
     big.micro = s.micro * s.gas;
     auto ref = reference(big);
     EXPECT_LT(max_rel_loss_diff(dist.losses, ref.losses), kLossRelTol);
-    EXPECT_LT(max_abs_diff(dist.params, ref.params), kParamAbsTol);
+    expect_params_close(dist.params, ref.params);
   }
 }
 
@@ -78,21 +78,23 @@ TEST(MixedPrecision, Bf16AndFp16TrackFp32) {
   RunSpec s;
   s.stage = 2;
   auto fp32 = train(s, dp_group());
-  for (const char* dt : {"bf16", "fp16"}) {
-    SCOPED_TRACE(dt);
-    RunSpec m = s;
-    m.dtype = dt;
-    GptTrainer t(small_gpt(), make_config(m), corpus(), 7, world().comm(), dp_group());
-    RunResult r;
-    for (int i = 0; i < 20; ++i) r.losses.push_back(t.train_step().loss);
-    EXPECT_EQ(t.engine().skipped_steps(), 0);
-    // 16-bit params round each update to 8 (bf16) or 11 (fp16) mantissa bits;
-    // the loss curve stays within a few hundredths of fp32's over 20 steps.
-    double worst = 0;
-    for (size_t i = 0; i < r.losses.size(); ++i) worst = std::max(worst, std::fabs(r.losses[i] - fp32.losses[i]));
-    EXPECT_LT(worst, 0.05);
-    EXPECT_LT(r.losses.back(), r.losses.front() - 0.5);
-  }
+  for (const char* dt : {"bf16", "fp16"})
+    for (const char* compute : {dt, "fp32"}) {
+      SCOPED_TRACE(std::string(dt) + " computing in " + compute);
+      RunSpec m = s;
+      m.dtype = dt;
+      m.compute = compute;
+      GptTrainer t(small_gpt(), make_config(m), corpus(), 7, world().comm(), dp_group());
+      RunResult r;
+      for (int i = 0; i < 20; ++i) r.losses.push_back(t.train_step().loss);
+      EXPECT_EQ(t.engine().skipped_steps(), 0);
+      // 16-bit params round each update to 8 (bf16) or 11 (fp16) mantissa bits;
+      // the loss curve stays within a few hundredths of fp32's over 20 steps.
+      double worst = 0;
+      for (size_t i = 0; i < r.losses.size(); ++i) worst = std::max(worst, std::fabs(r.losses[i] - fp32.losses[i]));
+      EXPECT_LT(worst, 0.05);
+      EXPECT_LT(r.losses.back(), r.losses.front() - 0.5);
+    }
 }
 
 // Formulas in Ψ (unpadded params); padding to 16·N elements per group stays

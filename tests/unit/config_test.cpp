@@ -253,7 +253,6 @@ TEST(ConfigUnsupported, LoggingAndActivationCheckpointingOnlyAtTheirDefault) {
       "cpu_checkpointing": false, "number_checkpoints": null, "synchronize_checkpoint_boundary": false,
       "profile": false}})"));
   EXPECT_NO_THROW(Config::from_string(R"({"activation_checkpointing": {}})"));
-  expect_error(R"({"wall_clock_breakdown": true})", {"wall_clock_breakdown = true is not supported", "only false"});
   expect_error(R"({"memory_breakdown": true})", {"memory_breakdown = true is not supported", "only false"});
   for (const char* key : {"partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
                           "synchronize_checkpoint_boundary", "profile"})
@@ -305,6 +304,35 @@ TEST(ConfigOwnKeys, MallocMmapThreshold) {
   EXPECT_EQ(c.malloc_mmap_threshold, 0);
   EXPECT_EQ(Config::from_json(c.to_json()).malloc_mmap_threshold, 0);
   expect_error(R"({"zero_cpp": {"malloc_mmap_threshold": 67108864}})", {"zero_cpp.malloc_mmap_threshold"});
+}
+
+TEST(ConfigOwnKeys, ComputeDtype) {
+  EXPECT_FALSE(Config::from_string("{}").compute_dtype.has_value());  // auto: measured by the engine
+  Config c = Config::from_string(R"({"bf16": {"enabled": true}, "zero_cpp": {"compute_dtype": "fp32"}})");
+  EXPECT_EQ(c.compute_dtype, zero::DType::fp32);
+  EXPECT_EQ(Config::from_json(c.to_json()).compute_dtype, zero::DType::fp32);
+  EXPECT_EQ(Config::from_string(R"({"bf16": {"enabled": true}, "zero_cpp": {"compute_dtype": "bf16"}})").compute_dtype,
+            zero::DType::bf16);
+  // 16-bit compute must be the storage dtype.
+  expect_error(R"({"bf16": {"enabled": true}, "zero_cpp": {"compute_dtype": "fp16"}})",
+               {"zero_cpp.compute_dtype", "stored in bf16"});
+  expect_error(R"({"zero_cpp": {"compute_dtype": "bf16"}})", {"zero_cpp.compute_dtype", "stored in fp32"});
+  expect_error(R"({"zero_cpp": {"compute_dtype": "float64"}})", {"zero_cpp.compute_dtype"});
+}
+
+TEST(ConfigLogging, WallClockBreakdownAndCsvMonitor) {
+  Config d = Config::from_string("{}");
+  EXPECT_FALSE(d.wall_clock_breakdown);
+  EXPECT_FALSE(d.csv_monitor.enabled);
+  EXPECT_EQ(d.csv_monitor.job_name, "DeepSpeedJobName");
+  Config c = Config::from_string(R"({"wall_clock_breakdown": true,
+      "csv_monitor": {"enabled": true, "output_path": "/tmp/logs", "job_name": "run1"}})");
+  EXPECT_TRUE(c.wall_clock_breakdown);
+  EXPECT_TRUE(c.csv_monitor.enabled);
+  EXPECT_EQ(c.csv_monitor.output_path, "/tmp/logs");
+  EXPECT_EQ(Config::from_json(c.to_json()).csv_monitor.job_name, "run1");
+  expect_error(R"({"csv_monitor": {"enabled": true, "job_name": 3}})", {"csv_monitor.job_name"});
+  expect_error(R"({"csv_monitor": {"enabled": true, "outptu_path": "x"}})", {"outptu_path"});
 }
 
 TEST(ConfigOptimizerScheduler, Values) {

@@ -265,6 +265,29 @@ TEST(Downcast, BitExactWithATen) {
   EXPECT_TRUE(out.equal(p.to(at::kBFloat16)));
 }
 
+// Widened: rounded to 16 bits, stored as fp32 (a module computing in fp32
+// over 16-bit storage), at offsets that cross the kernels' chunks.
+TEST(Downcast, WidenedKindsRoundThenStoreFp32) {
+  at::manual_seed(4);
+  const int64_t n = (1 << 16) * 3 + 17;
+  for (auto [kind, dt] : {std::pair{Out16::BF16Widened, at::kBFloat16}, std::pair{Out16::FP16Widened, at::kHalf}}) {
+    SCOPED_TRACE(c10::toString(dt));
+    const auto x = at::randn({n}) * 100;
+    auto out = at::empty({n});
+    downcast(x.data_ptr<float>(), out.data_ptr(), n, kind);
+    EXPECT_TRUE(out.equal(x.to(dt).to(at::kFloat)));
+    auto p = at::randn({n}), g = at::randn({n}), m = at::zeros({n}), v = at::zeros({n});
+    auto fused = at::empty({n});
+    adam_update(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, AdamHyper{},
+                1.0f, fused.data_ptr(), kind);
+    EXPECT_TRUE(fused.equal(p.to(dt).to(at::kFloat)));
+    auto buf = at::zeros({n});
+    sgd_update(p.data_ptr<float>(), g.data_ptr<float>(), buf.data_ptr<float>(), n, SgdHyper{}, 1.0f, fused.data_ptr(),
+               kind);
+    EXPECT_TRUE(fused.equal(p.to(dt).to(at::kFloat)));
+  }
+}
+
 #ifdef ZERO_HAVE_CUDA
 // The CUDA kernels (optim/cuda): the same bounds against the same fp64
 // oracle, and the fused 16-bit write bit-exact with ATen's cast. Skipped
@@ -303,6 +326,9 @@ TEST_F(CudaKernels, DowncastAndFusedWriteBitExactWithATen) {
   cuda::adam_update(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), p.numel(),
                     AdamHyper{}, 1.0f, out.data_ptr(), Out16::BF16, nullptr);
   EXPECT_TRUE(out.equal(p.to(at::kBFloat16)));
+  auto widened = at::empty_like(p);
+  cuda::downcast(p.data_ptr<float>(), widened.data_ptr(), p.numel(), Out16::FP16Widened, nullptr);
+  EXPECT_TRUE(widened.equal(p.to(at::kHalf).to(at::kFloat)));
 }
 #endif
 

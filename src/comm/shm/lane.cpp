@@ -261,21 +261,28 @@ void Lane::end_round() {
 // Each loop runs at least one round (`a == 0 ||`), so an empty collective
 // still exchanges its signature and a size mismatch against zero is caught.
 
-std::shared_ptr<Job> Lane::all_gather(void* out, const void* in, int64_t shard_bytes, const SignatureRecord& sig,
-                                      KeepAlive keep) {
+std::shared_ptr<Job> Lane::all_gather(void* out, Elem out_type, const void* in, Elem in_type, int64_t shard_numel,
+                                      const SignatureRecord& sig, KeepAlive keep) {
   return submit("allgather", sig, std::move(keep), [=] {
+    const int64_t ei = elem_size(in_type), eo = elem_size(out_type);
+    const bool widen = in_type != out_type;  // 16-bit shards into fp32: converted on the way out
+    const int64_t shard_bytes = shard_numel * ei;
     char* o = static_cast<char*>(out);
     const char* i = static_cast<const char*>(in);
-    const bool in_place = o + rank_ * shard_bytes == i;
-    for (int64_t a = 0; a == 0 || a < shard_bytes; a += slot_bytes_) {
-      const int64_t n = std::min(slot_bytes_, shard_bytes - a);
+    const bool in_place = !widen && o + rank_ * shard_bytes == i;
+    const int64_t piece = slot_bytes_ / ei;  // elements per round
+    for (int64_t a = 0; a == 0 || a < shard_numel; a += piece) {
+      const int64_t n = std::min(piece, shard_numel - a);
       begin_round();
-      std::memcpy(slot(rank_), i + a, n);
+      std::memcpy(slot(rank_), i + a * ei, n * ei);
       publish_written();
       wait_written();
       for (int q = 0; q < size_; ++q) {
         if (q == rank_ && in_place) continue;
-        std::memcpy(o + q * shard_bytes + a, q == rank_ ? i + a : slot(q), n);
+        const void* src = q == rank_ ? i + a * ei : slot(q);
+        void* dst = o + (q * shard_numel + a) * eo;
+        if (widen) sum_in_rank_order(&src, 1, in_type, dst, out_type, n, false);
+        else std::memcpy(dst, src, n * ei);
       }
       end_round();
     }

@@ -81,8 +81,9 @@ class Lane {
   // drops its handle without waiting.
   // `sig` is what every rank must agree this collective is.
   using KeepAlive = std::shared_ptr<const void>;
-  std::shared_ptr<Job> all_gather(void* out, const void* in, int64_t shard_bytes, const SignatureRecord& sig,
-                                  KeepAlive keep);
+  // `out_type` is `in_type`, or F32 for a 16-bit `in_type` (widened as it lands).
+  std::shared_ptr<Job> all_gather(void* out, Elem out_type, const void* in, Elem in_type, int64_t shard_numel,
+                                  const SignatureRecord& sig, KeepAlive keep);
   std::shared_ptr<Job> reduce_scatter(void* out, Elem out_type, const void* in, Elem in_type, int64_t shard_numel,
                                       bool average, const SignatureRecord& sig, KeepAlive keep);
   std::shared_ptr<Job> all_reduce(void* data, Elem type, int64_t numel, bool average, const SignatureRecord& sig,

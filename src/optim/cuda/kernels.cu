@@ -24,8 +24,13 @@ unsigned blocks_for(int64_t n) {
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
 __device__ inline void store16(void* out, int64_t i, float x, Out16 kind) {
-  if (kind == Out16::BF16) static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(x);
-  else static_cast<__half*>(out)[i] = __float2half_rn(x);
+  switch (kind) {
+    case Out16::BF16: static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(x); break;
+    case Out16::FP16: static_cast<__half*>(out)[i] = __float2half_rn(x); break;
+    case Out16::BF16Widened: static_cast<float*>(out)[i] = __bfloat162float(__float2bfloat16_rn(x)); break;
+    case Out16::FP16Widened: static_cast<float*>(out)[i] = __half2float(__float2half_rn(x)); break;
+    case Out16::None: break;
+  }
 }
 
 __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,

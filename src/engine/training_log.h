@@ -1,0 +1,84 @@
+// What the engine reports while it trains, as DeepSpeed's engine does:
+// a progress line every steps_per_print optimizer steps (step, loss as the
+// mean over ranks, lr, loss scale, grad norm, samples/s, peak RSS), the
+// wall_clock_breakdown timers (forward, backward, its reduction wait, step,
+// its all-gather; ms per optimizer step), and csv_monitor's files (one CSV
+// per event, DeepSpeed's names and layout). Printing and files are rank 0's;
+// the engine computes the global loss on every rank (a collective).
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zero/config.h"
+
+namespace zero {
+
+class TrainingLog {
+ public:
+  // DeepSpeed's timer names, in its order.
+  enum Phase { Forward, Backward, BackwardReduce, Step, StepGather, kPhases };
+
+  struct StepReport {
+    int64_t global_steps;    // after this step
+    int64_t global_samples;  // samples trained on so far, all ranks
+    double loss;             // mean over ranks and micro-steps
+    double lr, loss_scale, grad_norm;
+    bool skipped;
+  };
+
+  TrainingLog(const Config& config, bool lead, std::function<void(const std::string&)> print);
+
+  void add_time(Phase phase, double ms) { phase_ms_[phase] += ms; }
+  void add_loss(double loss) {
+    loss_sum_ += loss;
+    ++losses_;
+  }
+  // Whether the step that makes `global_steps` reports (so the engine
+  // computes the global loss on every rank).
+  bool reports(int64_t global_steps) const;
+  // This window's mean loss on this rank (NaN without any), and resets it.
+  double take_local_loss();
+  void on_step(const StepReport& s);
+
+  // Times a scope into `phase`.
+  class Timer {
+   public:
+    Timer(TrainingLog& log, Phase phase) : log_(log), phase_(phase), t0_(std::chrono::steady_clock::now()) {}
+    ~Timer() {
+      log_.add_time(phase_, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count());
+    }
+    Timer(const Timer&) = delete;
+    Timer& operator=(const Timer&) = delete;
+
+   private:
+    TrainingLog& log_;
+    Phase phase_;
+    std::chrono::steady_clock::time_point t0_;
+  };
+
+ private:
+  void write_csv(const std::string& event, int64_t x, double value);
+
+  int64_t steps_per_print_;
+  bool wall_clock_;
+  bool lead_;
+  std::function<void(const std::string&)> print_;
+  bool csv_every_step_;  // csv_monitor on: every step reports (on every rank)
+  std::string csv_dir_;  // rank 0 with csv_monitor on: where the files go
+  std::vector<std::string> csv_started_;
+  std::array<double, kPhases> phase_ms_{};       // since the last step
+  std::array<double, kPhases> window_ms_{};      // since the last print
+  int64_t window_steps_ = 0;
+  double loss_sum_ = 0;
+  int64_t losses_ = 0;
+  std::chrono::steady_clock::time_point window_start_ = std::chrono::steady_clock::now();
+  int64_t window_first_samples_ = 0;  // global samples when the window began
+};
+
+}  // namespace zero

@@ -1,0 +1,268 @@
+// A model made only of stock torch::nn layers -- an embedding with a tied
+// head, a frozen Linear, BatchNorm, LayerNorm -- trains at every stage and
+// precision with no change to its code: no zero::compute(), no zero::Unit,
+// the same program switching stage and dtype by config alone. Oracles: the
+// fp32 stage-0 run of the same model on the same batches, the plain model's
+// param names, and the bytes a 16-bit param holds at rest.
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "fixtures.h"
+
+namespace zero::test {
+namespace {
+
+constexpr int64_t kVocab = 48, kDim = 24, kHidden = 64, kSeq = 8, kRowsPerRank = 4;
+
+struct StockNetImpl : torch::nn::Module {
+  StockNetImpl() {
+    at::manual_seed(11);
+    emb = register_module("emb", torch::nn::Embedding(kVocab, kDim));
+    frozen = register_module("frozen", torch::nn::Linear(kDim, kDim));
+    for (auto& p : frozen->parameters()) p.set_requires_grad(false);
+    fc1 = register_module("fc1", torch::nn::Linear(kDim, kHidden));
+    bn = register_module("bn", torch::nn::BatchNorm1d(kHidden));
+    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})));
+    fc2 = register_module("fc2", torch::nn::Linear(kHidden, kDim));
+  }
+  // tokens [B, T] -> logits [B, T, vocab]; the head is the embedding's weight.
+  at::Tensor forward(const at::Tensor& tokens) {
+    at::Tensor x = emb(tokens);
+    x = x + frozen(x);
+    at::Tensor h = fc1(x);
+    h = bn(h.reshape({-1, kHidden})).reshape(h.sizes());
+    h = ln(torch::nn::functional::gelu(h));
+    x = x + fc2(h);
+    return at::linear(x, emb->weight);
+  }
+  torch::nn::Embedding emb{nullptr};
+  torch::nn::Linear frozen{nullptr}, fc1{nullptr}, fc2{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+  torch::nn::LayerNorm ln{nullptr};
+};
+TORCH_MODULE(StockNet);
+
+Config stock_config(int stage, const std::string& dtype, const std::string& compute) {
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", kRowsPerRank},
+                      {"gradient_clipping", 1.0},
+                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}}}}},
+                      {"zero_optimization", {{"stage", stage},
+                                             {"reduce_bucket_size", 1500},  // several groups at stages 0-2
+                                             {"stage3_param_persistence_threshold", 100}}},
+                      {"zero_cpp", {{"compute_dtype", compute}}}};
+  if (dtype == "bf16") j["bf16"] = {{"enabled", true}};
+  if (dtype == "fp16") j["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
+  return Config::from_json(j);
+}
+
+struct StockRun {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> state;  // engine.state_dict()
+  std::vector<std::string> param_names;     // the model's own, after training
+  StateBytes at_rest;
+  at::ScalarType compute = at::kFloat;
+};
+
+// The same loop at every stage and precision: each rank its rows of a
+// global batch drawn from the step's seed; the forward through engine.forward.
+StockRun train_stock(int stage, const std::string& dtype, const std::string& compute, int steps = 8) {
+  StockNet model;
+  zero::Engine engine(*model, stock_config(stage, dtype, compute), world().comm(), dp_group());
+  StockRun r;
+  r.compute = engine.compute_dtype();
+  const int rank = dp_group()->rank(), n = dp_group()->size();
+  for (int s = 0; s < steps; ++s) {
+    at::manual_seed(100 + s);
+    const at::Tensor tokens = at::randint(kVocab, {kRowsPerRank * n, kSeq + 1}, at::kLong);
+    const at::Tensor mine = tokens.narrow(0, kRowsPerRank * rank, kRowsPerRank);
+    const at::Tensor x = mine.narrow(1, 0, kSeq), y = mine.narrow(1, 1, kSeq);
+    const at::Tensor logits = engine.forward(model, x);
+    const at::Tensor loss =
+        torch::nn::functional::cross_entropy(logits.reshape({-1, kVocab}).to(at::kFloat), y.reshape({-1}));
+    engine.backward(loss);
+    engine.step();
+    r.losses.push_back(engine.global_mean(loss));
+  }
+  r.at_rest = engine.state_bytes();
+  r.state = engine.state_dict();
+  for (const auto& item : model->named_parameters()) r.param_names.push_back(item.key());
+  return r;
+}
+
+std::vector<std::string> plain_names() {
+  StockNet plain;
+  std::vector<std::string> names;
+  for (const auto& item : plain->named_parameters()) names.push_back(item.key());
+  return names;
+}
+
+std::vector<std::string> plain_state_names() {
+  StockNet plain;
+  std::vector<std::string> names;
+  for (const auto& item : plain->named_parameters()) names.push_back(item.key());
+  for (const auto& item : plain->named_buffers()) names.push_back(item.key());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// How far a 16-bit run's loss may stray from fp32's (relative) over 8
+// steps: params round every update to 8 (bf16) or 11 (fp16) mantissa bits,
+// a relative error of 2^-9 / 2^-12 per param per step; through 8 Adam steps
+// at lr 3e-3 that moves the loss by ~1e-3 (bf16) and ~1e-4 (fp16) -- the
+// bounds leave ~8x margin -- while a real error (a shard missed, a wrong
+// scale) moves it by more than 0.1 within 2 steps.
+double loss_bound(const std::string& dtype) { return dtype == "fp32" ? 2e-5 * 4 : dtype == "bf16" ? 0.01 : 0.002; }
+
+TEST(StockModules, TrainAtEveryStageAndPrecisionWithNoModelChange) {
+  const StockRun ref = train_stock(0, "fp32", "fp32");
+  EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.05) << "the reference must learn";
+  const auto state_names = plain_state_names();
+  for (const std::string dtype : {"fp32", "bf16", "fp16"})
+    for (const std::string& compute : {std::string("fp32"), dtype})
+      for (int stage = 0; stage <= 3; ++stage) {
+        if (dtype == "fp32" && compute != "fp32") continue;
+        if (dtype == "fp32" && stage == 0) continue;  // the reference
+        SCOPED_TRACE("stage " + std::to_string(stage) + " " + dtype + " computing in " + compute);
+        const StockRun r = train_stock(stage, dtype, compute);
+        EXPECT_EQ(c10::toString(r.compute), c10::toString(compute == "fp32" ? at::kFloat
+                                                          : dtype == "bf16" ? at::kBFloat16
+                                                                            : at::kHalf));
+        ASSERT_EQ(r.losses.size(), ref.losses.size());
+        double worst = 0;
+        for (size_t i = 0; i < r.losses.size(); ++i)
+          worst = std::max(worst, std::fabs(r.losses[i] - ref.losses[i]) / ref.losses[i]);
+        EXPECT_LT(worst, loss_bound(dtype));
+        if (std::getenv("ZERO_TEST_VERBOSE")) std::printf("worst %.3g\n", worst);
+        // Names as the plain model registers them, in the model and in the state dict.
+        EXPECT_EQ(r.param_names, plain_names());
+        std::vector<std::string> got;
+        for (const auto& [name, t] : r.state) got.push_back(name);
+        EXPECT_EQ(got, state_names);
+      }
+}
+
+// 16-bit storage with fp32 compute: at rest a stage-3 rank holds its part
+// of the params in 16 bits (2 bytes/param/N), and the gathers move 16 bits.
+TEST(StockModules, Stage3WidenedHoldsSixteenBitShardsAtRest) {
+  const int64_t n = dp_group()->size();
+  StockNet model;
+  int64_t trainable = 0;
+  for (const auto& p : model->parameters())
+    if (p.requires_grad()) trainable += p.numel();
+  zero::Engine engine(*model, stock_config(3, "bf16", "fp32"), world().comm(), dp_group());
+  ASSERT_EQ(engine.compute_dtype(), at::kFloat);
+  for (const auto& p : model->parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat);
+  engine.comm().counters().reset();
+  const at::Tensor tokens = at::randint(kVocab, {kRowsPerRank, kSeq}, at::kLong);
+  engine.backward(engine.forward(model, tokens).to(at::kFloat).pow(2).mean());
+  engine.step();
+  const auto bytes = engine.state_bytes();
+  // Shards are padded to 16 elements per rank per group.
+  EXPECT_NEAR(static_cast<double>(bytes.params), 2.0 * trainable / n, 64.0 * n) << "param bytes at rest";
+  const auto totals = engine.comm().counters().totals()[comm::to_string(comm::CollectiveOp::AllGather)];
+  // Each gather of the root (the one group) moves it whole in 16 bits, not 32.
+  ASSERT_GT(totals.calls, 0);
+  EXPECT_NEAR(static_cast<double>(totals.bytes) / totals.calls, 2.0 * trainable, 2.0 * 64 * n);
+}
+
+TEST(StockModules, InitWorksAtEveryStage) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const Config c = stock_config(stage, "fp32", "fp32");
+    StockNet model{nullptr};
+    {
+      zero::Init init(world().comm(), dp_group(), c);
+      model = StockNet();
+      EXPECT_EQ(init.units_sharded(), 0);  // no zero::Unit: the model is built whole
+    }
+    zero::Engine engine(*model, c, world().comm(), dp_group());
+    const at::Tensor tokens = at::randint(kVocab, {kRowsPerRank, kSeq}, at::kLong);
+    engine.backward(engine.forward(model, tokens).pow(2).mean());
+    EXPECT_TRUE(engine.step());
+  }
+}
+
+// DeepSpeed's csv_monitor layout, with the loss as the mean over ranks of
+// what each gave engine.backward, and the wall-clock timers' files.
+TEST(TrainingLog, CsvMonitorWritesDeepSpeedsFiles) {
+  const std::string dir = ckpt_dir("csv-monitor");
+  remove_dir(dir);
+  nlohmann::json j = stock_config(2, "fp32", "fp32").to_json();
+  j["steps_per_print"] = 2;
+  j["wall_clock_breakdown"] = true;
+  j["csv_monitor"] = {{"enabled", true}, {"output_path", dir}, {"job_name", "job"}};
+  StockNet model;
+  zero::Engine engine(*model, Config::from_json(j), world().comm(), dp_group());
+  const int n = dp_group()->size();
+  std::vector<double> want;
+  for (int s = 0; s < 3; ++s) {
+    at::manual_seed(300 + s * n + dp_group()->rank());
+    const at::Tensor tokens = at::randint(kVocab, {kRowsPerRank, kSeq}, at::kLong);
+    const at::Tensor loss = engine.forward(model, tokens).pow(2).mean();
+    engine.backward(loss);
+    engine.step();
+    want.push_back(engine.global_mean(loss));
+  }
+  world().comm().barrier(world().group())->wait();
+  if (dp_group()->rank() == 0) {
+    std::ifstream in(dir + "/job/Train_Samples_train_loss.csv");
+    ASSERT_TRUE(in.good()) << "no " << dir << "/job/Train_Samples_train_loss.csv";
+    std::string header;
+    std::getline(in, header);
+    EXPECT_EQ(header, "step,train_loss");
+    for (int s = 0; s < 3; ++s) {
+      int64_t samples = 0;
+      char comma = 0;
+      double value = 0;
+      in >> samples >> comma >> value;
+      EXPECT_EQ(samples, (s + 1) * kRowsPerRank * n);
+      EXPECT_NEAR(value, want[s], 1e-6 * std::fabs(want[s]));
+    }
+    for (const char* f : {"Train_Samples_lr.csv", "Train_Samples_elapsed_time_ms_forward.csv",
+                          "Train_Samples_elapsed_time_ms_backward_allreduce.csv",
+                          "Train_Samples_elapsed_time_ms_step.csv"})
+      EXPECT_TRUE(std::filesystem::exists(dir + "/job/" + f)) << f;
+  }
+  remove_dir(dir);
+}
+
+// The bundled GPT (stock modules, blocks as units) with each block's
+// activations recomputed in backward trains as without, at every stage: at
+// stage 3 each block is gathered again for its recompute.
+TEST(ActivationCheckpointing, GptMatchesTheSameModelWithout) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    RunSpec s;
+    s.stage = stage;
+    auto run = [&](bool checkpoint) {
+      auto c = small_gpt();
+      c.checkpoint_activations = checkpoint;
+      GptTrainer t(c, make_config(s), corpus(), 7, world().comm(), dp_group());
+      RunResult r;
+      for (int i = 0; i < 6; ++i) r.losses.push_back(t.train_step().loss);
+      r.params = t.engine().full_parameters();
+      return r;
+    };
+    const RunResult plain = run(false), recomputed = run(true);
+    // The same ops on the same values: only the grads' summation order may
+    // differ (each block's grads come from a nested backward).
+    EXPECT_LT(max_rel_loss_diff(recomputed.losses, plain.losses), kLossRelTol);
+    expect_params_close(recomputed.params, plain.params);
+  }
+}
+
+TEST(StockModules, AutoComputeDtypeIsOneAnswerOnEveryRank) {
+  StockNet model;
+  zero::Engine engine(*model, stock_config(2, "bf16", "auto"), world().comm(), dp_group());
+  const at::ScalarType mine = engine.compute_dtype();
+  EXPECT_TRUE(mine == at::kFloat || mine == at::kBFloat16);
+  at::Tensor all = at::zeros({dp_group()->size()}, at::kInt);
+  engine.comm().all_gather(*dp_group(), all, at::full({1}, static_cast<int>(mine), at::kInt))->wait();
+  EXPECT_EQ(all.min().item<int>(), all.max().item<int>());
+  const std::string how = dp_group()->rank() == 0 ? "measured on rank 0" : "rank 0's measurement";
+  EXPECT_NE(engine.describe().find(how), std::string::npos) << engine.describe();
+}
+
+}  // namespace
+}  // namespace zero::test
