@@ -59,7 +59,7 @@ struct OptimizerConfig {
   bool nesterov = false;
 };
 
-enum class SchedulerType { None, WarmupLR, WarmupDecayLR, WarmupCosineLR };
+enum class SchedulerType { None, WarmupLR, WarmupDecayLR, WarmupCosineLR, LRRangeTest };
 const char* to_string(SchedulerType);
 enum class WarmupType { Log, Linear };
 
@@ -72,6 +72,12 @@ struct SchedulerConfig {
   int64_t total_num_steps = 0;     // WarmupDecayLR, WarmupCosineLR (required there)
   double warmup_min_ratio = 0.0;   // WarmupCosineLR
   double cos_min_ratio = 1e-4;     // WarmupCosineLR
+  // LRRangeTest: min_lr * (1 + step_rate * (iteration + 1) / step_size), the
+  // interval floored when staircase.
+  double lr_range_test_min_lr = 1e-3;
+  int64_t lr_range_test_step_size = 2000;
+  double lr_range_test_step_rate = 1.0;
+  bool lr_range_test_staircase = false;
 };
 
 enum class OffloadDevice { None, CPU, NVMe };

@@ -22,6 +22,7 @@
 // optimizer state fp32.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -50,13 +51,28 @@ struct StateBytes {
   int64_t total() const { return params + grads + master + optimizer; }
 };
 
+// An optimizer param group (torch's param groups; DeepSpeed's
+// model_parameters given as a list of dicts): the config's optimizer with
+// these settings changed for `params`. Trainable params in no group use the
+// config's. `lr` is scaled by the config's scheduler as the config's lr is
+// (the group trains at lr_now * lr / optimizer.params.lr).
+struct ParamGroup {
+  std::vector<at::Tensor> params;
+  std::optional<double> lr;
+  std::optional<double> weight_decay;
+};
+
+// The standard recipe: `weight_decay` on matrices (weights of Linear,
+// Embedding, ...), none on biases and norm weights (params of one dimension).
+std::vector<ParamGroup> weight_decay_groups(torch::nn::Module& model, double weight_decay);
+
 class Engine {
  public:
   // The data-parallel group is the whole world.
-  Engine(torch::nn::Module& model, const Config& config, World& world);
+  Engine(torch::nn::Module& model, const Config& config, World& world, std::vector<ParamGroup> param_groups = {});
   // An explicit data-parallel group (e.g. a strict subset of the world).
   Engine(torch::nn::Module& model, const Config& config, comm::Comm& comm,
-         std::shared_ptr<comm::Group> dp_group);
+         std::shared_ptr<comm::Group> dp_group, std::vector<ParamGroup> param_groups = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -191,6 +207,11 @@ class Engine {
   int64_t micro_steps() const;
   double loss_scale() const;
   double lr() const;              // the lr the next optimizer step uses
+  // A schedule of your own, replacing the config's scheduler: fn(k) is the
+  // lr of the optimizer step that follows k steps (skipped fp16 steps not
+  // counted; a resumed checkpoint continues k). Param groups scale it as
+  // they scale the config's lr.
+  void set_lr_schedule(std::function<double(int64_t)> fn);
   double last_grad_norm() const;  // global grad norm of the last boundary (before clipping)
 
   const Config& config() const;

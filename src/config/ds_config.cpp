@@ -155,10 +155,22 @@ OptimizerConfig read_optimizer(ObjectReader& top) {
 SchedulerConfig read_scheduler(ObjectReader& top) {
   SchedulerConfig c;
   ObjectReader r = top.child("scheduler");
-  auto type = r.get_opt_choice("type", {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"});
+  // OneCycle is not offered: it also cycles Adam's betas (momentum), which
+  // the fused kernels take as constants.
+  auto type = r.get_opt_choice("type", {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "LRRangeTest"});
   ObjectReader p = r.child("params");
   r.finish();
   if (!type) {
+    p.finish();
+    return c;
+  }
+  if (*type == "LRRangeTest") {
+    c.type = SchedulerType::LRRangeTest;
+    c.lr_range_test_min_lr = p.get_double("lr_range_test_min_lr", c.lr_range_test_min_lr, 0.0, 1e6);
+    c.lr_range_test_step_size = p.get_int("lr_range_test_step_size", c.lr_range_test_step_size, 1, kMaxInt);
+    c.lr_range_test_step_rate = p.get_double("lr_range_test_step_rate", c.lr_range_test_step_rate, 0.0, 1e6);
+    c.lr_range_test_staircase = p.get_bool("lr_range_test_staircase", c.lr_range_test_staircase);
+    p.accept_any("last_batch_iteration");
     p.finish();
     return c;
   }
@@ -338,6 +350,7 @@ const char* to_string(SchedulerType t) {
     case SchedulerType::WarmupLR: return "WarmupLR";
     case SchedulerType::WarmupDecayLR: return "WarmupDecayLR";
     case SchedulerType::WarmupCosineLR: return "WarmupCosineLR";
+    case SchedulerType::LRRangeTest: return "LRRangeTest";
     default: return "none";
   }
 }
@@ -585,7 +598,13 @@ json Config::to_json() const {
     }
     j["optimizer"] = {{"type", to_string(optimizer.type)}, {"params", p}};
   }
-  if (scheduler.type != SchedulerType::None) {
+  if (scheduler.type == SchedulerType::LRRangeTest) {
+    j["scheduler"] = {{"type", "LRRangeTest"},
+                      {"params", {{"lr_range_test_min_lr", scheduler.lr_range_test_min_lr},
+                                  {"lr_range_test_step_size", scheduler.lr_range_test_step_size},
+                                  {"lr_range_test_step_rate", scheduler.lr_range_test_step_rate},
+                                  {"lr_range_test_staircase", scheduler.lr_range_test_staircase}}}};
+  } else if (scheduler.type != SchedulerType::None) {
     json p = {{"warmup_num_steps", scheduler.warmup_num_steps},
               {"warmup_type", scheduler.warmup_type == WarmupType::Log ? "log" : "linear"}};
     if (scheduler.type == SchedulerType::WarmupCosineLR) {

@@ -60,6 +60,36 @@ void cast_replicated_to_compute(const std::vector<ReplicatedTensor>& replicated,
       r.tensor.set_data(r.tensor.to(precision.compute));
 }
 
+// The user's param groups as the flat optimizer's hypers; a tensor that is
+// not a trainable param of the model, or one in two groups, is an error.
+void use_param_groups(const std::vector<ParamGroup>& param_groups, const std::vector<partition::FlatGroup>& groups,
+                      const Config& config, FlatOptimizer& optimizer) {
+  if (param_groups.empty()) return;
+  std::unordered_map<const void*, std::string> trainable;
+  for (const auto& g : groups)
+    for (size_t i = 0; i < g.params.size(); ++i) trainable[g.params[i].unsafeGetTensorImpl()] = g.names[i];
+  std::vector<FlatOptimizer::Hyper> hypers;
+  std::unordered_map<const void*, int> group_of;
+  for (size_t k = 0; k < param_groups.size(); ++k) {
+    const ParamGroup& pg = param_groups[k];
+    const double lr = pg.lr.value_or(config.optimizer.lr);
+    if (lr < 0 || pg.weight_decay.value_or(0) < 0)
+      throw std::invalid_argument("zero::Engine: param group " + std::to_string(k) + " has a negative lr or weight_decay");
+    hypers.push_back({config.optimizer.lr > 0 ? lr / config.optimizer.lr : 1.0,
+                      pg.weight_decay.value_or(config.optimizer.weight_decay)});
+    for (const auto& t : pg.params) {
+      auto it = trainable.find(t.unsafeGetTensorImpl());
+      if (it == trainable.end())
+        throw std::invalid_argument("zero::Engine: param group " + std::to_string(k) + " holds a tensor of shape " +
+                                    c10::str(t.sizes()) + " that is not a trainable param of the model");
+      if (!group_of.emplace(it->first, static_cast<int>(k)).second)
+        throw std::invalid_argument("zero::Engine: param '" + it->second + "' is in param group " +
+                                    std::to_string(group_of.at(it->first)) + " and in group " + std::to_string(k));
+    }
+  }
+  optimizer.set_param_groups(std::move(hypers), std::move(group_of));
+}
+
 int64_t resident(const at::Tensor& t) { return memory::resident_bytes(t); }
 
 bool same_storage(const at::Tensor& a, const at::Tensor& b) {
@@ -71,7 +101,7 @@ bool same_storage(const at::Tensor& a, const at::Tensor& b) {
 // ---- construction ---------------------------------------------------------------
 
 Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::shared_ptr<comm::Group> owner,
-                   const comm::Group& group)
+                   const comm::Group& group, const std::vector<ParamGroup>& param_groups)
     : config(c), comm(cm), dp_owner(std::move(owner)), dp(group), policy(StagePolicy::for_stage(c.zero.stage)),
       precision((validate(c), resolve_precision(c, cm, group))),
       training_log(c, group.rank() == 0, [this](const std::string& line) { log(line); }),
@@ -86,6 +116,7 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
   sync_replicated_at_construction(m, replicated, comm, dp);
   cast_replicated_to_compute(replicated, precision);
   model = group_params(m, GroupingContext{config, policy, precision, optimizer, comm, dp});
+  use_param_groups(param_groups, groups, config, optimizer);
   ReducerOptions ro{policy, config.zero.overlap_comm(), config.zero.contiguous_gradients, precision.grad, nullptr,
                     [this] { return implicit_backward(); }};
   if (policy.shard_params) {
@@ -270,12 +301,22 @@ CheckpointTarget Engine::Impl::checkpoint_target() {
 
 // ---- the public surface ---------------------------------------------------------
 
-Engine::Engine(torch::nn::Module& model, const Config& config, World& world)
-    : impl_(std::make_unique<Impl>(model, config, world.comm(), nullptr, world.group())) {}
+Engine::Engine(torch::nn::Module& model, const Config& config, World& world, std::vector<ParamGroup> param_groups)
+    : impl_(std::make_unique<Impl>(model, config, world.comm(), nullptr, world.group(), param_groups)) {}
 
-Engine::Engine(torch::nn::Module& model, const Config& config, comm::Comm& comm, std::shared_ptr<comm::Group> dp)
-    : impl_(dp ? std::make_unique<Impl>(model, config, comm, dp, *dp)
+Engine::Engine(torch::nn::Module& model, const Config& config, comm::Comm& comm, std::shared_ptr<comm::Group> dp,
+               std::vector<ParamGroup> param_groups)
+    : impl_(dp ? std::make_unique<Impl>(model, config, comm, dp, *dp, param_groups)
                : throw std::invalid_argument("zero::Engine: the data-parallel group is null (not a member?)")) {}
+
+std::vector<ParamGroup> weight_decay_groups(torch::nn::Module& model, double weight_decay) {
+  ParamGroup decay{{}, std::nullopt, weight_decay}, no_decay{{}, std::nullopt, 0.0};
+  std::unordered_set<const void*> seen;
+  for (const auto& p : model.parameters(/*recurse=*/true))
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second)
+      (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
+  return {decay, no_decay};
+}
 
 Engine::~Engine() = default;
 
@@ -475,6 +516,8 @@ at::Tensor Engine::cast_input(const at::Tensor& t) const {
 }
 
 at::ScalarType Engine::compute_dtype() const { return impl_->precision.compute; }
+
+void Engine::set_lr_schedule(std::function<double(int64_t)> fn) { impl_->optimizer.set_lr_schedule(std::move(fn)); }
 
 double Engine::global_mean(const at::Tensor& value) {
   if (value.numel() != 1)

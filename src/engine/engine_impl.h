@@ -30,7 +30,7 @@ namespace zero {
 
 struct Engine::Impl {
   Impl(torch::nn::Module& model, const Config& c, comm::Comm& cm, std::shared_ptr<comm::Group> owner,
-       const comm::Group& group);
+       const comm::Group& group, const std::vector<ParamGroup>& param_groups);
   ~Impl();
   Impl(const Impl&) = delete;  // `groups` refers into `model`
   Impl& operator=(const Impl&) = delete;

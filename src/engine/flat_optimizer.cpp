@@ -23,8 +23,38 @@ optim::Out16 out_kind(const at::Tensor& dest, const partition::FlatGroup& g) {
 
 FlatOptimizer::FlatOptimizer(const Config& config, const StagePolicy& policy, comm::Comm& comm,
                              const comm::Group& dp, std::function<void(const std::string&)> log)
-    : config_(config), policy_(policy), comm_(comm), dp_(dp), log_(std::move(log)),
-      scaler_(config.fp16) {}
+    : config_(config), policy_(policy), hypers_{{1.0, config.optimizer.weight_decay}}, comm_(comm), dp_(dp),
+      log_(std::move(log)), scaler_(config.fp16) {}
+
+void FlatOptimizer::set_param_groups(std::vector<Hyper> hypers, std::unordered_map<const void*, int> group_of) {
+  hypers_ = std::move(hypers);
+  hypers_.insert(hypers_.begin(), Hyper{1.0, config_.optimizer.weight_decay});
+  group_of_ = std::move(group_of);
+  for (auto& [param, index] : group_of_) ++index;  // after the config's
+}
+
+std::vector<FlatOptimizer::Span> FlatOptimizer::spans_of(const partition::FlatGroup& g) const {
+  const int64_t n = g.master.numel();
+  if (group_of_.empty()) return {{0, n, 0}};  // one run: padding included, as without groups
+  std::unordered_map<int64_t, int> hyper_of_index;  // layout's param_index -> hyper
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    auto it = group_of_.find(g.params[i].unsafeGetTensorImpl());
+    hyper_of_index[g.layout.params[i].param_index] = it == group_of_.end() ? 0 : it->second;
+  }
+  std::vector<Span> spans;
+  auto add = [&](int64_t begin, int64_t numel, int hyper) {
+    if (!spans.empty() && spans.back().hyper == hyper && spans.back().begin + spans.back().numel == begin)
+      spans.back().numel += numel;
+    else
+      spans.push_back({begin, numel, hyper});
+  };
+  if (policy_.shard_optimizer_state) {
+    for (const auto& f : g.layout.fragments(dp_.rank())) add(f.shard_offset, f.numel, hyper_of_index.at(f.param_index));
+  } else {
+    for (const auto& slot : g.layout.params) add(slot.offset, slot.numel, hyper_of_index.at(slot.param_index));
+  }
+  return spans;
+}
 
 void FlatOptimizer::init_state(partition::FlatGroup& g) const {
   g.exp_avg = at::zeros_like(g.master);
@@ -33,6 +63,7 @@ void FlatOptimizer::init_state(partition::FlatGroup& g) const {
 }
 
 double FlatOptimizer::lr() const {
+  if (schedule_) return schedule_(scheduler_iter_ + 1);  // DeepSpeed's iteration starts at -1
   return optim::scheduled_lr(config_.scheduler, config_.optimizer.lr, scheduler_iter_);
 }
 
@@ -87,22 +118,30 @@ void FlatOptimizer::commit() {
 }
 
 void FlatOptimizer::update_group(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale) {
-  const int64_t n = g.master.numel();
   const at::Tensor dest = policy_.update_destination(g, dp_.rank());
   const auto kind = out_kind(dest, g);
   void* out16 = kind == optim::Out16::None ? nullptr : dest.data_ptr();
+  for (const Span& s : spans_of(g)) update_span(g, grad, s, lr, grad_scale, out16, kind);
+}
+
+void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad, const Span& s, double lr,
+                                float grad_scale, void* out16, optim::Out16 kind) {
+  const Hyper& hy = hypers_[s.hyper];
+  const float rate = static_cast<float>(lr * hy.lr_scale), wd = static_cast<float>(hy.weight_decay);
+  float* master = g.master.data_ptr<float>() + s.begin;
+  const float* gr = grad.data_ptr<float>() + s.begin;
+  void* out = out16 ? static_cast<char*>(out16) + s.begin * optim::out16_bytes(kind) : nullptr;
   const auto& o = config_.optimizer;
   if (o.type == OptimizerType::SGD) {
-    optim::SgdHyper h{static_cast<float>(lr), static_cast<float>(o.momentum), static_cast<float>(o.dampening),
-                      static_cast<float>(o.weight_decay), o.nesterov, optimizer_steps_ == 1};
-    optim::sgd_update(g.master.data_ptr<float>(), grad.data_ptr<float>(),
-                      g.exp_avg.defined() ? g.exp_avg.data_ptr<float>() : nullptr, n, h, grad_scale, out16, kind);
+    optim::SgdHyper h{rate, static_cast<float>(o.momentum), static_cast<float>(o.dampening), wd, o.nesterov,
+                      optimizer_steps_ == 1};
+    optim::sgd_update(master, gr, g.exp_avg.defined() ? g.exp_avg.data_ptr<float>() + s.begin : nullptr, s.numel, h,
+                      grad_scale, out, kind);
   } else {
-    optim::AdamHyper h{static_cast<float>(lr), static_cast<float>(o.betas[0]), static_cast<float>(o.betas[1]),
-                       static_cast<float>(o.eps), static_cast<float>(o.weight_decay), optimizer_steps_,
-                       o.adam_w_mode, true};
-    optim::adam_update(g.master.data_ptr<float>(), grad.data_ptr<float>(), g.exp_avg.data_ptr<float>(),
-                       g.exp_avg_sq.data_ptr<float>(), n, h, grad_scale, out16, kind);
+    optim::AdamHyper h{rate, static_cast<float>(o.betas[0]), static_cast<float>(o.betas[1]), static_cast<float>(o.eps),
+                       wd, optimizer_steps_, o.adam_w_mode, true};
+    optim::adam_update(master, gr, g.exp_avg.data_ptr<float>() + s.begin, g.exp_avg_sq.data_ptr<float>() + s.begin,
+                       s.numel, h, grad_scale, out, kind);
   }
 }
 

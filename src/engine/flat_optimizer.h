@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "optim/loss_scaler.h"
 #include "partition/flat_group.h"
 #include "zero/comm.h"
+#include "optim/kernels.h"
 #include "zero/config.h"
 
 namespace zero {
@@ -29,6 +31,14 @@ class FlatOptimizer {
   // Optimizer state for a group whose master is set: moments (Adam), momentum (SGD).
   void init_state(partition::FlatGroup& g) const;
 
+  // Param groups (torch's, DeepSpeed's model_parameters): hyper 0 is the
+  // config's; a param in `group_of` uses hypers[index] instead.
+  struct Hyper {
+    double lr_scale = 1.0;  // the group's lr / the config's lr (the schedule scales both alike)
+    double weight_decay = 0.0;
+  };
+  void set_param_groups(std::vector<Hyper> hypers, std::unordered_map<const void*, int> group_of);
+
   // Updates the masters (and the 16-bit params) from the reduced grads;
   // false when the step is skipped for an fp16/bf16 overflow (the loss
   // scale drops; reported as DeepSpeed does; counted as skipped at once).
@@ -39,6 +49,8 @@ class FlatOptimizer {
 
   double loss_scale() const { return scaler_.scale(); }
   double lr() const;  // the lr the next step uses
+  // Replaces the config's scheduler: fn(k) is the lr after k optimizer steps.
+  void set_lr_schedule(std::function<double(int64_t)> fn) { schedule_ = std::move(fn); }
   int64_t global_steps() const { return global_steps_; }
   int64_t skipped_steps() const { return skipped_steps_; }
   double last_grad_norm() const { return last_grad_norm_; }
@@ -51,9 +63,20 @@ class FlatOptimizer {
   at::Tensor grads_of(const partition::FlatGroup& g) const;  // fp32: a shard, or all of it
   double global_sumsq(const std::vector<at::Tensor>& grads);
   void update_group(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale);
+  // Runs of the master (this rank's shard, or all of it) under one hyper.
+  struct Span {
+    int64_t begin, numel;
+    int hyper;
+  };
+  std::vector<Span> spans_of(const partition::FlatGroup& g) const;
+  void update_span(partition::FlatGroup& g, const at::Tensor& grad, const Span& s, double lr, float grad_scale,
+                   void* out16, optim::Out16 kind);
 
   const Config& config_;
   const StagePolicy& policy_;
+  std::function<double(int64_t)> schedule_;      // the user's, if set
+  std::vector<Hyper> hypers_;                    // [0]: the config's
+  std::unordered_map<const void*, int> group_of_;  // param -> hyper, when not 0
   comm::Comm& comm_;
   const comm::Group& dp_;
   std::function<void(const std::string&)> log_;

@@ -32,6 +32,11 @@ double scheduled_lr(const SchedulerConfig& s, double base_lr, int64_t it) {
                                   std::max(1.0, static_cast<double>(s.total_num_steps - n)));
       return s.warmup_min_lr + (s.warmup_max_lr - s.warmup_min_lr) * gamma;
     }
+    case SchedulerType::LRRangeTest: {
+      const double interval = static_cast<double>(it + 1) / static_cast<double>(s.lr_range_test_step_size);
+      return s.lr_range_test_min_lr *
+             (1.0 + s.lr_range_test_step_rate * (s.lr_range_test_staircase ? std::floor(interval) : interval));
+    }
     case SchedulerType::WarmupCosineLR: {
       if (it < 0) return 0.0;
       double ratio;

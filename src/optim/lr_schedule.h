@@ -1,4 +1,5 @@
-// DeepSpeed's LR schedules (WarmupLR, WarmupDecayLR, WarmupCosineLR) as a
+// DeepSpeed's LR schedules (WarmupLR, WarmupDecayLR, WarmupCosineLR,
+// LRRangeTest) as a
 // pure function of the scheduler iteration.
 //
 // DeepSpeed's timing is kept: the scheduler starts at iteration -1 (its

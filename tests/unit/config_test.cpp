@@ -226,7 +226,12 @@ TEST(ConfigErrors, NameTheKeyAndWhatIsAllowed) {
   expect_error(R"({"fp16": {"enabled": true, "auto_cast": true}})", {"fp16.auto_cast", "not supported"});
   expect_error(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})",
                {"scheduler.params.total_num_steps", "required"});
-  expect_error(R"({"scheduler": {"type": "OneCycle"}})", {"scheduler.type", "WarmupLR"});
+  expect_error(R"({"scheduler": {"type": "OneCycle"}})", {"scheduler.type", "LRRangeTest"});
+  Config r = Config::from_string(R"({"scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 1e-5,
+      "lr_range_test_step_size": 50, "lr_range_test_step_rate": 3, "lr_range_test_staircase": true}}})");
+  EXPECT_EQ(r.scheduler.type, zero::SchedulerType::LRRangeTest);
+  EXPECT_EQ(r.scheduler.lr_range_test_step_size, 50);
+  EXPECT_TRUE(Config::from_json(r.to_json()).scheduler.lr_range_test_staircase);
   expect_error(R"({"tensorboard": {"enabled": true, "output_path": "x"}})", {"tensorboard.enabled", "not supported"});
   expect_error(R"({"communication_data_type": "fp8"})", {"communication_data_type", "fp8"});
   expect_error(R"({"zero_optimization": [1, 2]})", {"zero_optimization must be a JSON object"});

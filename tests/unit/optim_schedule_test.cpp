@@ -119,6 +119,19 @@ TEST(LrSchedule, DeepSpeedFormulas) {
 
   zero::SchedulerConfig none;
   EXPECT_EQ(scheduled_lr(none, 0.3, 7), 0.3);
+
+  // LRRangeTest: min_lr at construction (iteration -1), then growing by
+  // step_rate per step_size iterations, continuously or in stairs.
+  zero::SchedulerConfig r;
+  r.type = zero::SchedulerType::LRRangeTest;
+  r.lr_range_test_min_lr = 1e-4;
+  r.lr_range_test_step_size = 10;
+  r.lr_range_test_step_rate = 2.0;
+  EXPECT_DOUBLE_EQ(scheduled_lr(r, 1, -1), 1e-4);
+  EXPECT_DOUBLE_EQ(scheduled_lr(r, 1, 4), 1e-4 * (1 + 2.0 * 0.5));
+  r.lr_range_test_staircase = true;
+  EXPECT_DOUBLE_EQ(scheduled_lr(r, 1, 4), 1e-4);
+  EXPECT_DOUBLE_EQ(scheduled_lr(r, 1, 9), 1e-4 * 3);
 }
 
 }  // namespace

@@ -1,0 +1,129 @@
+// Optimizer param groups: per-group lr and weight decay, the standard
+// recipe (no decay on biases and norms), at every stage -- against
+// torch::optim::AdamW given the same groups on the whole batch in one
+// process. The oracle can fail: the same reference without groups is far off.
+#include <torch/nn/modules/normalization.h>
+#include <torch/optim/adamw.h>
+
+#include "fixtures.h"
+
+namespace zero::test {
+namespace {
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl() {
+    at::manual_seed(17);
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({16})));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 1));
+  }
+  at::Tensor forward(const at::Tensor& x) { return fc2(ln(at::tanh(fc1(x)))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::LayerNorm ln{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+constexpr double kLr = 0.01, kNoDecayLr = 0.02, kDecay = 0.1;
+
+// The config's optimizer: AdamW at kLr with weight decay kDecay, no clipping
+// or schedule (torch's AdamW has neither).
+Config group_config(int stage) {
+  return Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                            {"gradient_clipping", 0.0},
+                            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", kLr}, {"weight_decay", kDecay}}}}},
+                            {"zero_optimization", {{"stage", stage}, {"stage3_param_persistence_threshold", 0}}}});
+}
+
+std::pair<at::Tensor, at::Tensor> batch(int step) {
+  at::manual_seed(900 + step);
+  const at::Tensor x = at::randn({4 * dp_group()->size(), 8});
+  return {x, x.sum(1, true).sin()};
+}
+
+// torch's AdamW on the whole batch: with the recipe's two groups, or one.
+std::map<std::string, at::Tensor> torch_reference(bool grouped, int steps) {
+  Mlp ref;
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (grouped) {
+    auto recipe = weight_decay_groups(*ref, kDecay);
+    groups.emplace_back(recipe[0].params, std::make_unique<torch::optim::AdamWOptions>(
+                                              torch::optim::AdamWOptions(kLr).weight_decay(kDecay).eps(1e-8)));
+    groups.emplace_back(recipe[1].params, std::make_unique<torch::optim::AdamWOptions>(
+                                              torch::optim::AdamWOptions(kNoDecayLr).weight_decay(0).eps(1e-8)));
+  } else {
+    groups.emplace_back(ref->parameters(), std::make_unique<torch::optim::AdamWOptions>(
+                                               torch::optim::AdamWOptions(kLr).weight_decay(kDecay).eps(1e-8)));
+  }
+  torch::optim::AdamW opt(std::move(groups), torch::optim::AdamWOptions(kLr));
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = batch(s);
+    opt.zero_grad();
+    (ref->forward(x) - y).pow(2).mean().backward();
+    opt.step();
+  }
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : ref->named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+TEST(ParamGroups, MatchTorchAdamWWithTheSameGroupsAtEveryStage) {
+  const int steps = 6;
+  const auto want = torch_reference(true, steps);
+  const auto ungrouped = torch_reference(false, steps);
+  ASSERT_GT(max_abs_diff(want, ungrouped), 1e-3) << "the groups must matter for this oracle";
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    Mlp model;
+    auto groups = weight_decay_groups(*model, kDecay);
+    ASSERT_EQ(groups[1].params.size(), 4u);  // fc1.bias, ln.weight, ln.bias, fc2.bias
+    groups[1].lr = kNoDecayLr;
+    zero::Engine engine(*model, group_config(stage), world().comm(), dp_group(), groups);
+    for (int s = 0; s < steps; ++s) {
+      auto [x, y] = batch(s);
+      const int r = dp_group()->rank();
+      const at::Tensor out = engine.forward(model, x.narrow(0, 4 * r, 4));
+      engine.backward((out - y.narrow(0, 4 * r, 4)).pow(2).mean());
+      engine.step();
+    }
+    // fp32 throughout; the kernel and torch's AdamW differ only in rounding.
+    EXPECT_LT(max_abs_diff(engine.full_parameters(), want), 2e-5) << worst_param(engine.full_parameters(), want);
+  }
+}
+
+// A schedule function replaces the config's: lr(k) after k steps, and an
+// lr of 0 leaves the params where they were (the update reads it).
+TEST(ParamGroups, UserScheduleFunctionDrivesTheLr) {
+  Mlp model;
+  zero::Engine engine(*model, group_config(2), world().comm(), dp_group());
+  engine.set_lr_schedule([](int64_t k) { return k < 2 ? 0.0 : 0.001 * static_cast<double>(k); });
+  EXPECT_EQ(engine.lr(), 0.0);
+  const auto before = engine.full_parameters();
+  for (int s = 0; s < 3; ++s) {
+    auto [x, y] = batch(s);
+    const int r = dp_group()->rank();
+    engine.backward((engine.forward(model, x.narrow(0, 4 * r, 4)) - y.narrow(0, 4 * r, 4)).pow(2).mean());
+    engine.step();
+    if (s == 1) {
+      EXPECT_EQ(max_abs_diff(engine.full_parameters(), before), 0.0) << "lr 0 for the first two steps";
+    }
+  }
+  EXPECT_DOUBLE_EQ(engine.lr(), 0.003);
+  EXPECT_GT(max_abs_diff(engine.full_parameters(), before), 0.0);
+}
+
+TEST(ParamGroups, BadGroupsAreNamed) {
+  Mlp model;
+  Mlp other;
+  expect_error<std::invalid_argument>(
+      [&] { zero::Engine(*model, group_config(2), world().comm(), dp_group(), {{{other->fc1->weight}, 0.1, {}}}); },
+      "not a trainable param of the model");
+  expect_error<std::invalid_argument>(
+      [&] {
+        zero::Engine(*model, group_config(2), world().comm(), dp_group(),
+                     {{{model->fc1->weight}, {}, {}}, {{model->fc1->weight}, {}, 0.0}});
+      },
+      "param 'fc1.weight' is in param group 0 and in group 1");
+}
+
+}  // namespace
+}  // namespace zero::test
