@@ -57,6 +57,14 @@ struct OptimizerConfig {
   double momentum = 0.0;  // SGD
   double dampening = 0.0;
   bool nesterov = false;
+
+  // An optimizer from code (zero::with_optimizer below), run by the same
+  // fused kernels as the config's.
+  static OptimizerConfig adamw(double lr, double weight_decay = 0.01, std::array<double, 2> betas = {0.9, 0.999},
+                               double eps = 1e-8);
+  static OptimizerConfig adam(double lr, double weight_decay = 0.0, std::array<double, 2> betas = {0.9, 0.999},
+                              double eps = 1e-8);  // L2 weight decay (torch.optim.Adam)
+  static OptimizerConfig sgd(double lr, double momentum = 0.0, double weight_decay = 0.0, bool nesterov = false);
 };
 
 enum class SchedulerType { None, WarmupLR, WarmupDecayLR, WarmupCosineLR, LRRangeTest };
@@ -72,6 +80,7 @@ struct SchedulerConfig {
   int64_t total_num_steps = 0;     // WarmupDecayLR, WarmupCosineLR (required there)
   double warmup_min_ratio = 0.0;   // WarmupCosineLR
   double cos_min_ratio = 1e-4;     // WarmupCosineLR
+  bool warmup_max_lr_follows_optimizer = false;  // WarmupLR without warmup_max_lr: the optimizer's lr
   // LRRangeTest: min_lr * (1 + step_rate * (iteration + 1) / step_size), the
   // interval floored when staircase.
   double lr_range_test_min_lr = 1e-3;
@@ -185,5 +194,11 @@ struct Config {
   // (for logs; from_json(to_json()) gives back an equal config).
   nlohmann::json to_json() const;
 };
+
+// `config` with `optimizer` as its optimizer, for a ds_config without an
+// "optimizer" block (the client optimizer of deepspeed.initialize). Throws
+// ConfigError when the config has one too. A WarmupLR without warmup_max_lr
+// then warms up to this optimizer's lr.
+Config with_optimizer(Config config, OptimizerConfig optimizer);
 
 }  // namespace zero

@@ -378,8 +378,10 @@ Config Config::from_json(const json& j) {
     top.fail("bf16", "and fp16 are both enabled; enable at most one");
   c.optimizer = read_optimizer(top);
   c.scheduler = read_scheduler(top);
-  if (c.scheduler.type == SchedulerType::WarmupLR && c.scheduler.warmup_max_lr < 0)
+  if (c.scheduler.type == SchedulerType::WarmupLR && c.scheduler.warmup_max_lr < 0) {
     c.scheduler.warmup_max_lr = c.optimizer.lr;
+    c.scheduler.warmup_max_lr_follows_optimizer = true;
+  }
   c.communication_data_type = read_dtype(top, "communication_data_type");
   {
     ObjectReader dt = top.child("data_types");
@@ -508,6 +510,46 @@ int64_t batch_product(std::initializer_list<std::pair<const char*, int64_t>> fac
 }
 
 }  // namespace
+
+OptimizerConfig OptimizerConfig::adamw(double lr, double weight_decay, std::array<double, 2> betas, double eps) {
+  OptimizerConfig o;
+  o.type = OptimizerType::AdamW;
+  o.given = true;
+  o.lr = lr;
+  o.weight_decay = weight_decay;
+  o.betas = betas;
+  o.eps = eps;
+  return o;
+}
+
+OptimizerConfig OptimizerConfig::adam(double lr, double weight_decay, std::array<double, 2> betas, double eps) {
+  OptimizerConfig o = adamw(lr, weight_decay, betas, eps);
+  o.type = OptimizerType::Adam;
+  o.adam_w_mode = false;
+  return o;
+}
+
+OptimizerConfig OptimizerConfig::sgd(double lr, double momentum, double weight_decay, bool nesterov) {
+  OptimizerConfig o;
+  o.type = OptimizerType::SGD;
+  o.given = true;
+  o.lr = lr;
+  o.momentum = momentum;
+  o.weight_decay = weight_decay;
+  o.nesterov = nesterov;
+  return o;
+}
+
+Config with_optimizer(Config config, OptimizerConfig optimizer) {
+  if (config.optimizer.given)
+    throw ConfigError("ds_config: has an \"optimizer\" block and an optimizer was passed from code; keep one");
+  if (!(optimizer.lr >= 0) || !(optimizer.weight_decay >= 0))
+    throw ConfigError("with_optimizer: lr and weight_decay must be >= 0");
+  optimizer.given = true;
+  config.optimizer = optimizer;
+  if (config.scheduler.warmup_max_lr_follows_optimizer) config.scheduler.warmup_max_lr = optimizer.lr;
+  return config;
+}
 
 BatchConfig Config::resolve_batch(int64_t dp) const {
   if (dp < 1) throw ConfigError("ds_config: data-parallel size must be >= 1, got " + std::to_string(dp));

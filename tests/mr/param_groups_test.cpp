@@ -90,6 +90,27 @@ TEST(ParamGroups, MatchTorchAdamWWithTheSameGroupsAtEveryStage) {
   }
 }
 
+// The optimizer passed from code (a ds_config without an "optimizer"
+// block) trains as the config's: the same torch AdamW reference.
+TEST(ParamGroups, ClientOptimizerFromCodeMatchesTheReference) {
+  const int steps = 6;
+  const auto want = torch_reference(true, steps);
+  nlohmann::json j = group_config(1).to_json();
+  j.erase("optimizer");
+  const Config c = zero::with_optimizer(Config::from_json(j), zero::OptimizerConfig::adamw(kLr, kDecay));
+  Mlp model;
+  auto groups = weight_decay_groups(*model, kDecay);
+  groups[1].lr = kNoDecayLr;
+  zero::Engine engine(*model, c, world().comm(), dp_group(), groups);
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = batch(s);
+    const int r = dp_group()->rank();
+    engine.backward((engine.forward(model, x.narrow(0, 4 * r, 4)) - y.narrow(0, 4 * r, 4)).pow(2).mean());
+    engine.step();
+  }
+  EXPECT_LT(max_abs_diff(engine.full_parameters(), want), 2e-5);
+}
+
 // A schedule function replaces the config's: lr(k) after k steps, and an
 // lr of 0 leaves the params where they were (the update reads it).
 TEST(ParamGroups, UserScheduleFunctionDrivesTheLr) {

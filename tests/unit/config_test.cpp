@@ -325,6 +325,20 @@ TEST(ConfigOwnKeys, ComputeDtype) {
   expect_error(R"({"zero_cpp": {"compute_dtype": "float64"}})", {"zero_cpp.compute_dtype"});
 }
 
+TEST(ConfigClientOptimizer, WithOptimizerFromCode) {
+  Config c = Config::from_string(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}}})");
+  EXPECT_FALSE(c.optimizer.given);
+  Config w = zero::with_optimizer(c, zero::OptimizerConfig::adamw(3e-4, 0.1));
+  EXPECT_TRUE(w.optimizer.given);
+  EXPECT_EQ(w.optimizer.type, zero::OptimizerType::AdamW);
+  EXPECT_DOUBLE_EQ(w.optimizer.weight_decay, 0.1);
+  EXPECT_DOUBLE_EQ(w.scheduler.warmup_max_lr, 3e-4);  // WarmupLR follows the optimizer's lr
+  EXPECT_FALSE(zero::OptimizerConfig::adam(1e-3).adam_w_mode);
+  EXPECT_DOUBLE_EQ(zero::OptimizerConfig::sgd(0.1, 0.9).momentum, 0.9);
+  Config both = Config::from_string(R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}})");
+  EXPECT_THROW(zero::with_optimizer(both, zero::OptimizerConfig::adamw(1e-3)), zero::ConfigError);
+}
+
 TEST(ConfigLogging, WallClockBreakdownAndCsvMonitor) {
   Config d = Config::from_string("{}");
   EXPECT_FALSE(d.wall_clock_breakdown);
