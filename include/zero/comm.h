@@ -138,6 +138,8 @@ class Comm {
  private:
   Transport& route(const Group& g, CollectiveOp op, const at::Tensor& t);
   WorkHandle count(const Group& g, CollectiveOp op, Transport& t, const at::Tensor& full, WorkHandle w);
+  // The payload as a dtype and a size (a widening all-gather counts what travels).
+  WorkHandle count(const Group& g, CollectiveOp op, Transport& t, at::ScalarType dtype, int64_t numel, WorkHandle w);
 
   std::shared_ptr<Transport> backend_;
   std::vector<std::shared_ptr<Transport>> fast_paths_;

@@ -1,7 +1,9 @@
 // The collective dispatcher: argument checks, counters, and routing between
 // fast paths and the backend. Also the shared Work handle types.
 #include <algorithm>
+#include <optional>
 #include <sstream>
+#include <utility>
 
 #include <ATen/core/grad_mode.h>
 
@@ -80,12 +82,18 @@ void check_dense(CollectiveOp op, const Group& g, const at::Tensor& t, const cha
 
 // "reduce_scatter of 4096 BFloat16 into Float [grads of unit 'h3']": what the
 // ranks of the group must agree on (numel is the full buffer's).
-Signature signature(CollectiveOp op, const at::Tensor& full, std::string_view label, const std::string& extra = {}) {
+Signature signature(CollectiveOp op, std::optional<std::pair<at::ScalarType, int64_t>> payload,
+                    std::string_view label, const std::string& extra = {}) {
   std::string s = to_string(op);
-  if (full.defined()) s += " of " + std::to_string(full.numel()) + " " + c10::toString(full.scalar_type());
+  if (payload) s += " of " + std::to_string(payload->second) + " " + c10::toString(payload->first);
   s += extra;
   if (!label.empty()) s.append(" [").append(label).append("]");
   return {s};
+}
+
+Signature signature(CollectiveOp op, const at::Tensor& full, std::string_view label, const std::string& extra = {}) {
+  return signature(op, full.defined() ? std::make_optional(std::make_pair(full.scalar_type(), full.numel())) : std::nullopt,
+                   label, extra);
 }
 
 }  // namespace
@@ -102,10 +110,17 @@ Transport& Comm::route(const Group& g, CollectiveOp op, const at::Tensor& t) {
 }
 
 WorkHandle Comm::count(const Group& g, CollectiveOp op, Transport& t, const at::Tensor& full, WorkHandle w) {
-  const int64_t numel = full.defined() ? full.numel() : 0;
-  const int64_t bytes = full.defined() ? numel * static_cast<int64_t>(full.element_size()) : 0;
-  counters_.record(g.name(), op, t.name(), bytes,
-                   full.defined() ? t.wire_bytes(g, op, full.scalar_type(), numel) : 0);
+  if (!full.defined()) {
+    counters_.record(g.name(), op, t.name(), 0, 0);
+    return w;
+  }
+  return count(g, op, t, full.scalar_type(), full.numel(), std::move(w));
+}
+
+WorkHandle Comm::count(const Group& g, CollectiveOp op, Transport& t, at::ScalarType dtype, int64_t numel,
+                       WorkHandle w) {
+  counters_.record(g.name(), op, t.name(), numel * static_cast<int64_t>(c10::elementSize(dtype)),
+                   t.wire_bytes(g, op, dtype, numel));
   return w;
 }
 
@@ -123,10 +138,10 @@ WorkHandle Comm::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_s
     bad_args(op, g, "output has " + std::to_string(out_flat.numel()) + " elements, expected " +
                         std::to_string(g.size()) + " x " + std::to_string(in_shard.numel()));
   Transport& t = route(g, op, in_shard);
-  // Counted in the dtype that travels (the input's).
-  const at::Tensor as_sent = widening ? at::empty({1}, in_shard.options()).expand({out_flat.numel()}) : out_flat;
-  return count(g, op, t, as_sent,
-               t.all_gather(g, out_flat.view(-1), in_shard.view(-1), signature(op, as_sent, label)));
+  // Counted and signed in the dtype that travels (the input's).
+  const auto sent = std::make_pair(in_shard.scalar_type(), out_flat.numel());
+  return count(g, op, t, sent.first, sent.second,
+               t.all_gather(g, out_flat.view(-1), in_shard.view(-1), signature(op, sent, label)));
 }
 
 WorkHandle Comm::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp rop,
@@ -169,7 +184,7 @@ WorkHandle Comm::broadcast(const Group& g, at::Tensor tensor, int root, std::str
 
 WorkHandle Comm::barrier(const Group& g) {
   Transport& t = *backend_;
-  return count(g, CollectiveOp::Barrier, t, at::Tensor(), t.barrier(g, signature(CollectiveOp::Barrier, {}, {})));
+  return count(g, CollectiveOp::Barrier, t, at::Tensor(), t.barrier(g, signature(CollectiveOp::Barrier, std::nullopt, {})));
 }
 
 void Comm::broadcast_coalesced(const Group& g, const std::vector<at::Tensor>& tensors, int root,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <sstream>
 #include <unordered_set>
 
@@ -252,8 +253,11 @@ bool Engine::Impl::step() {
 void Engine::Impl::report_step(bool stepped) {
   const int64_t steps = optimizer.global_steps() + optimizer.skipped_steps();  // DeepSpeed counts skipped ones
   if (!training_log.reports(steps)) return;
-  double loss = training_log.take_local_loss();
-  at::Tensor mean = at::full({1}, loss, at::kDouble);
+  // This rank's mean over the window (NaN without an engine.backward), then over ranks.
+  at::Tensor mean = logged_losses ? (logged_loss_sum / static_cast<double>(logged_losses)).to(at::kCPU).reshape({1})
+                                  : at::full({1}, std::numeric_limits<double>::quiet_NaN(), at::kDouble);
+  logged_loss_sum = at::Tensor();
+  logged_losses = 0;
   comm.all_reduce(dp, mean, comm::ReduceOp::Avg, "logged loss")->wait();
   training_log.on_step({steps, steps * batch.train_batch_size, mean.item<double>(), optimizer.lr(),
                         optimizer.loss_scale(), optimizer.last_grad_norm(), !stepped});
@@ -350,7 +354,8 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
   m.check_no_gathered_scope("backward()");
   m.recover_if_backward_failed();
   const double gas = static_cast<double>(m.batch.gradient_accumulation_steps);
-  m.training_log.add_loss(loss.detach().item<double>());
+  const at::Tensor value = loss.detach().reshape({}).to(at::kDouble);
+  m.logged_loss_sum = m.logged_losses++ ? m.logged_loss_sum + value : value;
   TrainingLog::Timer timer(m.training_log, TrainingLog::Backward);
   m.reducer->begin_backward(m.reduce_this_backward());
   try {

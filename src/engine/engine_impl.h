@@ -44,6 +44,10 @@ struct Engine::Impl {
   Precision precision;  // storage, compute and grad dtypes (engine/precision.h)
   TrainingLog training_log;  // progress lines, timers, csv_monitor (engine/training_log.h)
   std::chrono::steady_clock::time_point forward_started;
+  // The losses given to backward() since the last report, summed where they
+  // live (no host sync per backward), read once per report.
+  at::Tensor logged_loss_sum;
+  int64_t logged_losses = 0;
   FlatOptimizer optimizer;
   ModelGroups model;  // the flat groups, and what grouping learned of the model
   std::vector<partition::FlatGroup>& groups;  // = model.groups

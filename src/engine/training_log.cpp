@@ -3,11 +3,9 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <stdexcept>
 
 namespace zero {
@@ -47,13 +45,6 @@ TrainingLog::TrainingLog(const Config& config, bool lead, std::function<void(con
 
 bool TrainingLog::reports(int64_t global_steps) const {
   return csv_every_step_ || global_steps % steps_per_print_ == 0;  // alike on every rank
-}
-
-double TrainingLog::take_local_loss() {
-  const double mean = losses_ ? loss_sum_ / static_cast<double>(losses_) : std::numeric_limits<double>::quiet_NaN();
-  loss_sum_ = 0;
-  losses_ = 0;
-  return mean;
 }
 
 void TrainingLog::on_step(const StepReport& s) {

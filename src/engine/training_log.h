@@ -35,15 +35,9 @@ class TrainingLog {
   TrainingLog(const Config& config, bool lead, std::function<void(const std::string&)> print);
 
   void add_time(Phase phase, double ms) { phase_ms_[phase] += ms; }
-  void add_loss(double loss) {
-    loss_sum_ += loss;
-    ++losses_;
-  }
   // Whether the step that makes `global_steps` reports (so the engine
   // computes the global loss on every rank).
   bool reports(int64_t global_steps) const;
-  // This window's mean loss on this rank (NaN without any), and resets it.
-  double take_local_loss();
   void on_step(const StepReport& s);
 
   // Times a scope into `phase`.
@@ -75,8 +69,6 @@ class TrainingLog {
   std::array<double, kPhases> phase_ms_{};       // since the last step
   std::array<double, kPhases> window_ms_{};      // since the last print
   int64_t window_steps_ = 0;
-  double loss_sum_ = 0;
-  int64_t losses_ = 0;
   std::chrono::steady_clock::time_point window_start_ = std::chrono::steady_clock::now();
   int64_t window_first_samples_ = 0;  // global samples when the window began
 };

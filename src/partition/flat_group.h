@@ -49,8 +49,6 @@ struct FlatGroup {
   at::Tensor own_slot(const at::Tensor& flat, int rank) const {
     return flat.narrow(0, rank * layout.shard_numel, layout.shard_numel);
   }
-  // 16-bit at rest, fp32 in the module.
-  bool widened() const { return param_flat.defined() && param_flat.scalar_type() != storage_dtype; }
   // Point each param's .grad at its slice of grad_flat (grads then
   // accumulate straight into the flat buffer).
   void attach_grads() const;

@@ -133,7 +133,6 @@ TEST(StockModules, TrainAtEveryStageAndPrecisionWithNoModelChange) {
         for (size_t i = 0; i < r.losses.size(); ++i)
           worst = std::max(worst, std::fabs(r.losses[i] - ref.losses[i]) / ref.losses[i]);
         EXPECT_LT(worst, loss_bound(dtype));
-        if (std::getenv("ZERO_TEST_VERBOSE")) std::printf("worst %.3g\n", worst);
         // Names as the plain model registers them, in the model and in the state dict.
         EXPECT_EQ(r.param_names, plain_names());
         std::vector<std::string> got;
