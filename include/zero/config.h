@@ -67,7 +67,7 @@ struct OptimizerConfig {
   static OptimizerConfig sgd(double lr, double momentum = 0.0, double weight_decay = 0.0, bool nesterov = false);
 };
 
-enum class SchedulerType { None, WarmupLR, WarmupDecayLR, WarmupCosineLR, LRRangeTest };
+enum class SchedulerType { None, WarmupLR, WarmupDecayLR, WarmupCosineLR, LRRangeTest, OneCycle };
 const char* to_string(SchedulerType);
 enum class WarmupType { Log, Linear };
 
@@ -87,6 +87,20 @@ struct SchedulerConfig {
   int64_t lr_range_test_step_size = 2000;
   double lr_range_test_step_rate = 1.0;
   bool lr_range_test_staircase = false;
+  // OneCycle (DeepSpeed's 1Cycle): lr rises from cycle_min_lr to cycle_max_lr
+  // over the first step size and falls back over the second, then decays;
+  // with cycle_momentum (Adam-type optimizers) beta1 moves the opposite way
+  // between cycle_max_mom and cycle_min_mom, and beta2 is 0.99, as DeepSpeed sets it.
+  double cycle_min_lr = 0.0, cycle_max_lr = 0.0;
+  double decay_lr_rate = 0.0;
+  int64_t cycle_first_step_size = 2000;
+  int64_t cycle_second_step_size = 2000;  // DeepSpeed: unset means the first's
+  int64_t cycle_first_stair_count = 0;    // 0: no staircase
+  int64_t cycle_second_stair_count = 0;   // unset means the first's
+  int64_t decay_step_size = 0;            // 0: no decay after the cycle
+  bool cycle_momentum = true;
+  double cycle_min_mom = 0.8, cycle_max_mom = 0.9;
+  double decay_mom_rate = 0.0;
 };
 
 enum class OffloadDevice { None, CPU, NVMe };

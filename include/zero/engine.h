@@ -109,8 +109,10 @@ class Engine {
   //   auto logits = engine.forward(model, x);
   // Needed only when params compute in 16 bits (compute_dtype()) and the
   // model takes float inputs; token ids and other integer tensors pass as they are.
+  // An integer first argument is counted as this micro-batch's tokens (count_tokens).
   template <typename Module, typename Arg, typename... Args>
   at::Tensor forward(Module& module, Arg&& arg, Args&&... args) {
+    if constexpr (std::is_convertible_v<const Arg&, const at::Tensor&>) count_input_tokens(arg);
     return forward([&] {
       return module->forward(cast_input(std::forward<Arg>(arg)), cast_input(std::forward<Args>(args))...);
     });
@@ -121,6 +123,11 @@ class Engine {
   T&& cast_input(T&& v) const {
     return std::forward<T>(v);
   }
+  // Tokens this rank trained on in this micro-batch, for the progress
+  // line's tokens/s (engine.forward(model, ids, ...) counts an integer first
+  // argument itself; a forward(fn) caller counts here).
+  void count_tokens(int64_t n);
+  void count_input_tokens(const at::Tensor& first_input);  // its numel when integer, else nothing
   // The dtype the module's params have in forward and backward: fp32, or the
   // 16-bit dtype they are stored in (zero_cpp.compute_dtype; measured by default).
   at::ScalarType compute_dtype() const;

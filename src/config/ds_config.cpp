@@ -4,6 +4,7 @@
 // accepted only at DeepSpeed's default value (then the run behaves exactly as
 // configured) and are an error naming the key otherwise. Keys DeepSpeed does
 // not know are errors too, with a did-you-mean suggestion.
+#include <cmath>
 #include <fstream>
 #include <initializer_list>
 #include <limits>
@@ -152,12 +153,34 @@ OptimizerConfig read_optimizer(ObjectReader& top) {
   return c;
 }
 
+SchedulerConfig read_one_cycle(ObjectReader& p) {
+  SchedulerConfig c;
+  c.type = SchedulerType::OneCycle;
+  // Both bounds are required (DeepSpeed's constructor has no defaults for them).
+  constexpr double kUnset = std::numeric_limits<double>::quiet_NaN();
+  c.cycle_min_lr = p.get_double("cycle_min_lr", kUnset, 0.0, 1e6);
+  c.cycle_max_lr = p.get_double("cycle_max_lr", kUnset, 0.0, 1e6);
+  if (std::isnan(c.cycle_min_lr)) p.fail("cycle_min_lr", "is required for OneCycle");
+  if (std::isnan(c.cycle_max_lr)) p.fail("cycle_max_lr", "is required for OneCycle");
+  c.decay_lr_rate = p.get_double("decay_lr_rate", 0.0, 0.0, 1e6);
+  c.cycle_first_step_size = p.get_int("cycle_first_step_size", c.cycle_first_step_size, 1, kMaxInt);
+  c.cycle_second_step_size = p.get_int("cycle_second_step_size", c.cycle_first_step_size, 0, kMaxInt);
+  c.cycle_first_stair_count = p.get_int("cycle_first_stair_count", 0, 0, kMaxInt);
+  c.cycle_second_stair_count = p.get_int("cycle_second_stair_count", c.cycle_first_stair_count, 0, kMaxInt);
+  c.decay_step_size = p.get_int("decay_step_size", 0, 0, kMaxInt);
+  c.cycle_momentum = p.get_bool("cycle_momentum", true);
+  c.cycle_min_mom = p.get_double("cycle_min_mom", c.cycle_min_mom, 0.0, 1.0);
+  c.cycle_max_mom = p.get_double("cycle_max_mom", c.cycle_max_mom, 0.0, 1.0);
+  c.decay_mom_rate = p.get_double("decay_mom_rate", 0.0, 0.0, 1e6);
+  p.accept_any("last_batch_iteration");
+  p.finish();
+  return c;
+}
+
 SchedulerConfig read_scheduler(ObjectReader& top) {
   SchedulerConfig c;
   ObjectReader r = top.child("scheduler");
-  // OneCycle is not offered: it also cycles Adam's betas (momentum), which
-  // the fused kernels take as constants.
-  auto type = r.get_opt_choice("type", {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "LRRangeTest"});
+  auto type = r.get_opt_choice("type", {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "LRRangeTest", "OneCycle"});
   ObjectReader p = r.child("params");
   r.finish();
   if (!type) {
@@ -174,6 +197,7 @@ SchedulerConfig read_scheduler(ObjectReader& top) {
     p.finish();
     return c;
   }
+  if (*type == "OneCycle") return read_one_cycle(p);
   c.type = *type == "WarmupLR" ? SchedulerType::WarmupLR
            : *type == "WarmupDecayLR" ? SchedulerType::WarmupDecayLR
                                       : SchedulerType::WarmupCosineLR;
@@ -351,6 +375,7 @@ const char* to_string(SchedulerType t) {
     case SchedulerType::WarmupDecayLR: return "WarmupDecayLR";
     case SchedulerType::WarmupCosineLR: return "WarmupCosineLR";
     case SchedulerType::LRRangeTest: return "LRRangeTest";
+    case SchedulerType::OneCycle: return "OneCycle";
     default: return "none";
   }
 }
@@ -646,6 +671,21 @@ json Config::to_json() const {
                                   {"lr_range_test_step_size", scheduler.lr_range_test_step_size},
                                   {"lr_range_test_step_rate", scheduler.lr_range_test_step_rate},
                                   {"lr_range_test_staircase", scheduler.lr_range_test_staircase}}}};
+  } else if (scheduler.type == SchedulerType::OneCycle) {
+    const auto& o = scheduler;
+    j["scheduler"] = {{"type", "OneCycle"},
+                      {"params", {{"cycle_min_lr", o.cycle_min_lr},
+                                  {"cycle_max_lr", o.cycle_max_lr},
+                                  {"decay_lr_rate", o.decay_lr_rate},
+                                  {"cycle_first_step_size", o.cycle_first_step_size},
+                                  {"cycle_second_step_size", o.cycle_second_step_size},
+                                  {"cycle_first_stair_count", o.cycle_first_stair_count},
+                                  {"cycle_second_stair_count", o.cycle_second_stair_count},
+                                  {"decay_step_size", o.decay_step_size},
+                                  {"cycle_momentum", o.cycle_momentum},
+                                  {"cycle_min_mom", o.cycle_min_mom},
+                                  {"cycle_max_mom", o.cycle_max_mom},
+                                  {"decay_mom_rate", o.decay_mom_rate}}}};
   } else if (scheduler.type != SchedulerType::None) {
     json p = {{"warmup_num_steps", scheduler.warmup_num_steps},
               {"warmup_type", scheduler.warmup_type == WarmupType::Log ? "log" : "linear"}};

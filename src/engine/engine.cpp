@@ -254,12 +254,17 @@ void Engine::Impl::report_step(bool stepped) {
   const int64_t steps = optimizer.global_steps() + optimizer.skipped_steps();  // DeepSpeed counts skipped ones
   if (!training_log.reports(steps)) return;
   // This rank's mean over the window (NaN without an engine.backward), then over ranks.
-  at::Tensor mean = logged_losses ? (logged_loss_sum / static_cast<double>(logged_losses)).to(at::kCPU).reshape({1})
-                                  : at::full({1}, std::numeric_limits<double>::quiet_NaN(), at::kDouble);
+  // One all-reduce for both: [this rank's mean / ranks, its tokens].
+  at::Tensor mean = logged_losses ? (logged_loss_sum / static_cast<double>(logged_losses)).to(at::kCPU, at::kDouble)
+                                  : at::scalar_tensor(std::numeric_limits<double>::quiet_NaN(), at::kDouble);
+  at::Tensor sums = at::stack({mean.reshape({}) / static_cast<double>(dp.size()),
+                               at::scalar_tensor(static_cast<double>(tokens_unreported), at::kDouble)});
   logged_loss_sum = at::Tensor();
   logged_losses = 0;
-  comm.all_reduce(dp, mean, comm::ReduceOp::Avg, "logged loss")->wait();
-  training_log.on_step({steps, steps * batch.train_batch_size, mean.item<double>(), optimizer.lr(),
+  tokens_unreported = 0;
+  comm.all_reduce(dp, sums, comm::ReduceOp::Sum, "logged loss and tokens")->wait();
+  global_tokens += static_cast<int64_t>(sums[1].item<double>());
+  training_log.on_step({steps, steps * batch.train_batch_size, global_tokens, sums[0].item<double>(), optimizer.lr(),
                         optimizer.loss_scale(), optimizer.last_grad_norm(), !stepped});
 }
 
@@ -513,6 +518,14 @@ std::map<std::string, at::Tensor> Engine::full_parameters() {
     if (gather) m.stage3->release(gi);
   }
   return out;
+}
+
+void Engine::count_tokens(int64_t n) { impl_->tokens_unreported += n; }
+
+void Engine::count_input_tokens(const at::Tensor& first_input) {
+  if (first_input.defined() && !at::isFloatingType(first_input.scalar_type()) &&
+      !at::isComplexType(first_input.scalar_type()) && first_input.scalar_type() != at::kBool)
+    count_tokens(first_input.numel());
 }
 
 at::Tensor Engine::cast_input(const at::Tensor& t) const {

@@ -48,6 +48,8 @@ struct Engine::Impl {
   // live (no host sync per backward), read once per report.
   at::Tensor logged_loss_sum;
   int64_t logged_losses = 0;
+  int64_t tokens_unreported = 0;  // this rank's, since the last report
+  int64_t global_tokens = 0;      // all ranks', reported so far
   FlatOptimizer optimizer;
   ModelGroups model;  // the flat groups, and what grouping learned of the model
   std::vector<partition::FlatGroup>& groups;  // = model.groups

@@ -138,7 +138,10 @@ void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad,
     optim::sgd_update(master, gr, g.exp_avg.defined() ? g.exp_avg.data_ptr<float>() + s.begin : nullptr, s.numel, h,
                       grad_scale, out, kind);
   } else {
-    optim::AdamHyper h{rate, static_cast<float>(o.betas[0]), static_cast<float>(o.betas[1]), static_cast<float>(o.eps),
+    // OneCycle moves beta1 with the lr (bias correction then uses the
+    // current beta1, as torch's Adam does when a scheduler sets its betas).
+    const auto betas = optim::scheduled_betas(config_.scheduler, scheduler_iter_).value_or(o.betas);
+    optim::AdamHyper h{rate, static_cast<float>(betas[0]), static_cast<float>(betas[1]), static_cast<float>(o.eps),
                        wd, optimizer_steps_, o.adam_w_mode, true};
     optim::adam_update(master, gr, g.exp_avg.data_ptr<float>() + s.begin, g.exp_avg_sq.data_ptr<float>() + s.begin,
                        s.numel, h, grad_scale, out, kind);

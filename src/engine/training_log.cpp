@@ -3,10 +3,12 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <string_view>
 
 namespace zero {
 
@@ -19,6 +21,8 @@ double peak_rss_mb() {
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux: KiB
 }
+
+double per_second(int64_t count, double seconds) { return seconds > 0 ? static_cast<double>(count) / seconds : 0.0; }
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -66,7 +70,8 @@ void TrainingLog::on_step(const StepReport& s) {
     std::string line = "step=" + std::to_string(s.global_steps) + ", loss=" + fmt("%.4f", s.loss) +
                        ", lr=" + fmt("%.3e", s.lr) + ", loss_scale=" + fmt("%g", s.loss_scale) +
                        ", grad_norm=" + fmt("%.4g", s.grad_norm) + (s.skipped ? ", skipped" : "") +
-                       ", samples/s=" + fmt("%.1f", seconds > 0 ? static_cast<double>(s.global_samples - window_first_samples_) / seconds : 0.0) +
+                       ", samples/s=" + fmt("%.1f", per_second(s.global_samples - window_first_samples_, seconds)) +
+                       (s.global_tokens > 0 ? ", tokens/s=" + fmt("%.0f", per_second(s.global_tokens - window_first_tokens_, seconds)) : "") +
                        ", peak_rss_mb=" + fmt("%.0f", peak_rss_mb());
     print_(line);
     if (wall_clock_) {
@@ -81,6 +86,7 @@ void TrainingLog::on_step(const StepReport& s) {
   window_steps_ = 0;
   window_start_ = now;
   window_first_samples_ = s.global_samples;
+  window_first_tokens_ = s.global_tokens;
 }
 
 void TrainingLog::write_csv(const std::string& event, int64_t x, double value) {
@@ -95,7 +101,11 @@ void TrainingLog::write_csv(const std::string& event, int64_t x, double value) {
     csv_started_.push_back(file);
     out << "step," << event.substr(event.rfind('/') + 1) << "\n";
   }
-  out << x << "," << value << "\n";
+  // The shortest text that reads back as the same double (Python's repr,
+  // which DeepSpeed's monitor writes), not ostream's 6 digits.
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, value).ptr;
+  out << x << "," << std::string_view(text, static_cast<size_t>(end - text)) << "\n";
 }
 
 }  // namespace zero

@@ -1,6 +1,7 @@
 // What the engine reports while it trains, as DeepSpeed's engine does:
 // a progress line every steps_per_print optimizer steps (step, loss as the
-// mean over ranks, lr, loss scale, grad norm, samples/s, peak RSS), the
+// mean over ranks, lr, loss scale, grad norm, samples/s, tokens/s when
+// tokens are counted, peak RSS), the
 // wall_clock_breakdown timers (forward, backward, its reduction wait, step,
 // its all-gather; ms per optimizer step), and csv_monitor's files (one CSV
 // per event, DeepSpeed's names and layout). Printing and files are rank 0's;
@@ -27,6 +28,7 @@ class TrainingLog {
   struct StepReport {
     int64_t global_steps;    // after this step
     int64_t global_samples;  // samples trained on so far, all ranks
+    int64_t global_tokens;   // tokens counted so far (engine.count_tokens), all ranks
     double loss;             // mean over ranks and micro-steps
     double lr, loss_scale, grad_norm;
     bool skipped;
@@ -71,6 +73,7 @@ class TrainingLog {
   int64_t window_steps_ = 0;
   std::chrono::steady_clock::time_point window_start_ = std::chrono::steady_clock::now();
   int64_t window_first_samples_ = 0;  // global samples when the window began
+  int64_t window_first_tokens_ = 0;
 };
 
 }  // namespace zero

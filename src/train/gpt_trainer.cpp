@@ -80,6 +80,7 @@ StepRecord GptTrainer::train_step() {
         auto loss = engine_->forward([&] {
           return model_->loss(x.narrow(0, c * rows, rows), y.narrow(0, c * rows, rows));
         }) / static_cast<double>(backward_chunks_);
+        engine_->count_tokens(rows * seq);
         loss_sum += engine_->backward(loss).detach();  // loss / gas
       }
     }

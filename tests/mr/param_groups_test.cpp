@@ -132,6 +132,48 @@ TEST(ParamGroups, UserScheduleFunctionDrivesTheLr) {
   EXPECT_GT(max_abs_diff(engine.full_parameters(), before), 0.0);
 }
 
+// DeepSpeed's OneCycle moves the lr and Adam's beta1 every step: against
+// torch's AdamW whose lr and betas are set before each step to the values
+// DeepSpeed's scheduler gives (worked by hand for a 2 + 2 step cycle; step
+// k runs on the scheduler's iteration k - 2). Fixed betas would be far off.
+TEST(ParamGroups, OneCycleMovesLrAndBeta1AsDeepSpeeds) {
+  const int steps = 6;
+  constexpr double kMin = 0.002, kMax = 0.02, kMid = (kMin + kMax) / 2;
+  const double lrs[steps] = {kMin, kMid, kMax, kMid, kMin, kMin};  // iterations -1 .. 4
+  const double beta1s[steps] = {0.8, 0.85, 0.8, 0.85, 0.9, 0.9};
+  auto reference = [&](bool cycle_betas) {
+    Mlp ref;
+    torch::optim::AdamW opt(ref->parameters(), torch::optim::AdamWOptions(kMin).weight_decay(kDecay).eps(1e-8));
+    for (int s = 0; s < steps; ++s) {
+      auto& o = static_cast<torch::optim::AdamWOptions&>(opt.param_groups()[0].options());
+      o.lr(lrs[s]);
+      if (cycle_betas) o.betas({beta1s[s], 0.99});
+      auto [x, y] = batch(s);
+      opt.zero_grad();
+      (ref->forward(x) - y).pow(2).mean().backward();
+      opt.step();
+    }
+    std::map<std::string, at::Tensor> out;
+    for (const auto& item : ref->named_parameters()) out[item.key()] = item.value().detach().clone();
+    return out;
+  };
+  const auto want = reference(true);
+  ASSERT_GT(max_abs_diff(want, reference(false)), 1e-4) << "the betas must matter for this oracle";
+  nlohmann::json j = group_config(3).to_json();
+  j["scheduler"] = {{"type", "OneCycle"},
+                    {"params", {{"cycle_min_lr", kMin}, {"cycle_max_lr", kMax}, {"cycle_first_step_size", 2}}}};
+  Mlp model;
+  zero::Engine engine(*model, Config::from_json(j), world().comm(), dp_group());
+  for (int s = 0; s < steps; ++s) {
+    EXPECT_DOUBLE_EQ(engine.lr(), lrs[s]) << "step " << s + 1;
+    auto [x, y] = batch(s);
+    const int r = dp_group()->rank();
+    engine.backward((engine.forward(model, x.narrow(0, 4 * r, 4)) - y.narrow(0, 4 * r, 4)).pow(2).mean());
+    engine.step();
+  }
+  EXPECT_LT(max_abs_diff(engine.full_parameters(), want), 2e-5) << worst_param(engine.full_parameters(), want);
+}
+
 TEST(ParamGroups, BadGroupsAreNamed) {
   Mlp model;
   Mlp other;

@@ -61,9 +61,18 @@ check "chunks that do not divide the micro-batch: named" contains "$out" "the mi
 # steps_per_print is honoured as DeepSpeed honours it (it was capped at 10):
 # progress at its multiples, plus zero-train's first and last step.
 echo '{"train_micro_batch_size_per_gpu": 2, "steps_per_print": 12}' > "$tmp/print.json"
-printed=$("$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/print.json" --layers 1 --d-model 32 --heads 2 --seq 16 \
-  --steps 25 2>&1 | grep -o 'step *[0-9]*/25' | sed 's/step *//; s|/25||' | tr '\n' ' ')
+out=$("$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/print.json" --layers 1 --d-model 32 --heads 2 --seq 16 \
+  --steps 25 2>&1)
+printed=$(echo "$out" | grep -o 'step *[0-9]*/25' | sed 's/step *//; s|/25||' | tr '\n' ' ')
 check "steps_per_print 12: progress at steps 1 12 24 25 (got: $printed)" [ "$printed" = "1 12 24 25 " ]
+# The engine's own line at 12 and 24: tokens/s is samples/s times the 16
+# tokens of each sample (counted by the trainer, summed over ranks).
+engine_lines=$(echo "$out" | grep -c '\[zero-cpp\] step=\(12\|24\), .*samples/s=.*tokens/s=' || true)
+check "engine progress lines with tokens/s at steps 12 and 24 (got $engine_lines)" [ "$engine_lines" = 2 ]
+check "tokens/s = 16 x samples/s" awk -v line="$(echo "$out" | grep '\[zero-cpp\] step=24,')" 'BEGIN {
+  match(line, /samples\/s=[0-9.]+/); s = substr(line, RSTART + 10, RLENGTH - 10)
+  match(line, /tokens\/s=[0-9.]+/); t = substr(line, RSTART + 9, RLENGTH - 9)
+  r = t / (16 * s); exit !(s > 0 && r > 0.99 && r < 1.01) }'
 
 # Bad input names what is wrong, and no rank is left behind.
 echo '{"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_com": true}}' > "$tmp/bad.json"

@@ -226,7 +226,24 @@ TEST(ConfigErrors, NameTheKeyAndWhatIsAllowed) {
   expect_error(R"({"fp16": {"enabled": true, "auto_cast": true}})", {"fp16.auto_cast", "not supported"});
   expect_error(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})",
                {"scheduler.params.total_num_steps", "required"});
-  expect_error(R"({"scheduler": {"type": "OneCycle"}})", {"scheduler.type", "LRRangeTest"});
+  expect_error(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_max_lr": 0.1}}})",
+               {"scheduler.params.cycle_min_lr", "required"});
+  expect_error(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 0.1,
+      "cycle_first_step_size": 0}}})", {"scheduler.params.cycle_first_step_size"});
+  expect_error(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 0.1,
+      "cycle_momentum": true, "cycle_max_mom": 1.5}}})", {"scheduler.params.cycle_max_mom"});
+  expect_error(R"({"scheduler": {"type": "TwoCycle"}})", {"scheduler.type", "OneCycle"});
+  Config oc = Config::from_string(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4,
+      "cycle_max_lr": 1e-3, "cycle_first_step_size": 30, "cycle_first_stair_count": 3, "decay_step_size": 5,
+      "decay_lr_rate": 0.1, "cycle_momentum": false}}})");
+  EXPECT_EQ(oc.scheduler.type, zero::SchedulerType::OneCycle);
+  EXPECT_EQ(oc.scheduler.cycle_second_step_size, 30) << "unset: the first's, as DeepSpeed";
+  EXPECT_EQ(oc.scheduler.cycle_second_stair_count, 3);
+  EXPECT_FALSE(oc.scheduler.cycle_momentum);
+  const Config oc2 = Config::from_json(oc.to_json());
+  EXPECT_EQ(oc2.scheduler.decay_step_size, 5);
+  EXPECT_DOUBLE_EQ(oc2.scheduler.cycle_max_lr, 1e-3);
+  EXPECT_FALSE(oc2.scheduler.cycle_momentum);
   Config r = Config::from_string(R"({"scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 1e-5,
       "lr_range_test_step_size": 50, "lr_range_test_step_rate": 3, "lr_range_test_staircase": true}}})");
   EXPECT_EQ(r.scheduler.type, zero::SchedulerType::LRRangeTest);

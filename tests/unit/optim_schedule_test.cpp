@@ -1,5 +1,6 @@
 // The loss scaler replays DeepSpeed's traces; LR schedules match DeepSpeed's
 // formulas at chosen points.
+#include <array>
 #include <cmath>
 
 #include <gtest/gtest.h>
@@ -132,6 +133,59 @@ TEST(LrSchedule, DeepSpeedFormulas) {
   r.lr_range_test_staircase = true;
   EXPECT_DOUBLE_EQ(scheduled_lr(r, 1, 4), 1e-4);
   EXPECT_DOUBLE_EQ(scheduled_lr(r, 1, 9), 1e-4 * 3);
+}
+
+// OneCycle, values worked by hand from DeepSpeed's definition: the lr
+// climbs from min to max over the first step size (scale = x / ratio with
+// x the position in the cycle after iteration + 1 batches) and back over
+// the second, then decays as min / (1 + rate * steps / decay_step_size);
+// beta1 moves against it, starts at cycle_min_mom (the constructor's) and
+// beta2 is 0.99 throughout.
+TEST(LrSchedule, OneCycleAsDeepSpeedDefinesIt) {
+  using zero::optim::scheduled_betas;
+  using zero::optim::scheduled_lr;
+  zero::SchedulerConfig c;
+  c.type = zero::SchedulerType::OneCycle;
+  c.cycle_min_lr = 0.001;
+  c.cycle_max_lr = 0.01;
+  c.cycle_first_step_size = 4;
+  c.cycle_second_step_size = 4;
+  c.decay_step_size = 2;
+  c.decay_lr_rate = 0.5;
+  c.decay_mom_rate = 0.1;
+  EXPECT_DOUBLE_EQ(scheduled_lr(c, 9.0, -1), 0.001);
+  EXPECT_DOUBLE_EQ(scheduled_lr(c, 9.0, 0), 0.001 + 0.009 * 0.25);  // 1 batch of 8: x = 1/8, scale 1/4
+  EXPECT_DOUBLE_EQ(scheduled_lr(c, 9.0, 3), 0.01);                  // the peak
+  EXPECT_DOUBLE_EQ(scheduled_lr(c, 9.0, 5), 0.001 + 0.009 * 0.5);   // x = 6/8 on the way down
+  EXPECT_DOUBLE_EQ(scheduled_lr(c, 9.0, 7), 0.001);                 // the cycle's end
+  EXPECT_DOUBLE_EQ(scheduled_lr(c, 9.0, 8), 0.001 / 1.25);          // decay: 1 step of 2 at rate 0.5
+  EXPECT_DOUBLE_EQ(scheduled_lr(c, 9.0, 11), 0.001 / 2.0);
+
+  using Betas = std::array<double, 2>;
+  EXPECT_EQ(scheduled_betas(c, -1), (Betas{0.8, 0.99}));
+  EXPECT_DOUBLE_EQ((*scheduled_betas(c, 0))[0], 0.9 - 0.1 * 0.25);
+  EXPECT_DOUBLE_EQ((*scheduled_betas(c, 3))[0], 0.8);
+  EXPECT_DOUBLE_EQ((*scheduled_betas(c, 8))[0], 0.9 * 1.05);
+  EXPECT_EQ((*scheduled_betas(c, 8))[1], 0.99);
+  c.cycle_momentum = false;
+  EXPECT_FALSE(scheduled_betas(c, 3).has_value());
+  c.type = zero::SchedulerType::WarmupLR;
+  EXPECT_FALSE(scheduled_betas(c, 3).has_value());
+
+  // Stairs: 2 per half of 4 steps, the lr held over each.
+  zero::SchedulerConfig st = c;
+  st.type = zero::SchedulerType::OneCycle;
+  st.cycle_first_stair_count = st.cycle_second_stair_count = 2;
+  EXPECT_DOUBLE_EQ(scheduled_lr(st, 9.0, 0), 0.001);
+  EXPECT_DOUBLE_EQ(scheduled_lr(st, 9.0, 1), 0.001 + 0.009 * 0.5);
+  EXPECT_DOUBLE_EQ(scheduled_lr(st, 9.0, 2), 0.001 + 0.009 * 0.5);
+  EXPECT_DOUBLE_EQ(scheduled_lr(st, 9.0, 3), 0.01);
+  EXPECT_DOUBLE_EQ(scheduled_lr(st, 9.0, 4), 0.001 + 0.009 * 0.5);  // 3 steps left of 4: floor(1.5) / 2
+
+  // No decay unless both its size and its rate are set.
+  c.type = zero::SchedulerType::OneCycle;
+  c.decay_step_size = 0;
+  EXPECT_DOUBLE_EQ(scheduled_lr(c, 9.0, 20), 0.001);
 }
 
 }  // namespace
