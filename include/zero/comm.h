@@ -112,8 +112,13 @@ class Comm {
  public:
   explicit Comm(std::shared_ptr<Transport> backend);
 
-  // Fast paths are asked in registration order.
+  // Fast paths are asked in registration order (CPU tensors).
   void add_fast_path(std::shared_ptr<Transport> t);
+  // What serves CUDA tensors (NCCL when built with CUDA; comm/nccl_transport.h).
+  void set_device_transport(std::shared_ptr<Transport> t) { device_ = std::move(t); }
+  // The transport a collective on `device` would go to, by name, or the
+  // reason none can serve it (for logs and tests).
+  std::string route_name(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel, at::Device device);
   // Off: every collective goes to the backend (ZERO_COMM_FASTPATH=off
   // decides at setup; this switches routing later, e.g. from the ds_config).
   // Every rank must switch at the same point in its sequence of collectives.
@@ -137,12 +142,14 @@ class Comm {
 
  private:
   Transport& route(const Group& g, CollectiveOp op, const at::Tensor& t);
+  Transport& route(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel, at::Device device);
   WorkHandle count(const Group& g, CollectiveOp op, Transport& t, const at::Tensor& full, WorkHandle w);
   // The payload as a dtype and a size (a widening all-gather counts what travels).
   WorkHandle count(const Group& g, CollectiveOp op, Transport& t, at::ScalarType dtype, int64_t numel, WorkHandle w);
 
   std::shared_ptr<Transport> backend_;
   std::vector<std::shared_ptr<Transport>> fast_paths_;
+  std::shared_ptr<Transport> device_;
   bool fast_paths_enabled_ = true;
   CommCounters counters_;
 };

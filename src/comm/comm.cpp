@@ -26,12 +26,13 @@ void BackendWork::wait() {
   if (!done_) {
     done_ = true;
     try {
-      work_->wait(timeout_);
+      work_->wait(timeout_);  // 0: kNoTimeout (NCCL: the caller's stream waits, the host does not)
       if (finish_) finish_();
     } catch (const std::exception& e) {
       std::ostringstream os;
-      os << what_ << " failed (collective timeout " << timeout_.count() / 1000.0
-         << " s): " << first_line(e.what());
+      os << what_ << " failed";
+      if (timeout_.count() > 0) os << " (collective timeout " << timeout_.count() / 1000.0 << " s)";
+      os << ": " << first_line(e.what());
       error_ = os.str();
     }
     finish_ = nullptr;
@@ -80,6 +81,12 @@ void check_dense(CollectiveOp op, const Group& g, const at::Tensor& t, const cha
   if (!t.is_contiguous()) bad_args(op, g, std::string(role) + " must be contiguous");
 }
 
+void check_same_device(CollectiveOp op, const Group& g, const at::Tensor& out, const at::Tensor& in) {
+  if (out.device() != in.device())
+    bad_args(op, g, "output is on " + out.device().str() + " and input on " + in.device().str() +
+                        " (both must be on one device)");
+}
+
 // "reduce_scatter of 4096 BFloat16 into Float [grads of unit 'h3']": what the
 // ranks of the group must agree on (numel is the full buffer's).
 Signature signature(CollectiveOp op, std::optional<std::pair<at::ScalarType, int64_t>> payload,
@@ -103,10 +110,30 @@ Comm::Comm(std::shared_ptr<Transport> backend) : backend_(std::move(backend)) {}
 void Comm::add_fast_path(std::shared_ptr<Transport> t) { fast_paths_.push_back(std::move(t)); }
 
 Transport& Comm::route(const Group& g, CollectiveOp op, const at::Tensor& t) {
+  return route(g, op, t.scalar_type(), t.numel(), t.device());
+}
+
+Transport& Comm::route(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel, at::Device device) {
+  if (device.is_cuda()) {
+    if (!device_)
+      bad_args(op, g, "a CUDA tensor, but this zero-cpp was built without CUDA (ZERO_CUDA: nvcc and a CUDA "
+                      "libtorch at configure time)");
+    return *device_;
+  }
+  if (!device.is_cpu()) bad_args(op, g, "tensors on " + device.str() + " are not supported (CPU or CUDA)");
   if (fast_paths_enabled_)
     for (auto& fp : fast_paths_)
-      if (fp->supports(g, op, t.scalar_type(), t.numel())) return *fp;
+      if (fp->supports(g, op, dtype, numel)) return *fp;
   return *backend_;
+}
+
+std::string Comm::route_name(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel,
+                             at::Device device) {
+  try {
+    return route(g, op, dtype, numel, device).name();
+  } catch (const CommError& e) {
+    return std::string("none: ") + e.what();
+  }
 }
 
 WorkHandle Comm::count(const Group& g, CollectiveOp op, Transport& t, const at::Tensor& full, WorkHandle w) {
@@ -128,6 +155,7 @@ WorkHandle Comm::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_s
   const auto op = CollectiveOp::AllGather;
   check_dense(op, g, out_flat, "output");
   check_dense(op, g, in_shard, "input");
+  check_same_device(op, g, out_flat, in_shard);
   // Widening: 16-bit shards gathered into an fp32 buffer (mixed precision
   // with fp32 compute), converted as they land.
   const bool widening = out_flat.scalar_type() == at::kFloat &&
@@ -149,6 +177,7 @@ WorkHandle Comm::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor
   const auto op = CollectiveOp::ReduceScatter;
   check_dense(op, g, out_shard, "output");
   check_dense(op, g, in_flat, "input");
+  check_same_device(op, g, out_shard, in_flat);
   const bool widening = out_shard.scalar_type() == at::kFloat &&
                         (in_flat.scalar_type() == at::kHalf || in_flat.scalar_type() == at::kBFloat16);
   if (out_shard.scalar_type() != in_flat.scalar_type() && !widening)

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <mutex>
 
 #include <c10/util/intrusive_ptr.h>
 
@@ -30,6 +31,12 @@ struct Group::Impl {
   // The shared-memory fast path's segment and lanes, when every rank of
   // the group is on this host and could map it; null otherwise.
   std::shared_ptr<ShmGroup> shm;
+  // This group's part of the world's store, for backends made later.
+  c10::intrusive_ptr<c10d::Store> store;
+  // The CUDA backend (comm/nccl_transport.h), made on the group's first CUDA
+  // collective; autograd's device thread may issue that one, hence the lock.
+  std::mutex device_backend_mu;
+  c10::intrusive_ptr<c10d::Backend> device_backend;
 };
 
 }  // namespace zero::comm

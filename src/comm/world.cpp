@@ -9,6 +9,7 @@
 
 #include "comm/gloo_transport.h"
 #include "comm/group_impl.h"
+#include "comm/nccl_transport.h"
 #include "comm/shm_transport.h"
 #include "comm/work.h"
 #include "zero/comm.h"
@@ -92,6 +93,7 @@ struct World::Impl {
                       " failed: " + first_line(e.what()));
     }
     impl->timeout = collective_timeout;
+    impl->store = c10::make_intrusive<c10d::PrefixStore>("zero_group_" + std::to_string(id) + "_device", store);
     impl->lane = std::make_unique<GlooLane>(impl->backend, collective_timeout);
     impl->reduce_lane = std::make_unique<GlooLane>(impl->reduce_backend, collective_timeout);
     auto group = std::make_shared<Group>(name, ranks, group_rank, impl);
@@ -176,6 +178,8 @@ std::shared_ptr<World> init_distributed(const DistributedOptions& opts) {
   const std::string host = host_identity();
   impl->store->set("zero_host_" + std::to_string(env.rank), std::vector<uint8_t>(host.begin(), host.end()));
   impl->comm.add_fast_path(std::make_shared<ShmTransport>());
+  // CUDA tensors: NCCL, when built with CUDA (comm/nccl_transport.h).
+  if (auto nccl = make_nccl_transport()) impl->comm.set_device_transport(std::move(nccl));
   impl->device = make_gloo_device(env);
   std::vector<int> all(env.world_size);
   for (int r = 0; r < env.world_size; ++r) all[r] = r;

@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <exception>
 #include <limits>
+#include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <unordered_set>
 
 #include <ATen/Parallel.h>
@@ -93,6 +95,39 @@ void use_param_groups(const std::vector<ParamGroup>& param_groups, const std::ve
 
 int64_t resident(const at::Tensor& t) { return memory::resident_bytes(t); }
 
+// The one device the model's params and buffers are on. CUDA needs a build
+// with CUDA, and stage 3 (release and regather of param memory) is built
+// for host memory only so far.
+at::Device model_device(const torch::nn::Module& m, const Config& c) {
+  std::optional<at::Device> device;
+  std::string first;
+  auto visit = [&](const std::string& name, const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (!device) {
+      device = t.device();
+      first = name;
+    } else if (t.device() != *device) {
+      throw std::invalid_argument("zero::Engine: the model spans devices: '" + first + "' is on " + device->str() +
+                                  " and '" + name + "' on " + t.device().str() + " (move it whole first)");
+    }
+  };
+  for (const auto& p : m.named_parameters()) visit(p.key(), p.value());
+  for (const auto& b : m.named_buffers()) visit(b.key(), b.value());
+  const at::Device d = device.value_or(at::Device(at::kCPU));
+  if (d.is_cuda()) {
+#ifndef ZERO_WITH_CUDA
+    throw std::invalid_argument("zero::Engine: the model is on " + d.str() +
+                                " but this zero-cpp was built without CUDA (ZERO_CUDA)");
+#endif
+    if (c.zero.stage == 3)
+      throw std::invalid_argument("zero::Engine: ZeRO stage 3 on " + d.str() +
+                                  " is not built yet (stages 0-2 run on CUDA; stage 3 on CPU)");
+  } else if (!d.is_cpu()) {
+    throw std::invalid_argument("zero::Engine: the model is on " + d.str() + "; zero-cpp trains on CPU or CUDA");
+  }
+  return d;
+}
+
 bool same_storage(const at::Tensor& a, const at::Tensor& b) {
   return a.defined() && b.defined() && a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
 }
@@ -104,7 +139,7 @@ bool same_storage(const at::Tensor& a, const at::Tensor& b) {
 Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::shared_ptr<comm::Group> owner,
                    const comm::Group& group, const std::vector<ParamGroup>& param_groups)
     : config(c), comm(cm), dp_owner(std::move(owner)), dp(group), policy(StagePolicy::for_stage(c.zero.stage)),
-      precision((validate(c), resolve_precision(c, cm, group))),
+      precision((validate(c), resolve_precision(c, cm, group, model_device(m, c)))),
       training_log(c, group.rank() == 0, [this](const std::string& line) { log(line); }),
       optimizer(config, policy, cm, group, [this](const std::string& line) { log(line); }),
       groups(model.groups) {

@@ -2,13 +2,43 @@
 
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 
 #include "optim/kernels.h"
 #include "optim/lr_schedule.h"
 
+#ifdef ZERO_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "optim/cuda/kernels.h"
+#endif
+
 namespace zero {
 
 namespace {
+
+// The fused update over a CUDA master: the same kernels' device twins, on
+// the current stream (so they follow the reduction that produced the grads).
+// STATUS: compiled in CI, not yet run on a GPU.
+void device_adam(float* p, const float* g, float* m, float* v, int64_t n, const optim::AdamHyper& h, float scale,
+                 void* out16, optim::Out16 kind) {
+#ifdef ZERO_WITH_CUDA
+  optim::cuda::adam_update(p, g, m, v, n, h, scale, out16, kind, c10::cuda::getCurrentCUDAStream().stream());
+  optim::cuda::check_launch("fused AdamW update");
+#else
+  throw std::logic_error("a CUDA master, but zero-cpp was built without CUDA");
+#endif
+}
+
+void device_sgd(float* p, const float* g, float* buf, int64_t n, const optim::SgdHyper& h, float scale, void* out16,
+                optim::Out16 kind) {
+#ifdef ZERO_WITH_CUDA
+  optim::cuda::sgd_update(p, g, buf, n, h, scale, out16, kind, c10::cuda::getCurrentCUDAStream().stream());
+  optim::cuda::check_launch("fused SGD update");
+#else
+  throw std::logic_error("a CUDA master, but zero-cpp was built without CUDA");
+#endif
+}
 
 // How the update writes the params beside the master: not at all when the
 // master is the params (fp32), 16-bit, or 16-bit values in an fp32 buffer.
@@ -75,7 +105,7 @@ at::Tensor FlatOptimizer::grads_of(const partition::FlatGroup& g) const {
 double FlatOptimizer::global_sumsq(const std::vector<at::Tensor>& grads) {
   auto acc = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
   // Per-group norms in fp32 (no double copy of the grads), squared and summed in fp64.
-  for (const auto& gr : grads) acc += at::norm(gr).to(at::kDouble).pow(2);
+  for (const auto& gr : grads) acc += at::norm(gr).to(at::kCPU, at::kDouble).pow(2);
   // Full grads are already identical on every rank; shards are summed.
   if (policy_.shard_optimizer_state) comm_.all_reduce(dp_, acc, comm::ReduceOp::Sum, "grad norm")->wait();
   return acc.item<double>();
@@ -135,16 +165,19 @@ void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad,
   if (o.type == OptimizerType::SGD) {
     optim::SgdHyper h{rate, static_cast<float>(o.momentum), static_cast<float>(o.dampening), wd, o.nesterov,
                       optimizer_steps_ == 1};
-    optim::sgd_update(master, gr, g.exp_avg.defined() ? g.exp_avg.data_ptr<float>() + s.begin : nullptr, s.numel, h,
-                      grad_scale, out, kind);
+    float* buf = g.exp_avg.defined() ? g.exp_avg.data_ptr<float>() + s.begin : nullptr;
+    if (g.master.is_cuda()) device_sgd(master, gr, buf, s.numel, h, grad_scale, out, kind);
+    else optim::sgd_update(master, gr, buf, s.numel, h, grad_scale, out, kind);
   } else {
     // OneCycle moves beta1 with the lr (bias correction then uses the
     // current beta1, as torch's Adam does when a scheduler sets its betas).
     const auto betas = optim::scheduled_betas(config_.scheduler, scheduler_iter_).value_or(o.betas);
     optim::AdamHyper h{rate, static_cast<float>(betas[0]), static_cast<float>(betas[1]), static_cast<float>(o.eps),
                        wd, optimizer_steps_, o.adam_w_mode, true};
-    optim::adam_update(master, gr, g.exp_avg.data_ptr<float>() + s.begin, g.exp_avg_sq.data_ptr<float>() + s.begin,
-                       s.numel, h, grad_scale, out, kind);
+    float* m = g.exp_avg.data_ptr<float>() + s.begin;
+    float* v = g.exp_avg_sq.data_ptr<float>() + s.begin;
+    if (g.master.is_cuda()) device_adam(master, gr, m, v, s.numel, h, grad_scale, out, kind);
+    else optim::adam_update(master, gr, m, v, s.numel, h, grad_scale, out, kind);
   }
 }
 

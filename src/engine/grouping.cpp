@@ -62,7 +62,7 @@ void setup_precision(partition::FlatGroup& g, const GroupingContext& ctx) {
       g.param_flat.copy_(g.param_flat.to(pr.storage));  // the values a 16-bit param holds
       if (ctx.policy.shard_optimizer_state) g.param_shard = g.master.to(pr.storage);
     } else {
-      at::Tensor low = memory::zeros_flat(g.layout.padded_numel, pr.storage);
+      at::Tensor low = memory::zeros_flat(g.layout.padded_numel, pr.storage, g.param_flat.device());
       low.copy_(g.param_flat);
       partition::view_params_in(g, low);  // the fp32 buffer goes here
     }
@@ -164,7 +164,7 @@ void adopt(partition::FlatGroup& g, const std::string& unit, const Params& p, co
   if (pr.storage != at::kFloat) {
     g.param_shard = g.master.to(pr.storage);
     if (!pr.widened()) {  // widened: the module keeps zero::Init's fp32 buffer (released)
-      partition::view_params_in(g, memory::zeros_flat(g.layout.padded_numel, pr.storage));
+      partition::view_params_in(g, memory::zeros_flat(g.layout.padded_numel, pr.storage, g.param_flat.device()));
       partition::release_params(g);
     }
   }

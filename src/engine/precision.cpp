@@ -55,7 +55,7 @@ double time_gemm_ms(at::ScalarType dtype, int64_t n) {
   return best;
 }
 
-Precision resolve_precision(const Config& config, comm::Comm& comm, const comm::Group& dp) {
+Precision resolve_precision(const Config& config, comm::Comm& comm, const comm::Group& dp, at::Device device) {
   Precision p;
   p.storage = to_scalar_type(config.param_dtype());
   if (p.storage == at::kFloat) {
@@ -63,6 +63,9 @@ Precision resolve_precision(const Config& config, comm::Comm& comm, const comm::
   } else if (config.compute_dtype) {
     p.compute = to_scalar_type(*config.compute_dtype);
     p.why = "zero_cpp.compute_dtype";
+  } else if (device.is_cuda()) {
+    p.compute = p.storage;
+    p.why = "a CUDA device computes 16-bit GEMMs natively";
   } else {
     // Rank 0 decides, so that noisy timings cannot split the ranks.
     at::Tensor choice = at::zeros({1}, at::kInt);

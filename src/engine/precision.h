@@ -30,7 +30,9 @@ struct Precision {
 // rank 0 of `dp` times the GEMMs (once per process) and every rank takes its
 // answer (one broadcast), so all ranks compute alike. Throws ConfigError for
 // a communication_data_type the resolved grads cannot travel in.
-Precision resolve_precision(const Config& config, comm::Comm& comm, const comm::Group& dp);
+// On a CUDA device "auto" is the 16-bit dtype (tensor cores), unmeasured.
+Precision resolve_precision(const Config& config, comm::Comm& comm, const comm::Group& dp,
+                            at::Device device = at::kCPU);
 
 // Milliseconds for one [n x n] @ [n x n] GEMM through libtorch in `dtype`
 // (the best of a few runs, after a warm-up).

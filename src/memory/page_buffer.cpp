@@ -121,7 +121,10 @@ void name_released_contents(const at::Tensor& flat, std::vector<NamedRange> rang
   m.guard_id = register_released_region(m.ptr, page_rounded(m.bytes), std::move(ranges), std::move(advice));
 }
 
-at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype) {
+at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype, at::Device device) {
+  // Device memory comes from libtorch's caching allocator (cudaMalloc'd
+  // blocks it reuses); page release is a host-memory mechanism.
+  if (!device.is_cpu()) return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device));
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, &g_allocator, /*resizable=*/true);
   return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(storage, 0, {numel}, {1});

@@ -16,8 +16,9 @@
 
 namespace zero::memory {
 
-// A 1-D tensor of `numel` zeros of `dtype` on page-backed storage.
-at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype);
+// A 1-D tensor of `numel` zeros of `dtype` on page-backed storage (on a
+// CUDA device: an ordinary device tensor).
+at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype, at::Device device = at::kCPU);
 
 // Stage 3's release and regather of a page-backed buffer: release returns
 // its pages to the OS and makes the range inaccessible; restore makes it

@@ -15,8 +15,10 @@ at::Tensor param_view(const at::Tensor& flat, const ParamSlot& s, const at::Tens
 
 void flatten_into_group(FlatGroup& g, at::ScalarType dtype) {
   at::NoGradGuard no_grad;
-  // Page-backed (see memory/page_buffer.h); the padding arrives zeroed.
-  g.param_flat = memory::zeros_flat(g.layout.padded_numel, dtype);
+  // On the params' device; page-backed on the CPU (memory/page_buffer.h).
+  // The padding arrives zeroed.
+  const at::Device device = g.params.empty() ? at::Device(at::kCPU) : g.params.front().device();
+  g.param_flat = memory::zeros_flat(g.layout.padded_numel, dtype, device);
   for (size_t i = 0; i < g.params.size(); ++i) {
     at::Tensor& p = g.params[i];
     at::Tensor view = param_view(g.param_flat, g.layout.params[i], p);

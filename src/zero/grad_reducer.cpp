@@ -51,7 +51,7 @@ GradReducer::GradReducer(std::vector<partition::FlatGroup>& groups, comm::Comm& 
     expected_.emplace_back(g.params.size(), 1);
     arrived_.emplace_back(g.params.size(), 0);
     if (opts_.policy.keeps_full_grads()) {
-      g.grad_flat = memory::zeros_flat(g.layout.padded_numel, opts_.grad_dtype);
+      g.grad_flat = memory::zeros_flat(g.layout.padded_numel, opts_.grad_dtype, g.param_flat.device());
       g.attach_grads();
       if (opts_.policy.reduces_into_resident_shard())
         // fp32 grads reduce in place into this rank's slot; 16-bit ones widen into an fp32 shard.
@@ -112,7 +112,7 @@ void GradReducer::restart_group(size_t i) {
 
 void GradReducer::ensure_grad_buffer(partition::FlatGroup& g) {
   if (g.grad_flat.defined()) return;
-  g.grad_flat = memory::zeros_flat(g.layout.padded_numel, opts_.grad_dtype);
+  g.grad_flat = memory::zeros_flat(g.layout.padded_numel, opts_.grad_dtype, g.param_flat.device());
   if (opts_.contiguous_gradients) g.attach_grads();
 }
 

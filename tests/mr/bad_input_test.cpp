@@ -24,6 +24,21 @@ TEST(BadInput, ClearErrors) {
   }, "no trainable parameters");
   expect_msg([&] { zero::Engine(m, Config::from_json({{"train_batch_size", 8}}), world().comm(), dp_group()); },
              "\"optimizer\" block is required");
+  // A model on a device zero-cpp does not train on, or on two at once, is
+  // named before anything is allocated (the meta device stands in here for
+  // any non-CPU device a CPU-only machine can make).
+  const Config ok = Config::from_json({{"train_batch_size", 8}, {"optimizer", opt}});
+  const auto on_meta = at::TensorOptions().device(at::kMeta);
+  expect_msg([&] {
+    torch::nn::Module meta;
+    meta.register_parameter("weight", at::zeros({4, 4}, on_meta));
+    zero::Engine(meta, ok, world().comm(), dp_group());
+  }, "the model is on meta; zero-cpp trains on CPU or CUDA");
+  expect_msg([&] {
+    torch::nn::Linear split(4, 4);
+    split->register_buffer("scale", at::ones({4}, on_meta));
+    zero::Engine(*split, ok, world().comm(), dp_group());
+  }, "the model spans devices: 'weight' is on cpu and 'scale' on meta");
 }
 
 TEST(RankMismatch, DifferentModelsAreNamedAtConstruction) {

@@ -47,6 +47,29 @@ at::Tensor rank_data(int rank, int64_t n, at::ScalarType dt, int salt = 0) {
   return (at::arange(n, at::kFloat).fmod(13) + rank * 17 + salt).to(dt);
 }
 
+// Routing by device: CPU tensors to the shared-memory path or Gloo, CUDA
+// tensors to NCCL when the build has CUDA (its process group is made on the
+// first CUDA collective, so this needs no GPU), anything else named.
+TEST(Routing, ByDevice) {
+  auto& comm = world().comm();
+  const Group& g = world().group();
+  const auto op = zero::comm::CollectiveOp::AllGather;
+  EXPECT_EQ(comm.route_name(g, op, at::kFloat, 64, at::kCPU), "shm");
+  comm.set_fast_paths_enabled(false);
+  EXPECT_EQ(comm.route_name(g, op, at::kFloat, 64, at::kCPU), "gloo");
+  comm.set_fast_paths_enabled(true);
+#ifdef ZERO_TEST_WITH_CUDA
+  EXPECT_EQ(comm.route_name(g, op, at::kBFloat16, 64, at::Device(at::kCUDA, 0)), "nccl");
+#else
+  EXPECT_NE(comm.route_name(g, op, at::kBFloat16, 64, at::Device(at::kCUDA, 0)).find("built without CUDA"),
+            std::string::npos);
+#endif
+  EXPECT_NE(comm.route_name(g, op, at::kFloat, 64, at::kMeta).find("tensors on meta are not supported"),
+            std::string::npos);
+  const at::Tensor cpu = at::zeros({2 * g.size()});
+  EXPECT_THROW(comm.all_gather(g, cpu, at::zeros({2}, at::TensorOptions().device(at::kMeta))), CommError);
+}
+
 TEST(Collectives, AllGatherIntoFlat) {
   for_each_transport([&] {
     auto& comm = world().comm();
