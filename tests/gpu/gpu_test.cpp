@@ -11,12 +11,9 @@
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
-#include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/normalization.h>
 #include <torch/optim/adamw.h>
 
-#include "mr.h"
-#include "zero/engine.h"
+#include "fixtures.h"
 
 namespace zero::test {
 namespace {
@@ -28,12 +25,6 @@ std::string gpu_unavailable() {
     return std::to_string(torch::cuda::device_count()) + " GPU(s) for " + std::to_string(world().size()) +
            " ranks: NCCL needs one per rank (several ranks on one GPU need the CUDA IPC transport, not built yet)";
   return {};
-}
-
-// The data-parallel group: every rank (made once; group creation is collective).
-std::shared_ptr<zero::comm::Group> dp() {
-  static std::shared_ptr<zero::comm::Group> g = world().split(world().size(), "gpu_dp");
-  return g;
 }
 
 at::Device my_gpu() { return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world().rank())); }
@@ -63,19 +54,6 @@ TEST(GpuComm, CudaTensorsGoThroughNccl) {
   }
 }
 
-struct MlpImpl : torch::nn::Module {
-  MlpImpl() {
-    at::manual_seed(23);
-    fc1 = register_module("fc1", torch::nn::Linear(32, 64));
-    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({64})));
-    fc2 = register_module("fc2", torch::nn::Linear(64, 1));
-  }
-  at::Tensor forward(const at::Tensor& x) { return fc2(ln(at::gelu(fc1(x)))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-  torch::nn::LayerNorm ln{nullptr};
-};
-TORCH_MODULE(Mlp);
-
 constexpr int kRows = 8, kSteps = 5;
 
 std::pair<at::Tensor, at::Tensor> batch(int step, int ranks) {
@@ -93,19 +71,13 @@ Config gpu_config(int stage, const char* dtype) {
   return Config::from_json(j);
 }
 
+StockMlp mlp() { return StockMlp(32, 64); }
+
 // torch's AdamW on the whole batch, one CPU process.
 std::map<std::string, at::Tensor> cpu_reference(int ranks) {
-  Mlp ref;
+  StockMlp ref = mlp();
   torch::optim::AdamW opt(ref->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.01).eps(1e-8));
-  for (int s = 0; s < kSteps; ++s) {
-    auto [x, y] = batch(s, ranks);
-    opt.zero_grad();
-    (ref->forward(x) - y).pow(2).mean().backward();
-    opt.step();
-  }
-  std::map<std::string, at::Tensor> out;
-  for (const auto& item : ref->named_parameters()) out[item.key()] = item.value().detach().clone();
-  return out;
+  return train_in_one_process(ref, opt, kSteps, [&](int s) { return batch(s, ranks); });
 }
 
 TEST(GpuEngine, StagesZeroToTwoMatchTheCpuReference) {
@@ -115,9 +87,9 @@ TEST(GpuEngine, StagesZeroToTwoMatchTheCpuReference) {
   for (const char* dtype : {"fp32", "bf16"}) {
     for (int stage = 0; stage <= 2; ++stage) {
       SCOPED_TRACE(std::string(dtype) + " stage " + std::to_string(stage));
-      Mlp model;
+      StockMlp model = mlp();
       model->to(my_gpu());
-      zero::Engine engine(*model, gpu_config(stage, dtype), world().comm(), dp());
+      zero::Engine engine(*model, gpu_config(stage, dtype), world().comm(), dp_group());
       for (int s = 0; s < kSteps; ++s) {
         auto [x, y] = batch(s, n);
         const at::Tensor mine = x.narrow(0, kRows * r, kRows).to(my_gpu());
@@ -128,22 +100,17 @@ TEST(GpuEngine, StagesZeroToTwoMatchTheCpuReference) {
       // fp32: the GPU's reductions differ from the CPU's only in order;
       // bf16: params rounded to 8 bits of mantissa at every step.
       const double bound = std::string(dtype) == "fp32" ? 1e-4 : 3e-2;
-      double worst = 0;
-      for (const auto& [name, p] : engine.full_parameters()) {
-        ASSERT_TRUE(want.count(name)) << name;
-        worst = std::max(worst, (p.to(at::kCPU, at::kFloat) - want.at(name)).abs().max().item<double>());
-      }
-      EXPECT_LT(worst, bound);
+      EXPECT_LT(max_abs_diff(engine.full_parameters(), want), bound);
     }
   }
 }
 
 TEST(GpuEngine, Stage3OnCudaIsRefusedByName) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  Mlp model;
+  StockMlp model = mlp();
   model->to(at::Device(at::kCUDA, 0));
   try {
-    zero::Engine engine(*model, gpu_config(3, "fp32"), world().comm(), dp());
+    zero::Engine engine(*model, gpu_config(3, "fp32"), world().comm(), dp_group());
     ADD_FAILURE() << "stage 3 on CUDA should be refused until it is built";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("stage 3 on cuda:0 is not built yet"), std::string::npos) << e.what();

@@ -26,6 +26,7 @@
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
 #include "mr.h"
@@ -137,11 +138,47 @@ inline RunResult reference(RunSpec s, int steps = 20) {
   return train(s, solo_group(), steps);
 }
 
+// Compared as fp32 on the host, whatever device or dtype a side is in.
 inline double max_abs_diff(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
   EXPECT_EQ(a.size(), b.size());
   double d = 0;
-  for (const auto& [name, t] : a) d = std::max(d, (t - b.at(name)).abs().max().item<double>());
+  for (const auto& [name, t] : a)
+    d = std::max(d, (t.to(at::kCPU, at::kFloat) - b.at(name).to(at::kCPU, at::kFloat)).abs().max().item<double>());
   return d;
+}
+
+// A small stock-layer model (Linear, LayerNorm, Linear) with the same
+// weights on every rank and in every run of a given shape.
+struct StockMlpImpl : torch::nn::Module {
+  StockMlpImpl(int64_t in, int64_t hidden) {
+    at::manual_seed(17);
+    fc1 = register_module("fc1", torch::nn::Linear(in, hidden));
+    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden})));
+    fc2 = register_module("fc2", torch::nn::Linear(hidden, 1));
+  }
+  at::Tensor forward(const at::Tensor& x) { return fc2(ln(at::tanh(fc1(x)))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::LayerNorm ln{nullptr};
+};
+TORCH_MODULE(StockMlp);
+
+// The whole batch of each step through `model`, squared error, torch's own
+// optimizer `opt` (before_step(s, opt) first: a schedule's lr, say), in one
+// process: the oracle for the engine's optimizer paths. Returns the params.
+template <typename Optimizer>
+std::map<std::string, at::Tensor> train_in_one_process(
+    StockMlp& model, Optimizer& opt, int steps, const std::function<std::pair<at::Tensor, at::Tensor>(int)>& batch,
+    const std::function<void(int, Optimizer&)>& before_step = {}) {
+  for (int s = 0; s < steps; ++s) {
+    if (before_step) before_step(s, opt);
+    auto [x, y] = batch(s);
+    opt.zero_grad();
+    (model->forward(x) - y).pow(2).mean().backward();
+    opt.step();
+  }
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : model->named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
 }
 
 // Elements of all params that differ by more than `tol`.

@@ -2,7 +2,6 @@
 // recipe (no decay on biases and norms), at every stage -- against
 // torch::optim::AdamW given the same groups on the whole batch in one
 // process. The oracle can fail: the same reference without groups is far off.
-#include <torch/nn/modules/normalization.h>
 #include <torch/optim/adamw.h>
 
 #include "fixtures.h"
@@ -10,18 +9,9 @@
 namespace zero::test {
 namespace {
 
-struct MlpImpl : torch::nn::Module {
-  MlpImpl() {
-    at::manual_seed(17);
-    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
-    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({16})));
-    fc2 = register_module("fc2", torch::nn::Linear(16, 1));
-  }
-  at::Tensor forward(const at::Tensor& x) { return fc2(ln(at::tanh(fc1(x)))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-  torch::nn::LayerNorm ln{nullptr};
-};
-TORCH_MODULE(Mlp);
+// The model: a stock MLP (8 -> 16 -> 1) with a LayerNorm, whose biases and
+// norm weights are the recipe's no-decay group.
+StockMlp mlp() { return StockMlp(8, 16); }
 
 constexpr double kLr = 0.01, kNoDecayLr = 0.02, kDecay = 0.1;
 
@@ -42,7 +32,7 @@ std::pair<at::Tensor, at::Tensor> batch(int step) {
 
 // torch's AdamW on the whole batch: with the recipe's two groups, or one.
 std::map<std::string, at::Tensor> torch_reference(bool grouped, int steps) {
-  Mlp ref;
+  StockMlp ref = mlp();
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (grouped) {
     auto recipe = weight_decay_groups(*ref, kDecay);
@@ -55,15 +45,7 @@ std::map<std::string, at::Tensor> torch_reference(bool grouped, int steps) {
                                                torch::optim::AdamWOptions(kLr).weight_decay(kDecay).eps(1e-8)));
   }
   torch::optim::AdamW opt(std::move(groups), torch::optim::AdamWOptions(kLr));
-  for (int s = 0; s < steps; ++s) {
-    auto [x, y] = batch(s);
-    opt.zero_grad();
-    (ref->forward(x) - y).pow(2).mean().backward();
-    opt.step();
-  }
-  std::map<std::string, at::Tensor> out;
-  for (const auto& item : ref->named_parameters()) out[item.key()] = item.value().detach().clone();
-  return out;
+  return train_in_one_process(ref, opt, steps, batch);
 }
 
 TEST(ParamGroups, MatchTorchAdamWWithTheSameGroupsAtEveryStage) {
@@ -73,7 +55,7 @@ TEST(ParamGroups, MatchTorchAdamWWithTheSameGroupsAtEveryStage) {
   ASSERT_GT(max_abs_diff(want, ungrouped), 1e-3) << "the groups must matter for this oracle";
   for (int stage = 0; stage <= 3; ++stage) {
     SCOPED_TRACE("stage " + std::to_string(stage));
-    Mlp model;
+    StockMlp model = mlp();
     auto groups = weight_decay_groups(*model, kDecay);
     ASSERT_EQ(groups[1].params.size(), 4u);  // fc1.bias, ln.weight, ln.bias, fc2.bias
     groups[1].lr = kNoDecayLr;
@@ -98,7 +80,7 @@ TEST(ParamGroups, ClientOptimizerFromCodeMatchesTheReference) {
   nlohmann::json j = group_config(1).to_json();
   j.erase("optimizer");
   const Config c = zero::with_optimizer(Config::from_json(j), zero::OptimizerConfig::adamw(kLr, kDecay));
-  Mlp model;
+  StockMlp model = mlp();
   auto groups = weight_decay_groups(*model, kDecay);
   groups[1].lr = kNoDecayLr;
   zero::Engine engine(*model, c, world().comm(), dp_group(), groups);
@@ -114,7 +96,7 @@ TEST(ParamGroups, ClientOptimizerFromCodeMatchesTheReference) {
 // A schedule function replaces the config's: lr(k) after k steps, and an
 // lr of 0 leaves the params where they were (the update reads it).
 TEST(ParamGroups, UserScheduleFunctionDrivesTheLr) {
-  Mlp model;
+  StockMlp model = mlp();
   zero::Engine engine(*model, group_config(2), world().comm(), dp_group());
   engine.set_lr_schedule([](int64_t k) { return k < 2 ? 0.0 : 0.001 * static_cast<double>(k); });
   EXPECT_EQ(engine.lr(), 0.0);
@@ -142,27 +124,20 @@ TEST(ParamGroups, OneCycleMovesLrAndBeta1AsDeepSpeeds) {
   const double lrs[steps] = {kMin, kMid, kMax, kMid, kMin, kMin};  // iterations -1 .. 4
   const double beta1s[steps] = {0.8, 0.85, 0.8, 0.85, 0.9, 0.9};
   auto reference = [&](bool cycle_betas) {
-    Mlp ref;
+    StockMlp ref = mlp();
     torch::optim::AdamW opt(ref->parameters(), torch::optim::AdamWOptions(kMin).weight_decay(kDecay).eps(1e-8));
-    for (int s = 0; s < steps; ++s) {
-      auto& o = static_cast<torch::optim::AdamWOptions&>(opt.param_groups()[0].options());
-      o.lr(lrs[s]);
-      if (cycle_betas) o.betas({beta1s[s], 0.99});
-      auto [x, y] = batch(s);
-      opt.zero_grad();
-      (ref->forward(x) - y).pow(2).mean().backward();
-      opt.step();
-    }
-    std::map<std::string, at::Tensor> out;
-    for (const auto& item : ref->named_parameters()) out[item.key()] = item.value().detach().clone();
-    return out;
+    return train_in_one_process<torch::optim::AdamW>(ref, opt, steps, batch, [&](int s, torch::optim::AdamW& o) {
+      auto& options = static_cast<torch::optim::AdamWOptions&>(o.param_groups()[0].options());
+      options.lr(lrs[s]);
+      if (cycle_betas) options.betas({beta1s[s], 0.99});
+    });
   };
   const auto want = reference(true);
   ASSERT_GT(max_abs_diff(want, reference(false)), 1e-4) << "the betas must matter for this oracle";
   nlohmann::json j = group_config(3).to_json();
   j["scheduler"] = {{"type", "OneCycle"},
                     {"params", {{"cycle_min_lr", kMin}, {"cycle_max_lr", kMax}, {"cycle_first_step_size", 2}}}};
-  Mlp model;
+  StockMlp model = mlp();
   zero::Engine engine(*model, Config::from_json(j), world().comm(), dp_group());
   for (int s = 0; s < steps; ++s) {
     EXPECT_DOUBLE_EQ(engine.lr(), lrs[s]) << "step " << s + 1;
@@ -175,8 +150,8 @@ TEST(ParamGroups, OneCycleMovesLrAndBeta1AsDeepSpeeds) {
 }
 
 TEST(ParamGroups, BadGroupsAreNamed) {
-  Mlp model;
-  Mlp other;
+  StockMlp model = mlp();
+  StockMlp other = mlp();
   expect_error<std::invalid_argument>(
       [&] { zero::Engine(*model, group_config(2), world().comm(), dp_group(), {{{other->fc1->weight}, 0.1, {}}}); },
       "not a trainable param of the model");
