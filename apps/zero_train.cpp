@@ -5,6 +5,7 @@
 //       [--layers L --d-model D --heads H --seq S] [--untied-head] [--seed S]
 //       [--log-json FILE | --log-json-all FILE] [--backward-chunks K [--coalesce]]
 //       [--save DIR [--save-every K]] [--resume DIR [--tag TAG]] [--init-from WEIGHTS.safetensors]
+//       [--device cpu|cuda]
 //
 // --save writes a checkpoint to DIR every K steps (default: at the end);
 // --resume continues from DIR's latest checkpoint (or tag TAG, e.g. step200)
@@ -28,9 +29,14 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <torch/cuda.h>
+#ifdef ZERO_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include "train/gpt_trainer.h"
 
@@ -48,6 +54,7 @@ struct Args {
   bool log_all = false;
   int64_t backward_chunks = 1;
   bool coalesce = false;
+  std::string device = "cpu";
   std::string save_dir, resume_dir, resume_tag, init_from;
   int64_t save_every = 0;  // 0: only at the end
 };
@@ -56,7 +63,8 @@ constexpr const char* kUsage =
     "usage: zero-train --config FILE [--data FILE_OR_DIR] [--steps N] [--seed S]\n"
     "                  [--layers L] [--d-model D] [--heads H] [--seq S] [--untied-head] [--checkpoint-activations]\n"
     "                  [--log-json FILE | --log-json-all FILE] [--backward-chunks K [--coalesce]]\n"
-    "                  [--save DIR [--save-every K]] [--resume DIR [--tag TAG]] [--init-from FILE]\n";
+    "                  [--save DIR [--save-every K]] [--resume DIR [--tag TAG]] [--init-from FILE]\n"
+    "                  [--device cpu|cuda]\n";
 
 // Errors: stderr, exit 2. --help: stdout, exit 0 (it was asked for).
 [[noreturn]] void usage(const std::string& why) {
@@ -79,6 +87,7 @@ constexpr const char* kUsage =
               "  --save DIR             checkpoint into DIR at the end (--save-every K: every K steps)\n"
               "  --resume DIR           continue from DIR's latest checkpoint (--tag TAG: that tag)\n"
               "  --init-from FILE       start from consolidated weights (zero-ckpt consolidate)\n"
+              "  --device cpu|cuda      where the model trains (cuda: GPU LOCAL_RANK; stages 0-2)\n"
               "  -h, --help             this text\n",
               kUsage, zero::data::ByteCorpus::default_path().c_str());
   std::exit(0);
@@ -118,10 +127,12 @@ Args parse(int argc, char** argv) {
     else if (f == "--resume") a.resume_dir = val();
     else if (f == "--tag") a.resume_tag = val();
     else if (f == "--init-from") a.init_from = val();
+    else if (f == "--device") a.device = val();
     else if (f == "-h" || f == "--help") help();
     else usage("unknown option " + f);
   }
   if (a.config.empty()) usage("--config is required");
+  if (a.device != "cpu" && a.device != "cuda") usage("--device must be cpu or cuda, not '" + a.device + "'");
   if (a.save_every && a.save_dir.empty()) usage("--save-every needs --save DIR");
   if (!a.resume_dir.empty() && !a.init_from.empty()) usage("--resume and --init-from exclude each other");
   if (!a.resume_tag.empty() && a.resume_dir.empty()) usage("--tag needs --resume DIR");
@@ -133,6 +144,17 @@ int64_t peak_rss_bytes() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+// Peak bytes libtorch's caching allocator handed out on `device` (0 on the CPU).
+int64_t peak_device_bytes(at::Device device) {
+#ifdef ZERO_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+  }
+#endif
+  return 0;
 }
 
 json comm_json(const zero::comm::OpCounts& counts) {
@@ -159,7 +181,17 @@ int main(int argc, char** argv) {
     const bool lead = world->rank() == 0;
     auto corpus = zero::data::ByteCorpus::load(args.data);
     std::shared_ptr<zero::comm::Group> dp = world->split(world->size(), "dp");
-    zero::train::GptTrainer trainer(args.model, config, corpus, args.seed, world->comm(), dp);
+    at::Device device = at::kCPU;
+    if (args.device == "cuda") {
+      // One GPU per local rank (NCCL's rule until the CUDA IPC transport exists).
+      const int local = world->env().local_rank;
+      if (!torch::cuda::is_available() || local >= static_cast<int>(torch::cuda::device_count()))
+        throw std::invalid_argument("--device cuda: local rank " + std::to_string(local) + " needs GPU " +
+                                    std::to_string(local) + ", and " + std::to_string(torch::cuda::device_count()) +
+                                    " are visible");
+      device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local));
+    }
+    zero::train::GptTrainer trainer(args.model, config, corpus, args.seed, world->comm(), dp, true, device);
     auto& engine = trainer.engine();
     trainer.set_backward_chunks(args.backward_chunks, args.coalesce);
     json resumed_record;
@@ -256,6 +288,7 @@ int main(int argc, char** argv) {
           {"median_step_ms", median_ms},
           {"tokens_per_s", median_ms > 0 ? b.train_batch_size * args.model.seq_len / (median_ms / 1000.0) : 0.0},
           {"peak_rss_bytes", peak_rss_bytes()},
+          {"peak_gpu_bytes", peak_device_bytes(device)},
           {"model_state_bytes", engine.state_bytes().total()},
           {"skipped_steps", engine.skipped_steps()},
           {"backward_chunks", args.backward_chunks},

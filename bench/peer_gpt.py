@@ -133,7 +133,7 @@ def torch_training(model, forward, lr, wd):
 
 def build_ddp(model, cfg, lr, wd):
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    return (*torch_training(model, ddp, lr, wd), "torch DistributedDataParallel (gloo)")
+    return (*torch_training(model, ddp, lr, wd), f"torch DistributedDataParallel ({dist.get_backend()})")
 
 
 def build_fsdp2(model, cfg, lr, wd):
@@ -144,7 +144,7 @@ def build_fsdp2(model, cfg, lr, wd):
     for i in range(model.layers):
         fully_shard(getattr(model, f"h{i}"), mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-    name = "torch FSDP2 fully_shard (gloo)" + (", bf16 params" if bf16 else "")
+    name = f"torch FSDP2 fully_shard ({dist.get_backend()})" + (", bf16 params" if bf16 else "")
     return (*torch_training(model, model, lr, wd), name)
 
 
@@ -189,8 +189,14 @@ def main():
     opt_params = cfg["optimizer"]["params"]
     lr, wd = float(opt_params["lr"]), float(opt_params.get("weight_decay", 0.01))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    # ZERO_PEER_DEVICE=cuda (bench/gpu.sh): the model and batches on GPU
+    # LOCAL_RANK, NCCL, step times after a device synchronize.
+    cuda = os.environ.get("ZERO_PEER_DEVICE", "cpu") == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
     if peer != "deepspeed":  # DeepSpeed sets up its own process group
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if cuda else "gloo")
     else:
         import deepspeed
 
@@ -200,6 +206,7 @@ def main():
     model = GPT(layers, d, heads, seq)
     init = read_safetensors(f"{export}/init.safetensors")
     model.load_state_dict(init, strict=True)
+    model.to(device)
     step, held, name = {"ddp": build_ddp, "fsdp2": build_fsdp2, "deepspeed": build_deepspeed}[peer](model, cfg, lr, wd)
     tokens = read_safetensors(f"{export}/tokens.safetensors")["tokens"]
     micro = tokens.shape[1] // world
@@ -207,8 +214,10 @@ def main():
     losses, times = [], []
     for s in range(steps):
         t0 = time.perf_counter()
-        batch = tokens[s, rank * micro : (rank + 1) * micro]
+        batch = tokens[s, rank * micro : (rank + 1) * micro].to(device)
         loss = step(batch[:, :-1], batch[:, 1:])
+        if cuda:
+            torch.cuda.synchronize(device)
         times.append((time.perf_counter() - t0) * 1000)
         mean = loss.detach().float().clone()
         dist.all_reduce(mean)
@@ -220,7 +229,8 @@ def main():
             json.dump({"peer": name, "torch": torch.__version__, "threads": torch.get_num_threads(),
                        "losses": losses, "median_step_ms": steady[len(steady) // 2],
                        "model_state_bytes": model_state,
-                       "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}, f)
+                       "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                       "peak_gpu_bytes": torch.cuda.max_memory_allocated(device) if cuda else 0}, f)
     dist.destroy_process_group()
 
 

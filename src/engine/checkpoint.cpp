@@ -95,8 +95,11 @@ void fill_state(CheckpointTarget& m, const RangeReader& read, bool master_only) 
     const auto mine = pieces(m, g, m.dp.rank());
     for (auto& [kind, t] : state_kinds(g)) {
       if (master_only && kind != "master") continue;
+      // Files are read on the host; device state is staged there and copied once.
+      at::Tensor host = t.is_cpu() ? t : t.to(at::kCPU);
       for (const auto& [name, f] : mine)
-        read(name, kind, f.param_offset, f.param_offset + f.numel, t.data_ptr<float>() + f.shard_offset);
+        read(name, kind, f.param_offset, f.param_offset + f.numel, host.data_ptr<float>() + f.shard_offset);
+      if (!host.is_same(t)) t.copy_(host);
     }
   }
 }
@@ -236,20 +239,23 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
   ckpt::SafetensorsWriter writer;
   bool writes = m.policy.shard_optimizer_state || lead;
   bool any = false;
+  std::vector<at::Tensor> host_copies;  // device state staged on the host, alive until the write
   if (writes)
     for (const auto& g : m.groups) {
       const auto mine = pieces(m, g, m.dp.rank());
-      for (const auto& [kind, t] : state_kinds(g))
+      for (const auto& [kind, t] : state_kinds(g)) {
+        const at::Tensor& host = t.is_cpu() ? t : host_copies.emplace_back(t.to(at::kCPU));
         for (const auto& [name, f] : mine) {
-          writer.add(ckpt::tensor_name(name, kind), "F32", {f.numel}, t.data_ptr<float>() + f.shard_offset);
+          writer.add(ckpt::tensor_name(name, kind), "F32", {f.numel}, host.data_ptr<float>() + f.shard_offset);
           any = true;
         }
+      }
     }
   // Frozen params and buffers: replicated, so rank 0 writes them whole.
   std::vector<at::Tensor> replicated_bytes;  // contiguous copies, alive until the write
   if (lead)
     for (const auto& r : m.replicated) {
-      replicated_bytes.push_back(r.tensor.detach().contiguous());
+      replicated_bytes.push_back(r.tensor.detach().to(at::kCPU).contiguous());
       writer.add(ckpt::tensor_name(r.name, "value"), safetensors_dtype(r.tensor.scalar_type()), r.tensor.sizes().vec(),
                  replicated_bytes.back().data_ptr());
       any = true;

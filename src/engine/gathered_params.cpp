@@ -154,7 +154,7 @@ void Engine::save_weights(const std::string& path) {
       std::vector<at::Tensor> keep;
       for (const auto& [name, t] : state) {
         if (alias.count(name)) continue;
-        keep.push_back(t.contiguous());
+        keep.push_back(t.to(at::kCPU).contiguous());  // written from the host
         w.add(name, safetensors_dtype(t.scalar_type()), t.sizes().vec(), keep.back().data_ptr());
       }
       w.set_metadata("format", "pt");

@@ -23,9 +23,11 @@ models::GPT build_model(const models::GPTConfig& c, uint64_t seed, const Config&
 }  // namespace
 
 GptTrainer::GptTrainer(const models::GPTConfig& model_config, const Config& config, const data::ByteCorpus& corpus,
-                       uint64_t seed, comm::Comm& comm, std::shared_ptr<comm::Group> dp, bool zero_init)
-    : corpus_(corpus), seed_(seed), comm_(comm), dp_(dp),
+                       uint64_t seed, comm::Comm& comm, std::shared_ptr<comm::Group> dp, bool zero_init,
+                       at::Device device)
+    : corpus_(corpus), seed_(seed), comm_(comm), dp_(dp), device_(device),
       model_(build_model(model_config, seed, config, comm, dp, zero_init)) {
+  if (!device_.is_cpu()) model_->to(device_);
   engine_ = std::make_unique<Engine>(*model_, config, comm, dp);
 }
 
@@ -64,12 +66,13 @@ StepRecord GptTrainer::train_step() {
   const auto t0 = std::chrono::steady_clock::now();
 
   const auto offsets = corpus_.step_offsets(step_, b.train_batch_size, seq, seed_);
-  at::Tensor loss_sum = at::zeros({1}, at::kFloat);
+  at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
   const int64_t skipped_before = engine_->skipped_steps();
   for (int64_t j = 0; j < b.gradient_accumulation_steps; ++j) {
     const int64_t begin = data::micro_batch_begin(j, dp_rank, dp_size, b.micro_batch_per_gpu);
     std::vector<int64_t> mine(offsets.begin() + begin, offsets.begin() + begin + b.micro_batch_per_gpu);
-    auto tokens = at::tensor(corpus_.windows(mine, seq), at::kLong).view({b.micro_batch_per_gpu, seq + 1});
+    auto tokens =
+        at::tensor(corpus_.windows(mine, seq), at::kLong).view({b.micro_batch_per_gpu, seq + 1}).to(device_);
     auto x = tokens.narrow(1, 0, seq), y = tokens.narrow(1, 1, seq);
     const int64_t rows = b.micro_batch_per_gpu / backward_chunks_;
     {

@@ -29,8 +29,11 @@ class GptTrainer {
   // Seeds the global RNG with `seed` before building the model, so every
   // rank (and every world size) starts from the same weights. At stage 3 the
   // model is built inside zero::Init unless `zero_init` is false.
+  // The model trains on `device` (moved there whole before the engine is
+  // built; batches follow).
   GptTrainer(const models::GPTConfig& model_config, const Config& config, const data::ByteCorpus& corpus,
-             uint64_t seed, comm::Comm& comm, std::shared_ptr<comm::Group> dp, bool zero_init = true);
+             uint64_t seed, comm::Comm& comm, std::shared_ptr<comm::Group> dp, bool zero_init = true,
+             at::Device device = at::kCPU);
 
   StepRecord train_step();
 
@@ -55,6 +58,7 @@ class GptTrainer {
   uint64_t seed_;
   comm::Comm& comm_;
   std::shared_ptr<comm::Group> dp_;
+  at::Device device_;
   models::GPT model_;
   std::unique_ptr<Engine> engine_;
   int64_t step_ = 0;
