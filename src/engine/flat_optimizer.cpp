@@ -148,10 +148,38 @@ void FlatOptimizer::commit() {
 }
 
 void FlatOptimizer::update_group(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale) {
+  if (g.master.is_cpu() && !grad.is_cpu()) return update_offloaded(g, grad, lr, grad_scale);
   const at::Tensor dest = policy_.update_destination(g, dp_.rank());
   const auto kind = out_kind(dest, g);
   void* out16 = kind == optim::Out16::None ? nullptr : dest.data_ptr();
   for (const Span& s : spans_of(g)) update_span(g, grad, s, lr, grad_scale, out16, kind);
+}
+
+// ZeRO-Offload (offload_optimizer device cpu, a CUDA model): the reduced
+// grads come to the host, the fused CPU kernel updates the host master and
+// moments (writing the params' 16-bit values into a host staging buffer in
+// the same pass), and the params go back to the device in their dtype. The
+// copies are blocking here: overlapping them with the update, per bucket,
+// is the next step (DeepSpeed's pipelined offload).
+// STATUS: compiled in CI, not yet run on a GPU.
+void FlatOptimizer::update_offloaded(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale) {
+  const auto pinned = [&](const at::Tensor& like) {
+    return at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type()).pinned_memory(true));
+  };
+  at::Tensor host_grad = pinned(grad);
+  host_grad.copy_(grad);
+  const at::Tensor dest = policy_.update_destination(g, dp_.rank());
+  optim::Out16 kind = optim::Out16::None;
+  at::Tensor staged;  // the params' new values in their dtype, when not the master's fp32 itself
+  if (g.storage_dtype != at::kFloat) {
+    const bool bf16 = g.storage_dtype == at::kBFloat16;
+    kind = dest.scalar_type() == at::kFloat ? (bf16 ? optim::Out16::BF16Widened : optim::Out16::FP16Widened)
+                                            : (bf16 ? optim::Out16::BF16 : optim::Out16::FP16);
+    staged = pinned(dest);
+  }
+  for (const Span& s : spans_of(g))
+    update_span(g, host_grad, s, lr, grad_scale, staged.defined() ? staged.data_ptr() : nullptr, kind);
+  dest.copy_(staged.defined() ? staged : g.master);
 }
 
 void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad, const Span& s, double lr,

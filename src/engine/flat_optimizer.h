@@ -63,6 +63,7 @@ class FlatOptimizer {
   at::Tensor grads_of(const partition::FlatGroup& g) const;  // fp32: a shard, or all of it
   double global_sumsq(const std::vector<at::Tensor>& grads);
   void update_group(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale);
+  void update_offloaded(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale);
   // Runs of the master (this rank's shard, or all of it) under one hyper.
   struct Span {
     int64_t begin, numel;

@@ -18,7 +18,8 @@ namespace {
 void masters_from_params(const StagePolicy& policy, int rank, partition::FlatGroup& g) {
   at::NoGradGuard no_grad;
   if (g.param_shard.defined()) g.param_shard.copy_(g.own_slot(g.param_flat, rank));
-  const at::Tensor src = policy.update_destination(g, rank);
+  // On the master's device: the host when the optimizer is offloaded.
+  const at::Tensor src = policy.update_destination(g, rank).to(g.master.device());
   if (src.data_ptr() == g.master.data_ptr()) return;  // fp32: the master is that memory
   if (g.storage_dtype == at::kFloat) {
     g.master.copy_(src);

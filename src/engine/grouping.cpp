@@ -69,6 +69,12 @@ void setup_precision(partition::FlatGroup& g, const GroupingContext& ctx) {
   }
   if (ctx.policy.shard_params && !g.param_shard.defined()) g.param_shard = g.own_slot(g.param_flat, rank).clone();
   if (!g.master.defined()) g.master = ctx.policy.update_destination(g, rank);  // fp32: the params themselves
+  // ZeRO-Offload: a device model's master and optimizer state live in host
+  // memory (the master pinned, when asked, for its copies); the flat
+  // optimizer updates them there (engine/flat_optimizer.cpp).
+  const auto& offload = ctx.config.zero.offload_optimizer;
+  if (offload.device == OffloadDevice::CPU && !g.master.is_cpu())
+    g.master = g.master.to(at::TensorOptions().device(at::kCPU).pinned_memory(offload.pin_memory), false, true);
   ctx.optimizer.init_state(g);
 }
 

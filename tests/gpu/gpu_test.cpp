@@ -1,7 +1,7 @@
 // The GPU path, on a machine with a GPU (./run gpu-test; skipped elsewhere):
 // collectives on CUDA tensors through NCCL, and the engine at stages 0-2
-// with the model on the GPU against the same model trained in one CPU
-// process (fp32 stage 0: the oracle every CPU parity test uses).
+// (1-2 also with the optimizer offloaded to the host) with the model on the
+// GPU against the same model trained by torch's AdamW in one CPU process.
 //
 // NCCL needs a GPU per rank: with fewer GPUs than ranks the multi-rank cases
 // skip, naming why (several ranks on one GPU need the CUDA IPC transport,
@@ -62,12 +62,13 @@ std::pair<at::Tensor, at::Tensor> batch(int step, int ranks) {
   return {x, x.sum(1, true).sin()};
 }
 
-Config gpu_config(int stage, const char* dtype) {
+Config gpu_config(int stage, const char* dtype, bool offload = false) {
   nlohmann::json j = {{"train_micro_batch_size_per_gpu", kRows},
                       {"gradient_clipping", 0.0},
                       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.01}}}}},
                       {"zero_optimization", {{"stage", stage}}}};
   if (std::string(dtype) == "bf16") j["bf16"] = {{"enabled", true}};
+  if (offload) j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
   return Config::from_json(j);
 }
 
@@ -85,11 +86,14 @@ TEST(GpuEngine, StagesZeroToTwoMatchTheCpuReference) {
   const int n = world().size(), r = world().rank();
   const auto want = cpu_reference(n);
   for (const char* dtype : {"fp32", "bf16"}) {
-    for (int stage = 0; stage <= 2; ++stage) {
-      SCOPED_TRACE(std::string(dtype) + " stage " + std::to_string(stage));
+    for (int run = 0; run <= 4; ++run) {
+      // Stages 0-2, then 1 and 2 with the optimizer offloaded to the host.
+      const int stage = run <= 2 ? run : run - 2;
+      const bool offload = run > 2;
+      SCOPED_TRACE(std::string(dtype) + " stage " + std::to_string(stage) + (offload ? " offloaded" : ""));
       StockMlp model = mlp();
       model->to(my_gpu());
-      zero::Engine engine(*model, gpu_config(stage, dtype), world().comm(), dp_group());
+      zero::Engine engine(*model, gpu_config(stage, dtype, offload), world().comm(), dp_group());
       for (int s = 0; s < kSteps; ++s) {
         auto [x, y] = batch(s, n);
         const at::Tensor mine = x.narrow(0, kRows * r, kRows).to(my_gpu());
@@ -101,6 +105,9 @@ TEST(GpuEngine, StagesZeroToTwoMatchTheCpuReference) {
       // bf16: params rounded to 8 bits of mantissa at every step.
       const double bound = std::string(dtype) == "fp32" ? 1e-4 : 3e-2;
       EXPECT_LT(max_abs_diff(engine.full_parameters(), want), bound);
+      if (offload) {
+        EXPECT_GT(engine.state_bytes().master, 0);
+      }
     }
   }
 }
