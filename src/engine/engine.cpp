@@ -95,9 +95,8 @@ void use_param_groups(const std::vector<ParamGroup>& param_groups, const std::ve
 
 int64_t resident(const at::Tensor& t) { return memory::resident_bytes(t); }
 
-// The one device the model's params and buffers are on. CUDA needs a build
-// with CUDA, and stage 3 (release and regather of param memory) is built
-// for host memory only so far.
+// The one device the model's params and buffers are on (CUDA needs a build
+// with CUDA).
 at::Device model_device(const torch::nn::Module& m, const Config& c) {
   std::optional<at::Device> device;
   std::string first;
@@ -119,9 +118,6 @@ at::Device model_device(const torch::nn::Module& m, const Config& c) {
     throw std::invalid_argument("zero::Engine: the model is on " + d.str() +
                                 " but this zero-cpp was built without CUDA (ZERO_CUDA)");
 #endif
-    if (c.zero.stage == 3)
-      throw std::invalid_argument("zero::Engine: ZeRO stage 3 on " + d.str() +
-                                  " is not built yet (stages 0-2 run on CUDA; stage 3 on CPU)");
   } else if (!d.is_cpu()) {
     throw std::invalid_argument("zero::Engine: the model is on " + d.str() + "; zero-cpp trains on CPU or CUDA");
   }

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <new>
+#include <cstdlib>
 #include <string>
 
 #include <c10/core/Allocator.h>
@@ -85,6 +86,8 @@ PageBackedScope::PageBackedScope() : previous_(c10::GetAllocator(c10::DeviceType
 
 PageBackedScope::~PageBackedScope() { c10::SetAllocator(c10::DeviceType::CPU, previous_); }
 
+bool page_backed(const at::Tensor& t) { return mapping_of(t) != nullptr; }
+
 void release_pages(const at::Tensor& flat) {
   if (flat.storage().nbytes() == 0) return;
   Mapping& m = page_mapping(flat, "release_pages");
@@ -115,7 +118,7 @@ int64_t resident_bytes(const at::Tensor& t) {
 }
 
 void name_released_contents(const at::Tensor& flat, std::vector<NamedRange> ranges, std::string advice) {
-  if (flat.storage().nbytes() == 0) return;
+  if (flat.storage().nbytes() == 0 || !page_backed(flat)) return;  // others (device buffers): no page guard
   Mapping& m = page_mapping(flat, "name_released_contents");
   unregister_released_region(m.guard_id);
   m.guard_id = register_released_region(m.ptr, page_rounded(m.bytes), std::move(ranges), std::move(advice));
@@ -124,7 +127,14 @@ void name_released_contents(const at::Tensor& flat, std::vector<NamedRange> rang
 at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype, at::Device device) {
   // Device memory comes from libtorch's caching allocator (cudaMalloc'd
   // blocks it reuses); page release is a host-memory mechanism.
-  if (!device.is_cpu()) return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device));
+  // ZERO_PAGE_BUFFERS=off gives host buffers libtorch's allocator too, so
+  // that stage 3 releases them as it releases device buffers
+  // (memory/storage_release.h): how CI runs the GPU's stage-3 path on a CPU.
+  static const bool pages = [] {
+    const char* v = std::getenv("ZERO_PAGE_BUFFERS");
+    return !(v && std::string(v) == "off");
+  }();
+  if (!device.is_cpu() || !pages) return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device));
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, &g_allocator, /*resizable=*/true);
   return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(storage, 0, {numel}, {1});

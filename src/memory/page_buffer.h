@@ -17,7 +17,7 @@
 namespace zero::memory {
 
 // A 1-D tensor of `numel` zeros of `dtype` on page-backed storage (on a
-// CUDA device: an ordinary device tensor).
+// CUDA device, or on the host with ZERO_PAGE_BUFFERS=off: an ordinary tensor).
 at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype, at::Device device = at::kCPU);
 
 // Stage 3's release and regather of a page-backed buffer: release returns
@@ -26,6 +26,7 @@ at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype, at::Device device = a
 // params and the tensors autograd saved -- views of it -- see the
 // regathered data, and an access while released faults (see
 // name_released_contents) instead of reading freed or stale memory.
+bool page_backed(const at::Tensor& t);  // made by zeros_flat on mapped pages
 void release_pages(const at::Tensor& flat);
 void restore_pages(const at::Tensor& flat);
 bool pages_released(const at::Tensor& flat);

@@ -1,6 +1,7 @@
 #include "partition/flat_group.h"
 
 #include "memory/page_buffer.h"
+#include "memory/storage_release.h"
 
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
@@ -41,9 +42,20 @@ void view_params_in(FlatGroup& g, at::Tensor flat) {
   g.param_flat = std::move(flat);
 }
 
-void release_params(const FlatGroup& g) { memory::release_pages(g.param_flat); }
-void restore_params(const FlatGroup& g) { memory::restore_pages(g.param_flat); }
-bool params_released(const FlatGroup& g) { return memory::pages_released(g.param_flat); }
+// Page-backed host buffers keep their address across a release (and an
+// access while released names the param); others -- device buffers -- give
+// their block back to their allocator.
+void release_params(const FlatGroup& g) {
+  if (memory::page_backed(g.param_flat)) memory::release_pages(g.param_flat);
+  else memory::release_storage(g.param_flat);
+}
+void restore_params(const FlatGroup& g) {
+  if (memory::page_backed(g.param_flat)) memory::restore_pages(g.param_flat);
+  else memory::restore_storage(g.param_flat);
+}
+bool params_released(const FlatGroup& g) {
+  return memory::pages_released(g.param_flat) || memory::storage_released(g.param_flat);
+}
 
 void FlatGroup::attach_grads() const {
   for (size_t i = 0; i < params.size(); ++i)

@@ -13,9 +13,11 @@ namespace zero::train {
 namespace {
 
 models::GPT build_model(const models::GPTConfig& c, uint64_t seed, const Config& config, comm::Comm& comm,
-                        std::shared_ptr<comm::Group> dp, bool zero_init) {
+                        std::shared_ptr<comm::Group> dp, bool zero_init, at::Device device) {
   at::manual_seed(seed);
-  if (!zero_init) return models::GPT(c);
+  // zero::Init shards host memory as the blocks are built; a model bound
+  // for a GPU is built whole and sharded by the engine there.
+  if (!zero_init || !device.is_cpu()) return models::GPT(c);
   Init init(comm, dp, config);  // stage 3: each block is sharded as soon as it is built; else a no-op
   return models::GPT(c);
 }
@@ -26,7 +28,7 @@ GptTrainer::GptTrainer(const models::GPTConfig& model_config, const Config& conf
                        uint64_t seed, comm::Comm& comm, std::shared_ptr<comm::Group> dp, bool zero_init,
                        at::Device device)
     : corpus_(corpus), seed_(seed), comm_(comm), dp_(dp), device_(device),
-      model_(build_model(model_config, seed, config, comm, dp, zero_init)) {
+      model_(build_model(model_config, seed, config, comm, dp, zero_init, device)) {
   if (!device_.is_cpu()) model_->to(device_);
   engine_ = std::make_unique<Engine>(*model_, config, comm, dp);
 }

@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "memory/page_buffer.h"
+#include "memory/storage_release.h"
 #include "partition/flat_group.h"
 #include "zero/stage3.h"
 #include "zero/stage_policy.h"
@@ -64,7 +65,7 @@ void Init::shard(UnitBase& unit) {
     if (p.scalar_type() != at::kFloat)
       throw std::invalid_argument("zero::Init: unit params must be built in fp32, got " +
                                   std::string(c10::toString(p.scalar_type())));
-    if (memory::pages_released(p))
+    if (memory::pages_released(p) || memory::storage_released(p))
       throw std::invalid_argument("zero::Init: a param of this unit was already sharded by another unit (shared "
                                   "between units, or a nested unit); build shared params outside zero::Init, "
                                   "where they belong to the root unit");
