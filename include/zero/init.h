@@ -15,6 +15,8 @@
 
 #include <memory>
 
+#include <c10/core/Device.h>
+
 #include "zero/comm.h"
 #include "zero/config.h"
 #include "zero/unit.h"
@@ -25,25 +27,38 @@ class Init {
  public:
   // Below stage 3 the scope does nothing (params are whole on every rank
   // there), so the same program runs at every stage.
-  Init(World& world, const Config& config);
-  Init(comm::Comm& comm, std::shared_ptr<comm::Group> dp, const Config& config);
+  // `device`: where the shards (and the units' buffers, released) go. A
+  // unit is built on the host by its constructor, then flattened on the
+  // device if it has room for it, else in pinned host memory with only the
+  // shard moved (DeepSpeed's on-device flatten; never the model twice).
+  // Move the rest of the model (its root) to the device before the engine.
+  Init(World& world, const Config& config, at::Device device = at::kCPU);
+  Init(comm::Comm& comm, std::shared_ptr<comm::Group> dp, const Config& config, at::Device device = at::kCPU);
   ~Init();
   Init(const Init&) = delete;
   Init& operator=(const Init&) = delete;
 
   int64_t units_sharded() const { return units_sharded_; }
+  // On a device: how many units were flattened there, and how many in
+  // pinned host memory for want of room.
+  int64_t units_flattened_on_device() const { return units_flattened_on_device_; }
+  int64_t units_flattened_on_host() const { return units_flattened_on_host_; }
 
  private:
   friend void detail::on_unit_constructed(UnitBase&);
-  Init(comm::Comm& comm, std::shared_ptr<comm::Group> owner, const comm::Group& dp, const Config& config);
+  Init(comm::Comm& comm, std::shared_ptr<comm::Group> owner, const comm::Group& dp, const Config& config,
+       at::Device device);
   void shard(UnitBase& unit);
+  void flatten_onto_device(partition::FlatGroup& g);
 
   comm::Comm& comm_;
   std::shared_ptr<comm::Group> dp_owner_;
   const comm::Group& dp_;
   Init* previous_;
   std::shared_ptr<void> page_backed_;  // memory::PageBackedScope for the scope's lifetime
+  at::Device device_;
   int64_t units_sharded_ = 0;
+  int64_t units_flattened_on_device_ = 0, units_flattened_on_host_ = 0;
   bool inactive_ = false;  // below stage 3
 };
 

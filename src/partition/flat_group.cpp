@@ -14,12 +14,14 @@ at::Tensor param_view(const at::Tensor& flat, const ParamSlot& s, const at::Tens
 }
 }  // namespace
 
-void flatten_into_group(FlatGroup& g, at::ScalarType dtype) {
+void flatten_into_group(FlatGroup& g, at::ScalarType dtype, std::optional<at::Device> device, bool pinned) {
   at::NoGradGuard no_grad;
-  // On the params' device; page-backed on the CPU (memory/page_buffer.h).
-  // The padding arrives zeroed.
-  const at::Device device = g.params.empty() ? at::Device(at::kCPU) : g.params.front().device();
-  g.param_flat = memory::zeros_flat(g.layout.padded_numel, dtype, device);
+  // On the params' device unless told; page-backed on the CPU
+  // (memory/page_buffer.h). The padding arrives zeroed.
+  const at::Device where =
+      device.value_or(g.params.empty() ? at::Device(at::kCPU) : g.params.front().device());
+  g.param_flat = pinned ? at::zeros({g.layout.padded_numel}, at::TensorOptions().dtype(dtype).pinned_memory(true))
+                        : memory::zeros_flat(g.layout.padded_numel, dtype, where);
   for (size_t i = 0; i < g.params.size(); ++i) {
     at::Tensor& p = g.params[i];
     at::Tensor view = param_view(g.param_flat, g.layout.params[i], p);
@@ -31,8 +33,9 @@ void flatten_into_group(FlatGroup& g, at::ScalarType dtype) {
   }
 }
 
-void flatten_from_rank0(FlatGroup& g, comm::Comm& comm, const comm::Group& dp) {
-  flatten_into_group(g, at::kFloat);
+void flatten_from_rank0(FlatGroup& g, comm::Comm& comm, const comm::Group& dp, std::optional<at::Device> device,
+                        bool pinned) {
+  flatten_into_group(g, at::kFloat, device, pinned);
   comm.broadcast(dp, g.param_flat, 0, "initial params")->wait();
 }
 

@@ -4,6 +4,7 @@
 // the index arithmetic and docs/design.md for which buffers each stage keeps.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,10 +60,14 @@ struct FlatGroup {
 // Moves `params` (the module's own tensors) into one new flat fp32 buffer,
 // one param at a time, each original freed as soon as it is copied: the
 // peak is the model plus this one group, never a second model.
-void flatten_into_group(FlatGroup& g, at::ScalarType dtype);
+// The buffer is on `device` (default: the params'), pinned when `pinned`
+// (a host buffer bound for a device).
+void flatten_into_group(FlatGroup& g, at::ScalarType dtype, std::optional<at::Device> device = std::nullopt,
+                        bool pinned = false);
 // flatten_into_group, then every rank takes rank 0's values (as DeepSpeed's
 // engine and zero.Init do): whatever each rank's RNG did, all start alike.
-void flatten_from_rank0(FlatGroup& g, comm::Comm& comm, const comm::Group& dp);
+void flatten_from_rank0(FlatGroup& g, comm::Comm& comm, const comm::Group& dp,
+                        std::optional<at::Device> device = std::nullopt, bool pinned = false);
 // Makes `flat` the group's param buffer, each param a view of its slot (a
 // 16-bit copy of the fp32 one, say); the previous buffer goes with its last view.
 void view_params_in(FlatGroup& g, at::Tensor flat);

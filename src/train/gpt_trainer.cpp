@@ -15,10 +15,9 @@ namespace {
 models::GPT build_model(const models::GPTConfig& c, uint64_t seed, const Config& config, comm::Comm& comm,
                         std::shared_ptr<comm::Group> dp, bool zero_init, at::Device device) {
   at::manual_seed(seed);
-  // zero::Init shards host memory as the blocks are built; a model bound
-  // for a GPU is built whole and sharded by the engine there.
-  if (!zero_init || !device.is_cpu()) return models::GPT(c);
-  Init init(comm, dp, config);  // stage 3: each block is sharded as soon as it is built; else a no-op
+  if (!zero_init) return models::GPT(c);
+  // Stage 3: each block is sharded onto `device` as soon as it is built; else a no-op.
+  Init init(comm, dp, config, device);
   return models::GPT(c);
 }
 

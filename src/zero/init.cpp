@@ -4,6 +4,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include "memory/device_memory.h"
 #include "memory/page_buffer.h"
 #include "memory/storage_release.h"
 #include "partition/flat_group.h"
@@ -23,13 +24,18 @@ void on_unit_constructed(UnitBase& unit) {
 }
 }  // namespace detail
 
-Init::Init(World& world, const Config& config) : Init(world.comm(), nullptr, world.group(), config) {}
+Init::Init(World& world, const Config& config, at::Device device)
+    : Init(world.comm(), nullptr, world.group(), config, device) {}
 
-Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> dp, const Config& config)
-    : Init(comm, dp, dp ? *dp : throw std::invalid_argument("zero::Init: the data-parallel group is null"), config) {}
+Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> dp, const Config& config, at::Device device)
+    : Init(comm, dp, dp ? *dp : throw std::invalid_argument("zero::Init: the data-parallel group is null"), config,
+           device) {}
 
-Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> owner, const comm::Group& dp, const Config& config)
-    : comm_(comm), dp_owner_(std::move(owner)), dp_(dp), previous_(g_active) {
+Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> owner, const comm::Group& dp, const Config& config,
+           at::Device device)
+    : comm_(comm), dp_owner_(std::move(owner)), dp_(dp), previous_(g_active), device_(device) {
+  if (!device_.is_cpu() && !device_.is_cuda())
+    throw std::invalid_argument("zero::Init: units go to the CPU or a CUDA device, not " + device_.str());
   // Below stage 3 params are whole on every rank anyway: the model is built
   // as without the scope (the engine syncs it from rank 0), so one program
   // switches stages by config alone.
@@ -39,6 +45,25 @@ Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> owner, const comm::Gro
   }
   g_active = this;
   page_backed_ = std::make_shared<memory::PageBackedScope>();
+}
+
+// Seed 003: the unit is flattened on the device when it has room for the
+// whole unit (its params copied in one by one, each host original freed as
+// it goes), synced from rank 0 there and sharded; else in pinned host
+// memory, synced over the host transports, and only the shard goes to the
+// device. Either way neither side ever holds more than this one unit whole.
+void Init::flatten_onto_device(partition::FlatGroup& g) {
+  const int64_t bytes = g.layout.padded_numel * static_cast<int64_t>(sizeof(float));
+  const auto free = memory::device_free_bytes(device_);
+  const bool room = free && *free > bytes + bytes / 8;  // headroom for the allocator's rounding
+  partition::flatten_from_rank0(g, comm_, dp_, room ? device_ : at::Device(at::kCPU), /*pinned=*/!room);
+  g.param_shard = g.own_slot(g.param_flat, dp_.rank()).to(device_, /*non_blocking=*/false, /*copy=*/true);
+  if (!room) {
+    // The params view a device buffer (released below; gathers fill it);
+    // the pinned host one goes with its last view.
+    partition::view_params_in(g, memory::zeros_flat(g.layout.padded_numel, at::kFloat, device_));
+  }
+  ++(room ? units_flattened_on_device_ : units_flattened_on_host_);
 }
 
 Init::~Init() {
@@ -55,6 +80,8 @@ void Init::shard(UnitBase& unit) {
     if (!p.requires_grad()) replicated.push_back(p);
   for (const auto& b : unit.buffers(/*recurse=*/true))
     if (b.defined()) replicated.push_back(b);
+  if (!device_.is_cpu())
+    for (auto& t : replicated) t.set_data(t.to(device_));
   comm_.broadcast_coalesced(dp_, replicated, 0, "frozen params and buffers of a unit built under zero::Init");
   detail::UnitAccess::set_synced_at_init(unit);
   auto g = std::make_shared<partition::FlatGroup>();
@@ -75,11 +102,15 @@ void Init::shard(UnitBase& unit) {
   }
   if (g->params.empty()) return;
   g->layout = partition::make_group_layout(numels, indices, dp_.size(), partition::kShardAlignElements);
-  partition::flatten_from_rank0(*g, comm_, dp_);
-  // The shard lives in its own pages, so the unit's freed originals leave
-  // reusable holes in the heap for the next unit instead of fragments.
-  g->param_shard = memory::zeros_flat(g->layout.shard_numel, at::kFloat);
-  g->param_shard.copy_(g->own_slot(g->param_flat, dp_.rank()));
+  if (device_.is_cpu()) {
+    partition::flatten_from_rank0(*g, comm_, dp_);
+    // The shard lives in its own pages, so the unit's freed originals leave
+    // reusable holes in the heap for the next unit instead of fragments.
+    g->param_shard = memory::zeros_flat(g->layout.shard_numel, at::kFloat);
+    g->param_shard.copy_(g->own_slot(g->param_flat, dp_.rank()));
+  } else {
+    flatten_onto_device(*g);
+  }
   // Until the engine adopts the unit (and names its params in full), an
   // access to a released param names it relative to its unit.
   std::vector<memory::NamedRange> ranges;

@@ -113,9 +113,10 @@ TEST(GpuEngine, StagesZeroToThreeMatchTheCpuReference) {
   }
 }
 
-// The bundled GPT at stage 3 on the GPU (its blocks are zero::Units, each
-// gathered and released around its forward and backward in device memory)
-// against the same run in one CPU process at stage 0.
+// The bundled GPT at stage 3 on the GPU, built under zero::Init onto the
+// device (seed 003: each block flattened there as it is built) -- its
+// blocks are zero::Units, each gathered and released around its forward and
+// backward in device memory -- against the same run in one CPU process.
 TEST(GpuEngine, GptStage3MatchesTheCpuReference) {
   if (auto why = gpu_unavailable(); !why.empty()) GTEST_SKIP() << why;
   RunSpec s;
@@ -129,6 +130,28 @@ TEST(GpuEngine, GptStage3MatchesTheCpuReference) {
     EXPECT_NEAR(loss, want.losses[i], 1e-3 * std::fabs(want.losses[i])) << "step " << i + 1;
   }
   EXPECT_GT(t.engine().peak_live_params(), 0) << "units were gathered";
+}
+
+// zero::Init onto the device: every block flattened there (it has room),
+// its shard on the device, its full buffer released until gathered.
+TEST(GpuInit, UnitsAreFlattenedAndShardedOnTheDevice) {
+  if (auto why = gpu_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  RunSpec s;
+  s.stage = 3;
+  const auto c = small_gpt();
+  zero::models::GPT model{nullptr};
+  {
+    zero::Init init(world().comm(), dp_group(), make_config(s), my_gpu());
+    model = zero::models::GPT(c);
+    EXPECT_EQ(init.units_sharded(), c.n_layer);
+    EXPECT_EQ(init.units_flattened_on_device(), c.n_layer);
+    EXPECT_EQ(init.units_flattened_on_host(), 0);
+  }
+  for (const auto& item : model->named_parameters())
+    if (item.key().rfind("h0.", 0) == 0) {
+      EXPECT_TRUE(item.value().is_cuda()) << item.key();
+      EXPECT_EQ(item.value().storage().nbytes(), 0u) << item.key() << " released until gathered";
+    }
 }
 
 }  // namespace
