@@ -191,7 +191,10 @@ int main(int argc, char** argv) {
                                     " are visible");
       device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local));
     }
+    const auto build_start = std::chrono::steady_clock::now();
     zero::train::GptTrainer trainer(args.model, config, corpus, args.seed, world->comm(), dp, true, device);
+    const double build_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - build_start).count();
     auto& engine = trainer.engine();
     trainer.set_backward_chunks(args.backward_chunks, args.coalesce);
     json resumed_record;
@@ -225,6 +228,7 @@ int main(int argc, char** argv) {
     }
     emit({{"event", "setup"},
           {"n_params", engine.num_params()},
+          {"build_ms", build_ms},  // the model built (under zero::Init at stage 3) and the engine set up
           {"world_size", world->size()},
           {"dp_size", dp->size()},
           {"rank", world->rank()},

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU benchmark (./run gpu-bench on a GPU machine): the bundled GPT at a
 # size that fills much of one GPU, one rank, side by side in one run --
-# zero-cpp stages 0-2 (bf16, the model on cuda:0) against PyTorch DDP and
+# zero-cpp stages 0-3 (bf16, the model on cuda:0) against PyTorch DDP and
 # FSDP2 on the same torch (ZERO_PEER_DEVICE=cuda in peer_gpt.py), the same
 # initial weights, batches, optimizer and clipping. Step time, tokens/s and
 # peak GPU memory per run; prints one JSON object.
@@ -26,7 +26,7 @@ L=${MODEL[1]} D=${MODEL[3]} H=${MODEL[5]} S=${MODEL[7]}
 echo '{"bench": "gpu", "ranks": 1, "device": "'"$( { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "$DEVICE"; } | head -1)"'",'
 echo ' "date": "'"$(date -u +%F)"'", "model": "'"${MODEL[*]}"'", "micro_batch": '"$MICRO"', "runs": ['
 first=1
-for stage in 0 1 2; do
+for stage in 0 1 2 3; do
   bench_config "$stage" bf16 "$MICRO"
   "$B/zero-run" -n 1 -- "$B/zero-train" --config "$tmp/c.json" --device "$DEVICE" --steps "$STEPS" "${MODEL[@]}" \
     --log-json "$tmp/log.jsonl" > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
@@ -34,6 +34,27 @@ for stage in 0 1 2; do
   first=0
   printf '  {"run": "zero-cpp", "stage": %s, "dtype": "bf16", "losses": %s, "summary": %s}' \
     "$stage" "$(last_losses)" "$(grep '"event":"summary"' "$tmp/log.jsonl")"
+done
+# The seeds' own ratios that this build can measure:
+# seed 002, four backward passes per step with and without
+# coalesce_grad_reduction (stage 2); seed 003, the stage-3 model built under
+# zero::Init flattening each unit on the device vs in pinned host memory
+# (ZERO_INIT_DEVICE_FLATTEN=off).
+bench_config 2 bf16 "$MICRO"
+for mode in separate coalesce; do
+  flag=(); [ $mode = coalesce ] && flag=(--coalesce)
+  "$B/zero-run" -n 1 -- "$B/zero-train" --config "$tmp/c.json" --device "$DEVICE" --steps "$STEPS" "${MODEL[@]}" \
+    --backward-chunks 4 "${flag[@]}" --log-json "$tmp/log.jsonl" > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
+  printf ',\n  {"run": "zero-cpp seed 002", "stage": 2, "backward_chunks": 4, "reduction": "%s", "summary": %s}' \
+    "$mode" "$(grep '"event":"summary"' "$tmp/log.jsonl")"
+done
+bench_config 3 bf16 "$MICRO"
+for flatten in device host; do
+  env_flag=(); [ $flatten = host ] && env_flag=(ZERO_INIT_DEVICE_FLATTEN=off)
+  env "${env_flag[@]}" "$B/zero-run" -n 1 -- "$B/zero-train" --config "$tmp/c.json" --device "$DEVICE" --steps 1 \
+    "${MODEL[@]}" --log-json "$tmp/log.jsonl" > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
+  printf ',\n  {"run": "zero-cpp seed 003", "stage": 3, "init_flatten": "%s", "setup": %s}' \
+    "$flatten" "$(grep '"event":"setup"' "$tmp/log.jsonl")"
 done
 for c in "ddp 0 fp32" "fsdp2 3 bf16"; do
   read -r peer stage dtype <<< "$c"

@@ -1,5 +1,7 @@
 #include "zero/init.h"
 
+#include <cstdlib>
+#include <string>
 #include <unordered_set>
 
 #include <ATen/core/grad_mode.h>
@@ -55,7 +57,13 @@ Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> owner, const comm::Gro
 void Init::flatten_onto_device(partition::FlatGroup& g) {
   const int64_t bytes = g.layout.padded_numel * static_cast<int64_t>(sizeof(float));
   const auto free = memory::device_free_bytes(device_);
-  const bool room = free && *free > bytes + bytes / 8;  // headroom for the allocator's rounding
+  // ZERO_INIT_DEVICE_FLATTEN=off takes the host path always (the bench's
+  // baseline, and a test of that path on a GPU with room).
+  static const bool device_flatten = [] {
+    const char* v = std::getenv("ZERO_INIT_DEVICE_FLATTEN");
+    return !(v && std::string(v) == "off");
+  }();
+  const bool room = device_flatten && free && *free > bytes + bytes / 8;  // headroom for the allocator's rounding
   partition::flatten_from_rank0(g, comm_, dp_, room ? device_ : at::Device(at::kCPU), /*pinned=*/!room);
   g.param_shard = g.own_slot(g.param_flat, dp_.rank()).to(device_, /*non_blocking=*/false, /*copy=*/true);
   if (!room) {

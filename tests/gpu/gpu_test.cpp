@@ -7,6 +7,7 @@
 // skip, naming why (several ranks on one GPU need the CUDA IPC transport,
 // not built yet).
 #include <map>
+#include <optional>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -130,6 +131,42 @@ TEST(GpuEngine, GptStage3MatchesTheCpuReference) {
     EXPECT_NEAR(loss, want.losses[i], 1e-3 * std::fabs(want.losses[i])) << "step " << i + 1;
   }
   EXPECT_GT(t.engine().peak_live_params(), 0) << "units were gathered";
+}
+
+// Seed 002 on the GPU: four backward passes inside
+// engine.coalesce_grad_reduction() cost one reduce-scatter per group at
+// stage 2 (four without), through NCCL, and train alike.
+TEST(GpuEngine, CoalescedGradReductionIsOneReduceScatterPerGroup) {
+  if (auto why = gpu_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  const int n = world().size(), r = world().rank();
+  std::map<std::string, at::Tensor> params[2];
+  int64_t reduce_scatters[2] = {0, 0};
+  for (int coalesce = 0; coalesce <= 1; ++coalesce) {
+    StockMlp model = mlp();
+    model->to(my_gpu());
+    zero::Engine engine(*model, gpu_config(2, "fp32"), world().comm(), dp_group());
+    auto [x, y] = batch(0, n);
+    const at::Tensor mine = x.narrow(0, kRows * r, kRows).to(my_gpu());
+    const at::Tensor target = y.narrow(0, kRows * r, kRows).to(my_gpu());
+    const auto before = world().comm().counters().totals();
+    {
+      std::optional<zero::Engine::CoalesceGradReduction> scope;
+      if (coalesce) scope.emplace(engine);
+      for (int c = 0; c < 4; ++c) {
+        const at::Tensor part = mine.narrow(0, c * (kRows / 4), kRows / 4);
+        const at::Tensor out = engine.forward(model, part);
+        engine.backward((out - target.narrow(0, c * (kRows / 4), kRows / 4)).pow(2).mean() / 4.0);
+      }
+    }
+    engine.step();
+    const auto d = zero::comm::diff(world().comm().counters().totals(), before);
+    const auto rs = d.find(zero::comm::to_string(zero::comm::CollectiveOp::ReduceScatter));
+    reduce_scatters[coalesce] = rs == d.end() ? 0 : rs->second.calls;
+    params[coalesce] = engine.full_parameters();
+  }
+  EXPECT_EQ(reduce_scatters[0], 4 * reduce_scatters[1]);
+  EXPECT_GT(reduce_scatters[1], 0);
+  EXPECT_LT(max_abs_diff(params[0], params[1]), 1e-6);
 }
 
 // zero::Init onto the device: every block flattened there (it has room),
