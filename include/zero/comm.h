@@ -114,8 +114,10 @@ class Comm {
 
   // Fast paths are asked in registration order (CPU tensors).
   void add_fast_path(std::shared_ptr<Transport> t);
-  // What serves CUDA tensors (NCCL when built with CUDA; comm/nccl_transport.h).
+  // What serves CUDA tensors (NCCL when built with CUDA; comm/nccl_transport.h),
+  // and the fast paths asked first (CUDA IPC between ranks of one host).
   void set_device_transport(std::shared_ptr<Transport> t) { device_ = std::move(t); }
+  void add_device_fast_path(std::shared_ptr<Transport> t) { device_fast_paths_.push_back(std::move(t)); }
   // The transport a collective on `device` would go to, by name, or the
   // reason none can serve it (for logs and tests).
   std::string route_name(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel, at::Device device);
@@ -150,6 +152,7 @@ class Comm {
   std::shared_ptr<Transport> backend_;
   std::vector<std::shared_ptr<Transport>> fast_paths_;
   std::shared_ptr<Transport> device_;
+  std::vector<std::shared_ptr<Transport>> device_fast_paths_;
   bool fast_paths_enabled_ = true;
   CommCounters counters_;
 };

@@ -118,6 +118,9 @@ Transport& Comm::route(const Group& g, CollectiveOp op, at::ScalarType dtype, in
     if (!device_)
       bad_args(op, g, "a CUDA tensor, but this zero-cpp was built without CUDA (ZERO_CUDA: nvcc and a CUDA "
                       "libtorch at configure time)");
+    if (fast_paths_enabled_)
+      for (auto& fp : device_fast_paths_)
+        if (fp->supports(g, op, dtype, numel)) return *fp;
     return *device_;
   }
   if (!device.is_cpu()) bad_args(op, g, "tensors on " + device.str() + " are not supported (CPU or CUDA)");

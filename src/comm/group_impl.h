@@ -18,7 +18,8 @@ namespace zero::comm {
 // interleave differently on different ranks (e.g. a param unused on one
 // rank only) and pair the wrong collectives. Each lane's own order is the
 // same on every rank.
-struct ShmGroup;  // comm/shm_transport.cpp
+struct ShmGroup;      // comm/shm_transport.cpp
+struct CudaIpcGroup;  // comm/cuda_ipc_transport.cpp
 
 struct Group::Impl {
   c10::intrusive_ptr<c10d::Backend> backend;         // everything else
@@ -37,6 +38,8 @@ struct Group::Impl {
   // collective; autograd's device thread may issue that one, hence the lock.
   std::mutex device_backend_mu;
   c10::intrusive_ptr<c10d::Backend> device_backend;
+  // The CUDA IPC fast path's staging buffers, made on its first collective.
+  std::shared_ptr<CudaIpcGroup> cuda_ipc;
 };
 
 }  // namespace zero::comm

@@ -83,6 +83,12 @@ ShmGroup& shm_of(const Group& g) { return *g.impl().shm; }
 
 }  // namespace
 
+shm::Lane* shm_lane(const Group& g, CollectiveOp op) {
+  const auto& s = g.impl().shm;
+  if (!s) return nullptr;
+  return op == CollectiveOp::ReduceScatter ? s->reduce.get() : s->main.get();
+}
+
 bool shm_fast_path_allowed_by_env() {
   const char* v = std::getenv("ZERO_COMM_FASTPATH");
   if (!v || !*v) return true;

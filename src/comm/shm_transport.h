@@ -23,6 +23,14 @@ class Store;
 namespace zero::comm {
 
 struct ShmGroup;
+namespace shm {
+class Lane;
+}
+
+// The lane of the group's segment that serves `op` (reduce-scatters have
+// their own), or null when the group has no segment. The CUDA IPC transport
+// runs its rounds' handshakes on it.
+shm::Lane* shm_lane(const Group& g, CollectiveOp op);
 
 // Whether ZERO_COMM_FASTPATH allows the fast path (on/auto/unset: yes; off: no).
 bool shm_fast_path_allowed_by_env();

@@ -9,6 +9,7 @@
 
 #include "comm/gloo_transport.h"
 #include "comm/group_impl.h"
+#include "comm/cuda_ipc_transport.h"
 #include "comm/nccl_transport.h"
 #include "comm/shm_transport.h"
 #include "comm/work.h"
@@ -180,6 +181,8 @@ std::shared_ptr<World> init_distributed(const DistributedOptions& opts) {
   impl->comm.add_fast_path(std::make_shared<ShmTransport>());
   // CUDA tensors: NCCL, when built with CUDA (comm/nccl_transport.h).
   if (auto nccl = make_nccl_transport()) impl->comm.set_device_transport(std::move(nccl));
+  // Ranks of one host (several on one GPU too): CUDA IPC (comm/cuda_ipc_transport.h).
+  if (auto ipc = make_cuda_ipc_transport()) impl->comm.add_device_fast_path(std::move(ipc));
   impl->device = make_gloo_device(env);
   std::vector<int> all(env.world_size);
   for (int r = 0; r < env.world_size; ++r) all[r] = r;

@@ -3,9 +3,9 @@
 // (1-2 also with the optimizer offloaded to the host) with the model on the
 // GPU against the same model trained in one CPU process.
 //
-// NCCL needs a GPU per rank: with fewer GPUs than ranks the multi-rank cases
-// skip, naming why (several ranks on one GPU need the CUDA IPC transport,
-// not built yet).
+// Ranks share the host's GPUs round-robin: several ranks on one GPU go
+// through the CUDA IPC transport (NCCL refuses them); with ZERO_CUDA_IPC=off
+// the multi-rank cases need a GPU per rank, and skip, saying so, without.
 #include <map>
 #include <optional>
 #include <string>
@@ -14,6 +14,7 @@
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
 
+#include "comm/cuda_ipc_transport.h"
 #include "fixtures.h"
 
 namespace zero::test {
@@ -22,15 +23,23 @@ namespace {
 // The GPU this rank uses, or a reason to skip.
 std::string gpu_unavailable() {
   if (!torch::cuda::is_available()) return "no CUDA device";
-  if (static_cast<int>(torch::cuda::device_count()) < world().size())
+  if (!zero::comm::cuda_ipc_allowed_by_env() && static_cast<int>(torch::cuda::device_count()) < world().size())
     return std::to_string(torch::cuda::device_count()) + " GPU(s) for " + std::to_string(world().size()) +
-           " ranks: NCCL needs one per rank (several ranks on one GPU need the CUDA IPC transport, not built yet)";
+           " ranks with ZERO_CUDA_IPC=off: NCCL needs one per rank";
   return {};
 }
 
-at::Device my_gpu() { return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world().rank())); }
+at::Device my_gpu() {
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world().rank() % torch::cuda::device_count()));
+}
 
-TEST(GpuComm, CudaTensorsGoThroughNccl) {
+// Which transport served the CUDA collectives: IPC between ranks of one
+// host (all of them here, unless it is off), else NCCL.
+std::string cuda_transport() {
+  return world().size() > 1 && zero::comm::cuda_ipc_allowed_by_env() ? "cuda_ipc" : "nccl";
+}
+
+TEST(GpuComm, CudaCollectivesMatchLocalValues) {
   if (auto why = gpu_unavailable(); !why.empty()) GTEST_SKIP() << why;
   auto& comm = world().comm();
   const auto& g = world().group();
@@ -51,7 +60,8 @@ TEST(GpuComm, CudaTensorsGoThroughNccl) {
   EXPECT_EQ(t.sum().item<float>(), 6.0f);
   for (const auto& [op, c] : zero::comm::diff(comm.counters().totals(), before)) {
     if (op == "barrier") continue;
-    EXPECT_EQ(c.calls_by_transport.count("nccl") ? c.calls_by_transport.at("nccl") : 0, c.calls) << op;
+    EXPECT_EQ(c.calls_by_transport.count(cuda_transport()) ? c.calls_by_transport.at(cuda_transport()) : 0, c.calls)
+        << op;
   }
 }
 
@@ -71,6 +81,52 @@ Config gpu_config(int stage, const char* dtype, bool offload = false) {
   if (std::string(dtype) == "bf16") j["bf16"] = {{"enabled", true}};
   if (offload) j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
   return Config::from_json(j);
+}
+
+// The same collectives on CUDA tensors and on host tensors (the host
+// transports' results are the tested reference): bit for bit, for every
+// reducible dtype and sizes that do and do not fill the staging chunks
+// (ctest runs the 2-rank case with 64 KiB chunks).
+TEST(GpuComm, CudaResultsEqualTheHostTransportsBitForBit) {
+  if (auto why = gpu_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  auto& comm = world().comm();
+  const auto& g = world().group();
+  const int n = g.size(), r = g.rank();
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (int64_t numel : {int64_t{1}, int64_t{1000}, int64_t{65537}, int64_t{300001}}) {
+      SCOPED_TRACE(std::string(c10::toString(dt)) + " x " + std::to_string(numel));
+      at::manual_seed(40 + r);
+      const at::Tensor mine = at::randn({numel}).to(dt);
+      const at::Tensor spread = at::randn({numel * n}).to(dt);
+      auto both = [&](auto&& op) {  // op(device) -> result tensor
+        return std::make_pair(op(at::Device(at::kCPU)).to(at::kCPU), op(my_gpu()).to(at::kCPU));
+      };
+      auto [ag_cpu, ag_gpu] = both([&](at::Device d) {
+        at::Tensor out = at::empty({numel * n}, mine.options().device(d));
+        comm.all_gather(g, out, mine.to(d), "bit test")->wait();
+        return out;
+      });
+      EXPECT_TRUE(ag_cpu.equal(ag_gpu)) << "allgather";
+      auto [rs_cpu, rs_gpu] = both([&](at::Device d) {
+        at::Tensor out = at::empty({numel}, at::TensorOptions().dtype(at::kFloat).device(d));
+        comm.reduce_scatter(g, out, spread.to(d), zero::comm::ReduceOp::Sum, "bit test")->wait();
+        return out;
+      });
+      EXPECT_TRUE(rs_cpu.equal(rs_gpu)) << "reduce-scatter into fp32";
+      auto [ar_cpu, ar_gpu] = both([&](at::Device d) {
+        at::Tensor t = mine.to(d).clone();
+        comm.all_reduce(g, t, zero::comm::ReduceOp::Avg, "bit test")->wait();
+        return t;
+      });
+      EXPECT_TRUE(ar_cpu.equal(ar_gpu)) << "all-reduce (avg)";
+      auto [bc_cpu, bc_gpu] = both([&](at::Device d) {
+        at::Tensor t = mine.to(d).clone();
+        comm.broadcast(g, t, n - 1, "bit test")->wait();
+        return t;
+      });
+      EXPECT_TRUE(bc_cpu.equal(bc_gpu)) << "broadcast";
+    }
+  }
 }
 
 StockMlp mlp() { return StockMlp(32, 64); }

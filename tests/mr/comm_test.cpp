@@ -47,20 +47,29 @@ at::Tensor rank_data(int rank, int64_t n, at::ScalarType dt, int salt = 0) {
   return (at::arange(n, at::kFloat).fmod(13) + rank * 17 + salt).to(dt);
 }
 
-// Routing by device: CPU tensors to the shared-memory path or Gloo, CUDA
-// tensors to NCCL when the build has CUDA (its process group is made on the
-// first CUDA collective, so this needs no GPU), anything else named.
+// Routing by device: CPU tensors to the shared-memory path or Gloo; CUDA
+// tensors, when the build has CUDA, to CUDA IPC between ranks of one host
+// (all of them here) and to NCCL otherwise -- both make their state on the
+// first CUDA collective, so this needs no GPU; anything else named.
 TEST(Routing, ByDevice) {
   auto& comm = world().comm();
   const Group& g = world().group();
   const auto op = zero::comm::CollectiveOp::AllGather;
+  const auto rs = zero::comm::CollectiveOp::ReduceScatter;
+  const at::Device gpu(at::kCUDA, 0);
   EXPECT_EQ(comm.route_name(g, op, at::kFloat, 64, at::kCPU), "shm");
+#ifdef ZERO_TEST_WITH_CUDA
+  EXPECT_EQ(comm.route_name(g, op, at::kBFloat16, 64, gpu), "cuda_ipc");
+  EXPECT_EQ(comm.route_name(g, rs, at::kBFloat16, 64, gpu), "cuda_ipc");
+  EXPECT_EQ(comm.route_name(g, rs, at::kInt, 64, gpu), "nccl") << "no integer sums on the IPC path";
+#endif
   comm.set_fast_paths_enabled(false);
   EXPECT_EQ(comm.route_name(g, op, at::kFloat, 64, at::kCPU), "gloo");
-  comm.set_fast_paths_enabled(true);
 #ifdef ZERO_TEST_WITH_CUDA
-  EXPECT_EQ(comm.route_name(g, op, at::kBFloat16, 64, at::Device(at::kCUDA, 0)), "nccl");
-#else
+  EXPECT_EQ(comm.route_name(g, op, at::kBFloat16, 64, gpu), "nccl");
+#endif
+  comm.set_fast_paths_enabled(true);
+#ifndef ZERO_TEST_WITH_CUDA
   EXPECT_NE(comm.route_name(g, op, at::kBFloat16, 64, at::Device(at::kCUDA, 0)).find("built without CUDA"),
             std::string::npos);
 #endif

@@ -1,0 +1,266 @@
+// CUDA IPC staging buffers behind the Transport interface (comm/cuda_ipc_transport.h).
+#include "comm/cuda_ipc_transport.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include "comm/cuda/peer_sum.h"
+#include "comm/group_impl.h"
+#include "comm/shm/lane.h"
+#include "comm/shm_transport.h"
+#include "comm/signature.h"
+#include "comm/work.h"
+
+namespace zero::comm {
+
+// One group's staging buffers: this rank's, and its peers' mapped here.
+struct CudaIpcGroup {
+  c10::Device device{c10::kCUDA, 0};
+  int64_t bytes = 0;                // per rank
+  void* own = nullptr;              // cudaMalloc'd
+  std::vector<char*> staging;       // by group rank; own at this rank
+  c10::cuda::CUDAStream stream = c10::cuda::getDefaultCUDAStream();
+  ~CudaIpcGroup() {
+    for (size_t q = 0; q < staging.size(); ++q)
+      if (staging[q] && staging[q] != own) cudaIpcCloseMemHandle(staging[q]);
+    if (own) cudaFree(own);
+  }
+};
+
+namespace {
+
+void check(cudaError_t err, const std::string& what) {
+  if (err != cudaSuccess) throw CommError(what + ": " + cudaGetErrorString(err));
+}
+
+int64_t staging_bytes() {
+  const char* s = std::getenv("ZERO_CUDA_IPC_STAGING_BYTES");
+  const int64_t v = s && *s ? std::atoll(s) : (int64_t{32} << 20);
+  return std::max<int64_t>(v, 1 << 16) & ~int64_t{255};
+}
+
+std::optional<shm::Elem> reducible(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return shm::Elem::F32;
+    case at::kDouble: return shm::Elem::F64;
+    case at::kBFloat16: return shm::Elem::BF16;
+    case at::kHalf: return shm::Elem::F16;
+    default: return std::nullopt;
+  }
+}
+
+// Collective over the group through its store: every rank allocates and
+// publishes its buffer, opens its peers', and all agree it worked (so a
+// failure is an error on every rank, not a hang on some).
+std::shared_ptr<CudaIpcGroup> make_ipc_group(const Group& g, c10::Device device) {
+  auto ipc = std::make_shared<CudaIpcGroup>();
+  ipc->device = device;
+  ipc->bytes = staging_bytes();
+  ipc->staging.assign(static_cast<size_t>(g.size()), nullptr);
+  c10::cuda::CUDAGuard guard(device);
+  c10d::Store& store = *g.impl().store;
+  std::string error;
+  cudaIpcMemHandle_t handle{};
+  try {
+    check(cudaMalloc(&ipc->own, static_cast<size_t>(ipc->bytes)), "cudaMalloc of the staging buffer");
+    check(cudaIpcGetMemHandle(&handle, ipc->own), "cudaIpcGetMemHandle");
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const auto* raw = reinterpret_cast<const uint8_t*>(&handle);
+  store.set("ipc_handle_" + std::to_string(g.rank()), std::vector<uint8_t>(raw, raw + sizeof handle));
+  ipc->staging[g.rank()] = static_cast<char*>(ipc->own);
+  for (int q = 0; q < g.size() && error.empty(); ++q) {
+    if (q == g.rank()) continue;
+    const auto bytes = store.get("ipc_handle_" + std::to_string(q));
+    cudaIpcMemHandle_t peer{};
+    std::memcpy(&peer, bytes.data(), std::min(bytes.size(), sizeof peer));
+    void* mapped = nullptr;
+    const cudaError_t err = cudaIpcOpenMemHandle(&mapped, peer, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) error = "cudaIpcOpenMemHandle of rank " + std::to_string(q) + "'s buffer: " + cudaGetErrorString(err);
+    ipc->staging[q] = static_cast<char*>(mapped);
+  }
+  const std::string mine = error.empty() ? "ok" : error;
+  store.set("ipc_ok_" + std::to_string(g.rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+  for (int q = 0; q < g.size(); ++q) {
+    const auto v = store.get("ipc_ok_" + std::to_string(q));
+    const std::string s(v.begin(), v.end());
+    if (s != "ok")
+      throw CommError("CUDA IPC setup on " + g.describe() + " failed on rank " + std::to_string(q) + ": " + s +
+                      " (ZERO_CUDA_IPC=off sends CUDA collectives to NCCL instead)");
+  }
+  ipc->stream = c10::cuda::getStreamFromPool(false, device.index());
+  return ipc;
+}
+
+class CudaIpcTransport : public Transport {
+ public:
+  std::string name() const override { return "cuda_ipc"; }
+
+  bool supports(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t) const override {
+    if (!shm_lane(g, op) || !cuda_ipc_allowed_by_env()) return false;
+    switch (op) {
+      case CollectiveOp::AllGather:
+      case CollectiveOp::Broadcast: return true;
+      case CollectiveOp::ReduceScatter:
+      case CollectiveOp::AllReduce: return reducible(dtype).has_value();
+      case CollectiveOp::Barrier: return false;
+    }
+    return false;
+  }
+
+  // Bytes this rank reads from its peers' buffers.
+  int64_t wire_bytes(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel) const override {
+    const int64_t n = g.size(), elem = static_cast<int64_t>(c10::elementSize(dtype));
+    switch (op) {
+      case CollectiveOp::AllGather:
+      case CollectiveOp::ReduceScatter: return (n - 1) * (numel / n) * elem;
+      case CollectiveOp::AllReduce: return (n - 1) * numel * elem;
+      case CollectiveOp::Broadcast: return numel * elem;
+      case CollectiveOp::Barrier: return 0;
+    }
+    return 0;
+  }
+
+  WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard, const Signature& sig) override {
+    Run run(*this, g, CollectiveOp::AllGather, sig, in_shard);
+    const int64_t ei = in_shard.element_size(), eo = out_flat.element_size();
+    const bool widen = out_flat.scalar_type() != in_shard.scalar_type();
+    const int64_t shard = in_shard.numel(), piece = run.ipc->bytes / ei;
+    const auto* in = static_cast<const char*>(in_shard.data_ptr());
+    auto* out = static_cast<char*>(out_flat.data_ptr());
+    for (int64_t a = 0; a == 0 || a < shard; a += piece) {
+      const int64_t n = std::min(piece, shard - a);
+      run.copy(run.own(), in + a * ei, n * ei);
+      run.handshake("staged");
+      for (int q = 0; q < g.size(); ++q) {
+        const char* src = q == g.rank() ? in + a * ei : run.peer(q);
+        char* dst = out + (q * shard + a) * eo;
+        if (widen) run.sum({src}, *reducible(in_shard.scalar_type()), dst, shm::Elem::F32, n, false);
+        else if (dst != src) run.copy(dst, src, n * ei);
+      }
+      run.handshake("read");
+    }
+    return completed_work();
+  }
+
+  WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op,
+                            const Signature& sig) override {
+    Run run(*this, g, CollectiveOp::ReduceScatter, sig, in_flat);
+    const int64_t ei = in_flat.element_size(), eo = out_shard.element_size();
+    const int64_t shard = out_shard.numel(), size = g.size();
+    int64_t piece = std::max<int64_t>(1, run.ipc->bytes / (size * ei));  // one piece per destination rank
+    if (piece >= 64) piece &= ~int64_t{63};
+    const auto* in = static_cast<const char*>(in_flat.data_ptr());
+    auto* out = static_cast<char*>(out_shard.data_ptr());
+    for (int64_t a = 0; a == 0 || a < shard; a += piece) {
+      const int64_t n = std::min(piece, shard - a);
+      for (int r = 0; r < size; ++r) run.copy(run.own() + r * piece * ei, in + (r * shard + a) * ei, n * ei);
+      run.handshake("staged");
+      std::vector<const char*> srcs;
+      for (int q = 0; q < size; ++q) srcs.push_back(run.peer(q) + g.rank() * piece * ei);
+      run.sum(srcs, *reducible(in_flat.scalar_type()), out + a * eo, *reducible(out_shard.scalar_type()), n,
+              op == ReduceOp::Avg);
+      run.handshake("read");
+    }
+    return completed_work();
+  }
+
+  WorkHandle all_reduce(const Group& g, at::Tensor t, ReduceOp op, const Signature& sig) override {
+    Run run(*this, g, CollectiveOp::AllReduce, sig, t);
+    const int64_t e = t.element_size(), piece = run.ipc->bytes / e, numel = t.numel();
+    const auto type = *reducible(t.scalar_type());
+    auto* d = static_cast<char*>(t.data_ptr());
+    for (int64_t a = 0; a == 0 || a < numel; a += piece) {
+      const int64_t n = std::min(piece, numel - a);
+      run.copy(run.own(), d + a * e, n * e);
+      run.handshake("staged");
+      std::vector<const char*> srcs;
+      for (int q = 0; q < g.size(); ++q) srcs.push_back(run.peer(q));
+      run.sum(srcs, type, d + a * e, type, n, op == ReduceOp::Avg);  // every rank, same order: same bits
+      run.handshake("read");
+    }
+    return completed_work();
+  }
+
+  WorkHandle broadcast(const Group& g, at::Tensor t, int root, const Signature& sig) override {
+    Run run(*this, g, CollectiveOp::Broadcast, sig, t);
+    const int64_t bytes = t.numel() * t.element_size();
+    auto* d = static_cast<char*>(t.data_ptr());
+    for (int64_t a = 0; a == 0 || a < bytes; a += run.ipc->bytes) {
+      const int64_t n = std::min(run.ipc->bytes, bytes - a);
+      if (g.rank() == root) run.copy(run.own(), d + a, n);
+      run.handshake("staged");
+      if (g.rank() != root) run.copy(d + a, run.peer(root), n);
+      run.handshake("read");
+    }
+    return completed_work();
+  }
+
+  WorkHandle barrier(const Group& g, const Signature&) override {
+    throw CommError("barrier on " + g.describe() + ": not served by CUDA IPC");
+  }
+
+ private:
+  // One collective: its group's buffers, its stream (after the caller's
+  // work), the lane whose rounds are its handshakes.
+  struct Run {
+    Run(CudaIpcTransport& t, const Group& g, CollectiveOp op, const Signature& sig, const at::Tensor& like)
+        : group(g), lane(shm_lane(g, op)), text(sig.text + " on " + g.describe() + " (cuda ipc)"),
+          guard(like.device()) {
+      ipc = t.group_state(g, like.device());
+      at::cuda::CUDAEvent ready;
+      ready.record(c10::cuda::getCurrentCUDAStream(like.device().index()));
+      ready.block(ipc->stream);
+    }
+    char* own() const { return ipc->staging[group.rank()]; }
+    const char* peer(int q) const { return ipc->staging[q]; }
+    void copy(void* dst, const void* src, int64_t bytes) {
+      if (bytes > 0) check(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault, ipc->stream), text);
+    }
+    void sum(const std::vector<const char*>& srcs, shm::Elem in, void* out, shm::Elem out_type, int64_t n,
+             bool average) {
+      std::vector<const void*> s(srcs.begin(), srcs.end());
+      cuda::peer_sum(s.data(), static_cast<int>(s.size()), in, out, out_type, n, average, ipc->stream.stream());
+    }
+    // This rank's copies are done; then a lane round with every rank.
+    void handshake(const char* phase) {
+      check(cudaStreamSynchronize(ipc->stream), text);
+      const auto record = make_signature_record(text + " " + phase);
+      try {
+        lane->broadcast(nullptr, 0, 0, record, nullptr)->wait();
+      } catch (const shm::Mismatch& e) {
+        throw CollectiveMismatch(e.what());
+      } catch (const std::exception& e) {
+        throw CommError(text + ": " + e.what());
+      }
+    }
+    const Group& group;
+    shm::Lane* lane;
+    std::string text;
+    c10::cuda::CUDAGuard guard;
+    std::shared_ptr<CudaIpcGroup> ipc;
+  };
+
+  std::shared_ptr<CudaIpcGroup> group_state(const Group& g, c10::Device device) {
+    Group::Impl& impl = g.impl();
+    std::lock_guard<std::mutex> lock(impl.device_backend_mu);
+    if (!impl.cuda_ipc) impl.cuda_ipc = make_ipc_group(g, device);
+    if (impl.cuda_ipc->device != device)
+      throw CommError(g.describe() + ": CUDA IPC buffers are on " + impl.cuda_ipc->device.str() +
+                      ", this collective's tensors on " + device.str() + " (one device per rank)");
+    return impl.cuda_ipc;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Transport> make_cuda_ipc_transport() { return std::make_shared<CudaIpcTransport>(); }
+
+}  // namespace zero::comm

@@ -1,0 +1,50 @@
+// Seed 001's same-host fast path for CUDA tensors: collectives between the
+// ranks of one host -- several ranks on one GPU included, which NCCL refuses
+// -- through device staging buffers every rank maps with CUDA IPC, moved by
+// the copy engines (device-to-device and peer copies between processes)
+// and, for reductions, one kernel that reads every rank's staged chunk.
+//
+// Per group, made on its first CUDA collective: each rank allocates one
+// staging buffer (ZERO_CUDA_IPC_STAGING_BYTES, default 32 MiB) on its
+// tensor's device, publishes its IPC handle through the group's store and
+// opens its peers'. A collective runs chunk by chunk:
+//   stage (copy this rank's part into its buffer) -> handshake ->
+//   read (copy or sum the peers' parts) -> handshake (buffers free again)
+// The handshakes are rounds of the group's shared-memory lane (the one that
+// serves the op on the CPU, so reduce-scatters issued from autograd's
+// threads keep their own order): they carry the collective's signature, so
+// ranks that disagree fail on every rank, and a dead peer is an error
+// within the collective timeout, as on the CPU path. The copies run on a
+// stream of the transport's own that first waits for the caller's current
+// stream; each collective returns once they are done (host-synchronous).
+//
+// Chosen per group like the shared-memory transport: every rank on this
+// host and able to map the segment (and ZERO_CUDA_IPC not "off"); anything
+// else, or a group without a segment, goes to NCCL. Sums as the host
+// transports: rank order, fp32 accumulation, one rounding.
+//
+// Built with ZERO_CUDA only (make_cuda_ipc_transport() is null otherwise).
+// STATUS: compiled and linked in CI; not yet run on a GPU (README, "GPU").
+#pragma once
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "zero/comm.h"
+
+namespace zero::comm {
+
+#ifdef ZERO_WITH_CUDA
+std::shared_ptr<Transport> make_cuda_ipc_transport();
+#else
+inline std::shared_ptr<Transport> make_cuda_ipc_transport() { return nullptr; }
+#endif
+
+// Whether ZERO_CUDA_IPC allows the path (unset/on: yes; off: no).
+inline bool cuda_ipc_allowed_by_env() {
+  const char* v = std::getenv("ZERO_CUDA_IPC");
+  return !(v && std::string(v) == "off");
+}
+
+}  // namespace zero::comm
