@@ -58,7 +58,7 @@ std::optional<shm::Elem> reducible(at::ScalarType t) {
 // Collective over the group through its store: every rank allocates and
 // publishes its buffer, opens its peers', and all agree it worked (so a
 // failure is an error on every rank, not a hang on some).
-std::shared_ptr<CudaIpcGroup> make_ipc_group(const Group& g, c10::Device device) {
+std::shared_ptr<CudaIpcGroup> make_ipc_group(const Group& g, c10::Device device, const std::string& lane) {
   auto ipc = std::make_shared<CudaIpcGroup>();
   ipc->device = device;
   ipc->bytes = staging_bytes();
@@ -74,11 +74,12 @@ std::shared_ptr<CudaIpcGroup> make_ipc_group(const Group& g, c10::Device device)
     error = e.what();
   }
   const auto* raw = reinterpret_cast<const uint8_t*>(&handle);
-  store.set("ipc_handle_" + std::to_string(g.rank()), std::vector<uint8_t>(raw, raw + sizeof handle));
+  const std::string key = "ipc_" + lane + "_";
+  store.set(key + "handle_" + std::to_string(g.rank()), std::vector<uint8_t>(raw, raw + sizeof handle));
   ipc->staging[g.rank()] = static_cast<char*>(ipc->own);
   for (int q = 0; q < g.size() && error.empty(); ++q) {
     if (q == g.rank()) continue;
-    const auto bytes = store.get("ipc_handle_" + std::to_string(q));
+    const auto bytes = store.get(key + "handle_" + std::to_string(q));
     cudaIpcMemHandle_t peer{};
     std::memcpy(&peer, bytes.data(), std::min(bytes.size(), sizeof peer));
     void* mapped = nullptr;
@@ -87,9 +88,9 @@ std::shared_ptr<CudaIpcGroup> make_ipc_group(const Group& g, c10::Device device)
     ipc->staging[q] = static_cast<char*>(mapped);
   }
   const std::string mine = error.empty() ? "ok" : error;
-  store.set("ipc_ok_" + std::to_string(g.rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+  store.set(key + "ok_" + std::to_string(g.rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
   for (int q = 0; q < g.size(); ++q) {
-    const auto v = store.get("ipc_ok_" + std::to_string(q));
+    const auto v = store.get(key + "ok_" + std::to_string(q));
     const std::string s(v.begin(), v.end());
     if (s != "ok")
       throw CommError("CUDA IPC setup on " + g.describe() + " failed on rank " + std::to_string(q) + ": " + s +
@@ -214,7 +215,7 @@ class CudaIpcTransport : public Transport {
     Run(CudaIpcTransport& t, const Group& g, CollectiveOp op, const Signature& sig, const at::Tensor& like)
         : group(g), lane(shm_lane(g, op)), text(sig.text + " on " + g.describe() + " (cuda ipc)"),
           guard(like.device()) {
-      ipc = t.group_state(g, like.device());
+      ipc = t.group_state(g, op, like.device());
       at::cuda::CUDAEvent ready;
       ready.record(c10::cuda::getCurrentCUDAStream(like.device().index()));
       ready.block(ipc->stream);
@@ -248,14 +249,18 @@ class CudaIpcTransport : public Transport {
     std::shared_ptr<CudaIpcGroup> ipc;
   };
 
-  std::shared_ptr<CudaIpcGroup> group_state(const Group& g, c10::Device device) {
+  // Reduce-scatters have buffers of their own, as they have a lane of their
+  // own: autograd's thread issues them while the main thread gathers.
+  std::shared_ptr<CudaIpcGroup> group_state(const Group& g, CollectiveOp op, c10::Device device) {
     Group::Impl& impl = g.impl();
     std::lock_guard<std::mutex> lock(impl.device_backend_mu);
-    if (!impl.cuda_ipc) impl.cuda_ipc = make_ipc_group(g, device);
-    if (impl.cuda_ipc->device != device)
-      throw CommError(g.describe() + ": CUDA IPC buffers are on " + impl.cuda_ipc->device.str() +
+    const bool reduce = op == CollectiveOp::ReduceScatter;
+    auto& state = reduce ? impl.cuda_ipc_reduce : impl.cuda_ipc;
+    if (!state) state = make_ipc_group(g, device, reduce ? "reduce" : "main");
+    if (state->device != device)
+      throw CommError(g.describe() + ": CUDA IPC buffers are on " + state->device.str() +
                       ", this collective's tensors on " + device.str() + " (one device per rank)");
-    return impl.cuda_ipc;
+    return state;
   }
 };
 

@@ -38,8 +38,9 @@ struct Group::Impl {
   // collective; autograd's device thread may issue that one, hence the lock.
   std::mutex device_backend_mu;
   c10::intrusive_ptr<c10d::Backend> device_backend;
-  // The CUDA IPC fast path's staging buffers, made on its first collective.
-  std::shared_ptr<CudaIpcGroup> cuda_ipc;
+  // The CUDA IPC fast path's staging buffers, made on first use: one set
+  // per lane (reduce-scatters run beside the rest, as on the CPU).
+  std::shared_ptr<CudaIpcGroup> cuda_ipc, cuda_ipc_reduce;
 };
 
 }  // namespace zero::comm
