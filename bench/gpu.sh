@@ -56,6 +56,12 @@ for flatten in device host; do
   printf ',\n  {"run": "zero-cpp seed 003", "stage": 3, "init_flatten": "%s", "setup": %s}' \
     "$flatten" "$(grep '"event":"setup"' "$tmp/log.jsonl")"
 done
+# seed 001: CUDA IPC vs NCCL collectives vs the device-to-device copy rate,
+# 2 ranks (on one GPU when there is one; NCCL then is left out).
+if [ "$DEVICE" = cuda ]; then
+  "$B/zero-run" -n 2 -- "$B/bench/bench_cuda_comm" 1024 2>&1 | grep '^\[rank 0\]' | sed 's/^\[rank 0\] //' > "$tmp/cc.json"
+  printf ',\n  {"run": "zero-cpp seed 001", "result": %s}' "$(cat "$tmp/cc.json")"
+fi
 for c in "ddp 0 fp32" "fsdp2 3 bf16"; do
   read -r peer stage dtype <<< "$c"
   bench_config "$stage" "$dtype" "$MICRO"
