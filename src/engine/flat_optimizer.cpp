@@ -150,6 +150,20 @@ void FlatOptimizer::commit() {
 void FlatOptimizer::update_group(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale) {
   if (g.master.is_cpu() && !grad.is_cpu()) return update_offloaded(g, grad, lr, grad_scale);
   const at::Tensor dest = policy_.update_destination(g, dp_.rank());
+  if (dest.device() != g.master.device()) {
+    // offload_param without offload_optimizer: the update writes the new
+    // 16-bit values beside the master on the device, then they go down.
+    if (g.storage_dtype == at::kFloat) {  // the params are the master's values
+      for (const Span& s : spans_of(g)) update_span(g, grad, s, lr, grad_scale, nullptr, optim::Out16::None);
+      dest.copy_(g.master);
+      return;
+    }
+    const at::Tensor staged = at::empty_like(dest, dest.options().device(g.master.device()));
+    const auto kind = out_kind(staged, g);
+    for (const Span& s : spans_of(g)) update_span(g, grad, s, lr, grad_scale, staged.data_ptr(), kind);
+    dest.copy_(staged);
+    return;
+  }
   const auto kind = out_kind(dest, g);
   void* out16 = kind == optim::Out16::None ? nullptr : dest.data_ptr();
   for (const Span& s : spans_of(g)) update_span(g, grad, s, lr, grad_scale, out16, kind);
@@ -175,11 +189,12 @@ void FlatOptimizer::update_offloaded(partition::FlatGroup& g, const at::Tensor& 
     const bool bf16 = g.storage_dtype == at::kBFloat16;
     kind = dest.scalar_type() == at::kFloat ? (bf16 ? optim::Out16::BF16Widened : optim::Out16::FP16Widened)
                                             : (bf16 ? optim::Out16::BF16 : optim::Out16::FP16);
-    staged = pinned(dest);
+    staged = dest.is_cpu() ? dest : pinned(dest);  // offload_param: written in place on the host
   }
   for (const Span& s : spans_of(g))
     update_span(g, host_grad, s, lr, grad_scale, staged.defined() ? staged.data_ptr() : nullptr, kind);
-  dest.copy_(staged.defined() ? staged : g.master);
+  const at::Tensor& updated = staged.defined() ? staged : g.master;
+  if (!updated.is_same(dest)) dest.copy_(updated);
 }
 
 void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad, const Span& s, double lr,

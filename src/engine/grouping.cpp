@@ -50,6 +50,27 @@ Params trainable_params(torch::nn::Module& model, ModelGroups& out) {
 // computing in fp32 (widened), keep the fp32 buffer holding the 16-bit
 // values, with a 16-bit shard (stages 1-3) that the update writes and the
 // gathers widen.
+// ZeRO-Offload, for a model on a device: offload_param keeps stage 3's
+// param shards in host memory (gathers send them up first), and
+// offload_optimizer the fp32 master and the optimizer state, which the flat
+// optimizer then updates there (engine/flat_optimizer.cpp). Host copies are
+// pinned when the config asks, for their transfers. An fp32 master that is
+// the shard itself goes with it.
+void place_offloaded(partition::FlatGroup& g, const GroupingContext& ctx) {
+  if (g.param_flat.is_cpu()) return;  // a host model: the state is there already
+  const auto host = [](const at::Tensor& t, bool pin) {
+    return t.to(at::TensorOptions().device(at::kCPU).pinned_memory(pin), /*non_blocking=*/false, /*copy=*/true);
+  };
+  const auto& z = ctx.config.zero;
+  const bool master_is_shard = g.master.defined() && g.param_shard.defined() && g.master.is_same(g.param_shard);
+  if (z.offload_param.device == OffloadDevice::CPU && ctx.policy.shard_params && g.param_shard.defined()) {
+    g.param_shard = host(g.param_shard, z.offload_param.pin_memory);
+    if (master_is_shard) g.master = g.param_shard;
+  }
+  if (z.offload_optimizer.device == OffloadDevice::CPU && !g.master.is_cpu())
+    g.master = host(g.master, z.offload_optimizer.pin_memory);
+}
+
 void setup_precision(partition::FlatGroup& g, const GroupingContext& ctx) {
   at::NoGradGuard no_grad;
   const Precision& pr = ctx.precision;
@@ -69,12 +90,7 @@ void setup_precision(partition::FlatGroup& g, const GroupingContext& ctx) {
   }
   if (ctx.policy.shard_params && !g.param_shard.defined()) g.param_shard = g.own_slot(g.param_flat, rank).clone();
   if (!g.master.defined()) g.master = ctx.policy.update_destination(g, rank);  // fp32: the params themselves
-  // ZeRO-Offload: a device model's master and optimizer state live in host
-  // memory (the master pinned, when asked, for its copies); the flat
-  // optimizer updates them there (engine/flat_optimizer.cpp).
-  const auto& offload = ctx.config.zero.offload_optimizer;
-  if (offload.device == OffloadDevice::CPU && !g.master.is_cpu())
-    g.master = g.master.to(at::TensorOptions().device(at::kCPU).pinned_memory(offload.pin_memory), false, true);
+  place_offloaded(g, ctx);
   ctx.optimizer.init_state(g);
 }
 
@@ -174,6 +190,7 @@ void adopt(partition::FlatGroup& g, const std::string& unit, const Params& p, co
       partition::release_params(g);
     }
   }
+  place_offloaded(g, ctx);
   ctx.optimizer.init_state(g);
 }
 

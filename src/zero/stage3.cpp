@@ -8,9 +8,16 @@
 
 namespace zero {
 
+at::Tensor shard_for_gather(const partition::FlatGroup& g) {
+  if (g.param_shard.device() == g.param_flat.device()) return g.param_shard;
+  // offload_param: the shard lives in pinned host memory; it goes up on the
+  // current stream, which the gather waits for.
+  return g.param_shard.to(g.param_flat.device(), /*non_blocking=*/true);
+}
+
 void gather_params(const partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp, const std::string& label) {
   partition::restore_params(g);
-  comm.all_gather(dp, g.param_flat, g.param_shard, label)->wait();
+  comm.all_gather(dp, g.param_flat, shard_for_gather(g), label)->wait();
 }
 
 // ---- the recorded order -----------------------------------------------------------
@@ -99,7 +106,7 @@ void Stage3Runtime::start_gather(size_t i) {
   auto& g = groups_[i];
   auto& s = state_[i];
   partition::restore_params(g);
-  s.gather = comm_.all_gather(dp_, g.param_flat, g.param_shard, s.label);
+  s.gather = comm_.all_gather(dp_, g.param_flat, shard_for_gather(g), s.label);
   s.residency = Residency::Gathering;
   live_ += g.layout.padded_numel;
   if (!in_backward_) peak_live_forward_ = std::max(peak_live_forward_, live_);
@@ -263,7 +270,7 @@ void Stage3Runtime::after_step() {
   std::vector<comm::WorkHandle> works;
   for (size_t i = 0; i < groups_.size(); ++i)
     if (state_[i].persistent || state_[i].pinned)
-      works.push_back(comm_.all_gather(dp_, groups_[i].param_flat, groups_[i].param_shard, state_[i].label));
+      works.push_back(comm_.all_gather(dp_, groups_[i].param_flat, shard_for_gather(groups_[i]), state_[i].label));
   for (auto& w : works) w->wait();
 }
 

@@ -53,6 +53,9 @@ struct Stage3Options {
 // Restores a group's full param buffer and fills it from every rank's
 // param_shard (blocking).
 void gather_params(const partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp, const std::string& label);
+// The group's shard where its full buffer is (a copy when offload_param
+// keeps it in host memory), for a gather.
+at::Tensor shard_for_gather(const partition::FlatGroup& g);
 
 // The recorded order of a step's unit uses, and where gathers may run
 // ahead of it (pure bookkeeping: no tensors, no collectives).

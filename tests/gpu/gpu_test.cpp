@@ -73,13 +73,14 @@ std::pair<at::Tensor, at::Tensor> batch(int step, int ranks) {
   return {x, x.sum(1, true).sin()};
 }
 
-Config gpu_config(int stage, const char* dtype, bool offload = false) {
+Config gpu_config(int stage, const char* dtype, bool offload = false, bool offload_param = false) {
   nlohmann::json j = {{"train_micro_batch_size_per_gpu", kRows},
                       {"gradient_clipping", 0.0},
                       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.01}}}}},
                       {"zero_optimization", {{"stage", stage}}}};
   if (std::string(dtype) == "bf16") j["bf16"] = {{"enabled", true}};
   if (offload) j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
+  if (offload_param) j["zero_optimization"]["offload_param"] = {{"device", "cpu"}, {"pin_memory", true}};
   return Config::from_json(j);
 }
 
@@ -143,15 +144,17 @@ TEST(GpuEngine, StagesZeroToThreeMatchTheCpuReference) {
   const int n = world().size(), r = world().rank();
   const auto want = cpu_reference(n);
   for (const char* dtype : {"fp32", "bf16"}) {
-    for (int run = 0; run <= 5; ++run) {
+    for (int run = 0; run <= 7; ++run) {
       // Stages 0-3 (3: the model is one root unit, gathered by
-      // engine.forward), then 1 and 2 with the optimizer offloaded to the host.
-      const int stage = run <= 3 ? run : run - 3;
-      const bool offload = run > 3;
-      SCOPED_TRACE(std::string(dtype) + " stage " + std::to_string(stage) + (offload ? " offloaded" : ""));
+      // engine.forward); 1 and 2 with the optimizer offloaded to the host;
+      // 3 with the params offloaded, then with both.
+      const int stage = run <= 3 ? run : run <= 5 ? run - 3 : 3;
+      const bool offload = (run >= 4 && run <= 5) || run == 7, offload_param = run >= 6;
+      SCOPED_TRACE(std::string(dtype) + " stage " + std::to_string(stage) + (offload ? " optimizer offloaded" : "") +
+                   (offload_param ? " params offloaded" : ""));
       StockMlp model = mlp();
       model->to(my_gpu());
-      zero::Engine engine(*model, gpu_config(stage, dtype, offload), world().comm(), dp_group());
+      zero::Engine engine(*model, gpu_config(stage, dtype, offload, offload_param), world().comm(), dp_group());
       for (int s = 0; s < kSteps; ++s) {
         auto [x, y] = batch(s, n);
         const at::Tensor mine = x.narrow(0, kRows * r, kRows).to(my_gpu());
