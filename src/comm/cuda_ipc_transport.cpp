@@ -100,6 +100,25 @@ std::shared_ptr<CudaIpcGroup> make_ipc_group(const Group& g, c10::Device device,
   return ipc;
 }
 
+// The caller's handle on a queued collective (errors as the shm path's).
+class IpcWork : public Work {
+ public:
+  explicit IpcWork(std::shared_ptr<shm::Job> job) : job_(std::move(job)) {}
+  void wait() override {
+    try {
+      job_->wait();
+    } catch (const shm::Mismatch& e) {
+      throw CollectiveMismatch(e.what());
+    } catch (const std::exception& e) {
+      throw CommError(e.what());
+    }
+  }
+  bool is_completed() override { return job_->done(); }
+
+ private:
+  std::shared_ptr<shm::Job> job_;
+};
+
 class CudaIpcTransport : public Transport {
  public:
   std::string name() const override { return "cuda_ipc"; }
@@ -130,78 +149,81 @@ class CudaIpcTransport : public Transport {
   }
 
   WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard, const Signature& sig) override {
-    Run run(*this, g, CollectiveOp::AllGather, sig, in_shard);
     const int64_t ei = in_shard.element_size(), eo = out_flat.element_size();
     const bool widen = out_flat.scalar_type() != in_shard.scalar_type();
-    const int64_t shard = in_shard.numel(), piece = run.ipc->bytes / ei;
-    const auto* in = static_cast<const char*>(in_shard.data_ptr());
-    auto* out = static_cast<char*>(out_flat.data_ptr());
-    for (int64_t a = 0; a == 0 || a < shard; a += piece) {
-      const int64_t n = std::min(piece, shard - a);
-      run.copy(run.own(), in + a * ei, n * ei);
-      run.handshake("staged");
-      for (int q = 0; q < g.size(); ++q) {
-        const char* src = q == g.rank() ? in + a * ei : run.peer(q);
-        char* dst = out + (q * shard + a) * eo;
-        if (widen) run.sum({src}, *reducible(in_shard.scalar_type()), dst, shm::Elem::F32, n, false);
-        else if (dst != src) run.copy(dst, src, n * ei);
+    const auto in_type = reducible(in_shard.scalar_type());
+    return submit(g, CollectiveOp::AllGather, "allgather", sig, {out_flat, in_shard}, [=](Run& run) {
+      const int64_t shard = in_shard.numel(), piece = run.ipc->bytes / ei;
+      const auto* in = static_cast<const char*>(in_shard.data_ptr());
+      auto* out = static_cast<char*>(out_flat.data_ptr());
+      for (int64_t a = 0; a == 0 || a < shard; a += piece) {
+        const int64_t n = std::min(piece, shard - a);
+        run.copy(run.own(), in + a * ei, n * ei);
+        run.handshake();
+        for (int q = 0; q < run.size; ++q) {
+          const char* src = q == run.rank ? in + a * ei : run.peer(q);
+          char* dst = out + (q * shard + a) * eo;
+          if (widen) run.sum({src}, *in_type, dst, shm::Elem::F32, n, false);
+          else if (dst != src) run.copy(dst, src, n * ei);
+        }
+        run.handshake();
       }
-      run.handshake("read");
-    }
-    return completed_work();
+    });
   }
 
   WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op,
                             const Signature& sig) override {
-    Run run(*this, g, CollectiveOp::ReduceScatter, sig, in_flat);
     const int64_t ei = in_flat.element_size(), eo = out_shard.element_size();
-    const int64_t shard = out_shard.numel(), size = g.size();
-    int64_t piece = std::max<int64_t>(1, run.ipc->bytes / (size * ei));  // one piece per destination rank
-    if (piece >= 64) piece &= ~int64_t{63};
-    const auto* in = static_cast<const char*>(in_flat.data_ptr());
-    auto* out = static_cast<char*>(out_shard.data_ptr());
-    for (int64_t a = 0; a == 0 || a < shard; a += piece) {
-      const int64_t n = std::min(piece, shard - a);
-      for (int r = 0; r < size; ++r) run.copy(run.own() + r * piece * ei, in + (r * shard + a) * ei, n * ei);
-      run.handshake("staged");
-      std::vector<const char*> srcs;
-      for (int q = 0; q < size; ++q) srcs.push_back(run.peer(q) + g.rank() * piece * ei);
-      run.sum(srcs, *reducible(in_flat.scalar_type()), out + a * eo, *reducible(out_shard.scalar_type()), n,
-              op == ReduceOp::Avg);
-      run.handshake("read");
-    }
-    return completed_work();
+    const auto in_type = *reducible(in_flat.scalar_type()), out_type = *reducible(out_shard.scalar_type());
+    const bool average = op == ReduceOp::Avg;
+    return submit(g, CollectiveOp::ReduceScatter, "reduce_scatter", sig, {out_shard, in_flat}, [=](Run& run) {
+      const int64_t shard = out_shard.numel(), size = run.size;
+      int64_t piece = std::max<int64_t>(1, run.ipc->bytes / (size * ei));  // one piece per destination rank
+      if (piece >= 64) piece &= ~int64_t{63};
+      const auto* in = static_cast<const char*>(in_flat.data_ptr());
+      auto* out = static_cast<char*>(out_shard.data_ptr());
+      for (int64_t a = 0; a == 0 || a < shard; a += piece) {
+        const int64_t n = std::min(piece, shard - a);
+        for (int r = 0; r < size; ++r) run.copy(run.own() + r * piece * ei, in + (r * shard + a) * ei, n * ei);
+        run.handshake();
+        std::vector<const char*> srcs;
+        for (int q = 0; q < size; ++q) srcs.push_back(run.peer(q) + run.rank * piece * ei);
+        run.sum(srcs, in_type, out + a * eo, out_type, n, average);
+        run.handshake();
+      }
+    });
   }
 
   WorkHandle all_reduce(const Group& g, at::Tensor t, ReduceOp op, const Signature& sig) override {
-    Run run(*this, g, CollectiveOp::AllReduce, sig, t);
-    const int64_t e = t.element_size(), piece = run.ipc->bytes / e, numel = t.numel();
     const auto type = *reducible(t.scalar_type());
-    auto* d = static_cast<char*>(t.data_ptr());
-    for (int64_t a = 0; a == 0 || a < numel; a += piece) {
-      const int64_t n = std::min(piece, numel - a);
-      run.copy(run.own(), d + a * e, n * e);
-      run.handshake("staged");
-      std::vector<const char*> srcs;
-      for (int q = 0; q < g.size(); ++q) srcs.push_back(run.peer(q));
-      run.sum(srcs, type, d + a * e, type, n, op == ReduceOp::Avg);  // every rank, same order: same bits
-      run.handshake("read");
-    }
-    return completed_work();
+    const bool average = op == ReduceOp::Avg;
+    return submit(g, CollectiveOp::AllReduce, "all_reduce", sig, {t}, [=](Run& run) {
+      const int64_t e = t.element_size(), piece = run.ipc->bytes / e, numel = t.numel();
+      auto* d = static_cast<char*>(t.data_ptr());
+      for (int64_t a = 0; a == 0 || a < numel; a += piece) {
+        const int64_t n = std::min(piece, numel - a);
+        run.copy(run.own(), d + a * e, n * e);
+        run.handshake();
+        std::vector<const char*> srcs;
+        for (int q = 0; q < run.size; ++q) srcs.push_back(run.peer(q));
+        run.sum(srcs, type, d + a * e, type, n, average);  // every rank, same order: same bits
+        run.handshake();
+      }
+    });
   }
 
   WorkHandle broadcast(const Group& g, at::Tensor t, int root, const Signature& sig) override {
-    Run run(*this, g, CollectiveOp::Broadcast, sig, t);
-    const int64_t bytes = t.numel() * t.element_size();
-    auto* d = static_cast<char*>(t.data_ptr());
-    for (int64_t a = 0; a == 0 || a < bytes; a += run.ipc->bytes) {
-      const int64_t n = std::min(run.ipc->bytes, bytes - a);
-      if (g.rank() == root) run.copy(run.own(), d + a, n);
-      run.handshake("staged");
-      if (g.rank() != root) run.copy(d + a, run.peer(root), n);
-      run.handshake("read");
-    }
-    return completed_work();
+    return submit(g, CollectiveOp::Broadcast, "broadcast", sig, {t}, [=](Run& run) {
+      const int64_t bytes = t.numel() * t.element_size();
+      auto* d = static_cast<char*>(t.data_ptr());
+      for (int64_t a = 0; a == 0 || a < bytes; a += run.ipc->bytes) {
+        const int64_t n = std::min(run.ipc->bytes, bytes - a);
+        if (run.rank == root) run.copy(run.own(), d + a, n);
+        run.handshake();
+        if (run.rank != root) run.copy(d + a, run.peer(root), n);
+        run.handshake();
+      }
+    });
   }
 
   WorkHandle barrier(const Group& g, const Signature&) override {
@@ -209,18 +231,14 @@ class CudaIpcTransport : public Transport {
   }
 
  private:
-  // One collective: its group's buffers, its stream (after the caller's
-  // work), the lane whose rounds are its handshakes.
+  // One collective on the lane's worker: its group's buffers, its stream,
+  // and the handshakes (lane rounds carrying the collective's signature).
   struct Run {
-    Run(CudaIpcTransport& t, const Group& g, CollectiveOp op, const Signature& sig, const at::Tensor& like)
-        : group(g), lane(shm_lane(g, op)), text(sig.text + " on " + g.describe() + " (cuda ipc)"),
-          guard(like.device()) {
-      ipc = t.group_state(g, op, like.device());
-      at::cuda::CUDAEvent ready;
-      ready.record(c10::cuda::getCurrentCUDAStream(like.device().index()));
-      ready.block(ipc->stream);
-    }
-    char* own() const { return ipc->staging[group.rank()]; }
+    std::shared_ptr<CudaIpcGroup> ipc;
+    int rank = 0, size = 0;
+    std::string text;
+    const shm::Lane::Handshake* round = nullptr;
+    char* own() const { return ipc->staging[rank]; }
     const char* peer(int q) const { return ipc->staging[q]; }
     void copy(void* dst, const void* src, int64_t bytes) {
       if (bytes > 0) check(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault, ipc->stream), text);
@@ -230,24 +248,37 @@ class CudaIpcTransport : public Transport {
       std::vector<const void*> s(srcs.begin(), srcs.end());
       cuda::peer_sum(s.data(), static_cast<int>(s.size()), in, out, out_type, n, average, ipc->stream.stream());
     }
-    // This rank's copies are done; then a lane round with every rank.
-    void handshake(const char* phase) {
+    // This rank's copies are done; then a round with every rank.
+    void handshake() {
       check(cudaStreamSynchronize(ipc->stream), text);
-      const auto record = make_signature_record(text + " " + phase);
-      try {
-        lane->broadcast(nullptr, 0, 0, record, nullptr)->wait();
-      } catch (const shm::Mismatch& e) {
-        throw CollectiveMismatch(e.what());
-      } catch (const std::exception& e) {
-        throw CommError(text + ": " + e.what());
-      }
+      (*round)();
     }
-    const Group& group;
-    shm::Lane* lane;
-    std::string text;
-    c10::cuda::CUDAGuard guard;
-    std::shared_ptr<CudaIpcGroup> ipc;
   };
+
+  // Queues `body` on the group's lane for `op`, after the caller's stream's
+  // work so far (an event recorded now, waited for by the IPC stream when
+  // the body starts). The lane keeps `tensors` alive until it has run.
+  template <typename Body>
+  WorkHandle submit(const Group& g, CollectiveOp op, const char* name, const Signature& sig,
+                    std::vector<at::Tensor> tensors, Body body) {
+    const c10::Device device = tensors.front().device();
+    auto ipc = group_state(g, op, device);
+    auto ready = std::make_shared<at::cuda::CUDAEvent>();
+    ready->record(c10::cuda::getCurrentCUDAStream(device.index()));
+    const std::string text = sig.text + " on " + g.describe() + " (cuda ipc)";
+    const int rank = g.rank(), size = g.size();
+    auto keep = std::make_shared<const std::vector<at::Tensor>>(std::move(tensors));
+    auto job = shm_lane(g, op)->external(
+        name, make_signature_record(sig.text), keep,
+        [ipc, ready, text, rank, size, body = std::move(body)](const shm::Lane::Handshake& round) {
+          c10::cuda::CUDAGuard guard(ipc->device);
+          ready->block(ipc->stream);
+          Run run{ipc, rank, size, text, &round};
+          body(run);
+          check(cudaStreamSynchronize(ipc->stream), text);  // done before the job reports done
+        });
+    return std::make_shared<IpcWork>(std::move(job));
+  }
 
   // Reduce-scatters have buffers of their own, as they have a lane of their
   // own: autograd's thread issues them while the main thread gathers.

@@ -4,19 +4,21 @@
 // the copy engines (device-to-device and peer copies between processes)
 // and, for reductions, one kernel that reads every rank's staged chunk.
 //
-// Per group, made on its first CUDA collective: each rank allocates one
+// Per group and lane, made on its first CUDA collective: each rank allocates one
 // staging buffer (ZERO_CUDA_IPC_STAGING_BYTES, default 32 MiB) on its
 // tensor's device, publishes its IPC handle through the group's store and
 // opens its peers'. A collective runs chunk by chunk:
 //   stage (copy this rank's part into its buffer) -> handshake ->
 //   read (copy or sum the peers' parts) -> handshake (buffers free again)
-// The handshakes are rounds of the group's shared-memory lane (the one that
-// serves the op on the CPU, so reduce-scatters issued from autograd's
-// threads keep their own order): they carry the collective's signature, so
+// Each collective runs on the worker of the group's shared-memory lane that
+// serves the op on the CPU (reduce-scatters, issued from autograd's
+// threads, on their own), in order with that lane's other collectives; the
+// handshakes are the lane's rounds and carry the collective's signature, so
 // ranks that disagree fail on every rank, and a dead peer is an error
-// within the collective timeout, as on the CPU path. The copies run on a
-// stream of the transport's own that first waits for the caller's current
-// stream; each collective returns once they are done (host-synchronous).
+// within the collective timeout, as on the CPU path. The caller gets a
+// handle at once (stage 3's prefetch overlaps); the copies run on a stream
+// of the transport's own after the caller's stream's work at submission,
+// and wait() returns once they are done.
 //
 // Chosen per group like the shared-memory transport: every rank on this
 // host and able to map the segment (and ZERO_CUDA_IPC not "off"); anything

@@ -5,10 +5,16 @@
 // Gloo, which must agree bit for bit.
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <thread>
 
 #include <gtest/gtest.h>
+
+#include "comm/shm/lane.h"
+#include "comm/shm_transport.h"
 
 #include "mr.h"
 
@@ -77,6 +83,44 @@ TEST(Routing, ByDevice) {
             std::string::npos);
   const at::Tensor cpu = at::zeros({2 * g.size()});
   EXPECT_THROW(comm.all_gather(g, cpu, at::zeros({2}, at::TensorOptions().device(at::kMeta))), CommError);
+}
+
+// The lane's external collectives, which the CUDA IPC transport's
+// handshakes are: each handshake returns only when every rank has reached
+// it (each rank leaves a file before it and finds all of them after), and
+// ranks that run different collectives fail on every rank, naming both.
+TEST(ShmLane, ExternalHandshakesWaitForEveryRankAndCheckSignatures) {
+  std::vector<int> all(world().size());
+  for (int r = 0; r < world().size(); ++r) all[r] = r;
+  auto g = world().new_group(all, "lane-external");  // its own lanes: a mismatch leaves them failed
+  zero::comm::shm::Lane* lane = zero::comm::shm_lane(*g, zero::comm::CollectiveOp::AllGather);
+  if (!lane) GTEST_SKIP() << "no shared-memory segment for this group";
+  const char* job = std::getenv("ZERO_JOB_ID");
+  const std::string dir = std::filesystem::temp_directory_path().string() + "/zero-lane-" + (job ? job : "0");
+  std::filesystem::create_directories(dir);
+  const int r = g->rank(), n = g->size();
+  int seen_after_first = -1;
+  lane->external("test", zero::comm::make_signature_record("the same"), nullptr,
+                 [&](const zero::comm::shm::Lane::Handshake& handshake) {
+                   std::this_thread::sleep_for(std::chrono::milliseconds(30 * r));  // later ranks arrive later
+                   std::ofstream(dir + "/" + std::to_string(r)) << r;
+                   handshake();
+                   seen_after_first = 0;
+                   for (int q = 0; q < n; ++q) seen_after_first += std::filesystem::exists(dir + "/" + std::to_string(q));
+                   handshake();  // nobody removes the files before everyone looked
+                 })
+      ->wait();
+  EXPECT_EQ(seen_after_first, n);
+  if (r == 0) std::filesystem::remove_all(dir);
+  auto mismatch = lane->external("test", zero::comm::make_signature_record(r == 0 ? "one thing" : "another"), nullptr,
+                                 [](const zero::comm::shm::Lane::Handshake& handshake) { handshake(); });
+  try {
+    mismatch->wait();
+    ADD_FAILURE() << "ranks with different signatures must fail";
+  } catch (const zero::comm::shm::Mismatch& e) {
+    EXPECT_NE(std::string(e.what()).find("one thing"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("another"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Collectives, AllGatherIntoFlat) {

@@ -335,6 +335,19 @@ std::shared_ptr<Job> Lane::all_reduce(void* data, Elem type, int64_t numel, bool
   });
 }
 
+std::shared_ptr<Job> Lane::external(const char* op, const SignatureRecord& sig, KeepAlive keep,
+                                    std::function<void(const Handshake&)> body) {
+  return submit(op, sig, std::move(keep), [this, body = std::move(body)] {
+    const Handshake handshake = [this] {
+      begin_round();
+      publish_written();
+      wait_written();
+      end_round();
+    };
+    body(handshake);
+  });
+}
+
 std::shared_ptr<Job> Lane::broadcast(void* data, int64_t bytes, int root, const SignatureRecord& sig,
                                      KeepAlive keep) {
   return submit("broadcast", sig, std::move(keep), [=] {

@@ -90,6 +90,15 @@ class Lane {
                                   KeepAlive keep);
   std::shared_ptr<Job> broadcast(void* data, int64_t bytes, int root, const SignatureRecord& sig, KeepAlive keep);
 
+  // A collective whose data moves elsewhere (device buffers: the CUDA IPC
+  // transport). `body` runs on the lane's worker, in order with the lane's
+  // other collectives, and calls `handshake()` -- one round in which every
+  // rank publishes and checks `sig` and waits for all the others -- as many
+  // times as its peers do. `op` names it in errors (a string literal).
+  using Handshake = std::function<void()>;
+  std::shared_ptr<Job> external(const char* op, const SignatureRecord& sig, KeepAlive keep,
+                                std::function<void(const Handshake&)> body);
+
   int64_t slot_bytes() const { return slot_bytes_; }
 
  private:
