@@ -45,16 +45,6 @@ int64_t staging_bytes() {
   return std::max<int64_t>(v, 1 << 16) & ~int64_t{255};
 }
 
-std::optional<shm::Elem> reducible(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return shm::Elem::F32;
-    case at::kDouble: return shm::Elem::F64;
-    case at::kBFloat16: return shm::Elem::BF16;
-    case at::kHalf: return shm::Elem::F16;
-    default: return std::nullopt;
-  }
-}
-
 // Collective over the group through its store: every rank allocates and
 // publishes its buffer, opens its peers', and all agree it worked (so a
 // failure is an error on every rank, not a hang on some).
@@ -100,25 +90,6 @@ std::shared_ptr<CudaIpcGroup> make_ipc_group(const Group& g, c10::Device device,
   return ipc;
 }
 
-// The caller's handle on a queued collective (errors as the shm path's).
-class IpcWork : public Work {
- public:
-  explicit IpcWork(std::shared_ptr<shm::Job> job) : job_(std::move(job)) {}
-  void wait() override {
-    try {
-      job_->wait();
-    } catch (const shm::Mismatch& e) {
-      throw CollectiveMismatch(e.what());
-    } catch (const std::exception& e) {
-      throw CommError(e.what());
-    }
-  }
-  bool is_completed() override { return job_->done(); }
-
- private:
-  std::shared_ptr<shm::Job> job_;
-};
-
 class CudaIpcTransport : public Transport {
  public:
   std::string name() const override { return "cuda_ipc"; }
@@ -129,7 +100,7 @@ class CudaIpcTransport : public Transport {
       case CollectiveOp::AllGather:
       case CollectiveOp::Broadcast: return true;
       case CollectiveOp::ReduceScatter:
-      case CollectiveOp::AllReduce: return reducible(dtype).has_value();
+      case CollectiveOp::AllReduce: return reducible_elem(dtype).has_value();
       case CollectiveOp::Barrier: return false;
     }
     return false;
@@ -151,7 +122,7 @@ class CudaIpcTransport : public Transport {
   WorkHandle all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard, const Signature& sig) override {
     const int64_t ei = in_shard.element_size(), eo = out_flat.element_size();
     const bool widen = out_flat.scalar_type() != in_shard.scalar_type();
-    const auto in_type = reducible(in_shard.scalar_type());
+    const auto in_type = reducible_elem(in_shard.scalar_type());
     return submit(g, CollectiveOp::AllGather, "allgather", sig, {out_flat, in_shard}, [=](Run& run) {
       const int64_t shard = in_shard.numel(), piece = run.ipc->bytes / ei;
       const auto* in = static_cast<const char*>(in_shard.data_ptr());
@@ -174,7 +145,7 @@ class CudaIpcTransport : public Transport {
   WorkHandle reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op,
                             const Signature& sig) override {
     const int64_t ei = in_flat.element_size(), eo = out_shard.element_size();
-    const auto in_type = *reducible(in_flat.scalar_type()), out_type = *reducible(out_shard.scalar_type());
+    const auto in_type = *reducible_elem(in_flat.scalar_type()), out_type = *reducible_elem(out_shard.scalar_type());
     const bool average = op == ReduceOp::Avg;
     return submit(g, CollectiveOp::ReduceScatter, "reduce_scatter", sig, {out_shard, in_flat}, [=](Run& run) {
       const int64_t shard = out_shard.numel(), size = run.size;
@@ -195,7 +166,7 @@ class CudaIpcTransport : public Transport {
   }
 
   WorkHandle all_reduce(const Group& g, at::Tensor t, ReduceOp op, const Signature& sig) override {
-    const auto type = *reducible(t.scalar_type());
+    const auto type = *reducible_elem(t.scalar_type());
     const bool average = op == ReduceOp::Avg;
     return submit(g, CollectiveOp::AllReduce, "all_reduce", sig, {t}, [=](Run& run) {
       const int64_t e = t.element_size(), piece = run.ipc->bytes / e, numel = t.numel();
@@ -277,7 +248,7 @@ class CudaIpcTransport : public Transport {
           body(run);
           check(cudaStreamSynchronize(ipc->stream), text);  // done before the job reports done
         });
-    return std::make_shared<IpcWork>(std::move(job));
+    return lane_work(std::move(job));
   }
 
   // Reduce-scatters have buffers of their own, as they have a lane of their

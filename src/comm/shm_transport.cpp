@@ -45,7 +45,15 @@ void set(c10d::Store& store, const std::string& key, const std::string& value) {
   store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
 }
 
-std::optional<shm::Elem> reducible(at::ScalarType t) {
+shm::Lane::KeepAlive keep_alive(std::vector<at::Tensor> tensors) {
+  return std::make_shared<const std::vector<at::Tensor>>(std::move(tensors));
+}
+
+ShmGroup& shm_of(const Group& g) { return *g.impl().shm; }
+
+}  // namespace
+
+std::optional<shm::Elem> reducible_elem(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return shm::Elem::F32;
     case at::kDouble: return shm::Elem::F64;
@@ -57,6 +65,7 @@ std::optional<shm::Elem> reducible(at::ScalarType t) {
 
 // The caller's handle on a queued collective. The lane itself keeps the
 // tensors alive until the collective has run (see keep_alive).
+namespace {
 class ShmWork : public Work {
  public:
   explicit ShmWork(std::shared_ptr<shm::Job> job) : job_(std::move(job)) {}
@@ -74,14 +83,9 @@ class ShmWork : public Work {
  private:
   std::shared_ptr<shm::Job> job_;
 };
-
-shm::Lane::KeepAlive keep_alive(std::vector<at::Tensor> tensors) {
-  return std::make_shared<const std::vector<at::Tensor>>(std::move(tensors));
-}
-
-ShmGroup& shm_of(const Group& g) { return *g.impl().shm; }
-
 }  // namespace
+
+WorkHandle lane_work(std::shared_ptr<shm::Job> job) { return std::make_shared<ShmWork>(std::move(job)); }
 
 shm::Lane* shm_lane(const Group& g, CollectiveOp op) {
   const auto& s = g.impl().shm;
@@ -187,7 +191,7 @@ bool ShmTransport::supports(const Group& g, CollectiveOp op, at::ScalarType dtyp
     case CollectiveOp::AllGather:
     case CollectiveOp::Broadcast: return true;
     case CollectiveOp::ReduceScatter:
-    case CollectiveOp::AllReduce: return reducible(dtype).has_value();
+    case CollectiveOp::AllReduce: return reducible_elem(dtype).has_value();
     default: return false;
   }
 }
@@ -201,30 +205,30 @@ int64_t ShmTransport::wire_bytes(const Group& g, CollectiveOp op, at::ScalarType
 WorkHandle ShmTransport::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard, const Signature& sig) {
   // Any dtype travels as bytes; only a widening gather needs element types.
   const bool widen = out_flat.scalar_type() != in_shard.scalar_type();
-  const shm::Elem in_type = widen ? *reducible(in_shard.scalar_type()) : shm::Elem::Bytes;
+  const shm::Elem in_type = widen ? *reducible_elem(in_shard.scalar_type()) : shm::Elem::Bytes;
   const shm::Elem out_type = widen ? shm::Elem::F32 : shm::Elem::Bytes;
   const int64_t shard_numel = widen ? in_shard.numel() : static_cast<int64_t>(in_shard.nbytes());
-  return std::make_shared<ShmWork>(shm_of(g).main->all_gather(out_flat.data_ptr(), out_type, in_shard.data_ptr(),
+  return lane_work(shm_of(g).main->all_gather(out_flat.data_ptr(), out_type, in_shard.data_ptr(),
                                                               in_type, shard_numel, make_signature_record(sig.text),
                                                               keep_alive({out_flat, in_shard})));
 }
 
 WorkHandle ShmTransport::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op,
                                         const Signature& sig) {
-  return std::make_shared<ShmWork>(shm_of(g).reduce->reduce_scatter(
-      out_shard.data_ptr(), *reducible(out_shard.scalar_type()), in_flat.data_ptr(),
-      *reducible(in_flat.scalar_type()), out_shard.numel(), op == ReduceOp::Avg, make_signature_record(sig.text),
+  return lane_work(shm_of(g).reduce->reduce_scatter(
+      out_shard.data_ptr(), *reducible_elem(out_shard.scalar_type()), in_flat.data_ptr(),
+      *reducible_elem(in_flat.scalar_type()), out_shard.numel(), op == ReduceOp::Avg, make_signature_record(sig.text),
       keep_alive({out_shard, in_flat})));
 }
 
 WorkHandle ShmTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op, const Signature& sig) {
-  return std::make_shared<ShmWork>(shm_of(g).main->all_reduce(t.data_ptr(), *reducible(t.scalar_type()), t.numel(),
+  return lane_work(shm_of(g).main->all_reduce(t.data_ptr(), *reducible_elem(t.scalar_type()), t.numel(),
                                                               op == ReduceOp::Avg, make_signature_record(sig.text),
                                                               keep_alive({t})));
 }
 
 WorkHandle ShmTransport::broadcast(const Group& g, at::Tensor t, int root, const Signature& sig) {
-  return std::make_shared<ShmWork>(shm_of(g).main->broadcast(t.data_ptr(), static_cast<int64_t>(t.nbytes()), root,
+  return lane_work(shm_of(g).main->broadcast(t.data_ptr(), static_cast<int64_t>(t.nbytes()), root,
                                                              make_signature_record(sig.text), keep_alive({t})));
 }
 

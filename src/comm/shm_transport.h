@@ -11,9 +11,11 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "comm/shm/reduce_kernels.h"
 #include "zero/comm.h"
 
 namespace c10d {
@@ -25,7 +27,14 @@ namespace zero::comm {
 struct ShmGroup;
 namespace shm {
 class Lane;
+class Job;
 }
+
+// A handle on a queued lane job: its failure as CommError, a disagreement
+// between ranks as CollectiveMismatch.
+WorkHandle lane_work(std::shared_ptr<shm::Job> job);
+// The lanes' element type for a dtype they can sum (fp32/fp64/bf16/fp16).
+std::optional<shm::Elem> reducible_elem(at::ScalarType t);
 
 // The lane of the group's segment that serves `op` (reduce-scatters have
 // their own), or null when the group has no segment. The CUDA IPC transport
