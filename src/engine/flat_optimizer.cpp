@@ -186,10 +186,8 @@ void FlatOptimizer::update_offloaded(partition::FlatGroup& g, const at::Tensor& 
   optim::Out16 kind = optim::Out16::None;
   at::Tensor staged;  // the params' new values in their dtype, when not the master's fp32 itself
   if (g.storage_dtype != at::kFloat) {
-    const bool bf16 = g.storage_dtype == at::kBFloat16;
-    kind = dest.scalar_type() == at::kFloat ? (bf16 ? optim::Out16::BF16Widened : optim::Out16::FP16Widened)
-                                            : (bf16 ? optim::Out16::BF16 : optim::Out16::FP16);
     staged = dest.is_cpu() ? dest : pinned(dest);  // offload_param: written in place on the host
+    kind = out_kind(staged, g);
   }
   for (const Span& s : spans_of(g))
     update_span(g, host_grad, s, lr, grad_scale, staged.defined() ? staged.data_ptr() : nullptr, kind);

@@ -44,12 +44,6 @@ Params trainable_params(torch::nn::Module& model, ModelGroups& out) {
   return p;
 }
 
-// The master the optimizer updates, and the params in their dtypes: fp32
-// params are updated in place (the flat buffer, its own slot, or the shard
-// kept at rest); 16-bit ones get a 16-bit copy of the buffer to view, or,
-// computing in fp32 (widened), keep the fp32 buffer holding the 16-bit
-// values, with a 16-bit shard (stages 1-3) that the update writes and the
-// gathers widen.
 // ZeRO-Offload, for a model on a device: offload_param keeps stage 3's
 // param shards in host memory (gathers send them up first), and
 // offload_optimizer the fp32 master and the optimizer state, which the flat
@@ -71,6 +65,12 @@ void place_offloaded(partition::FlatGroup& g, const GroupingContext& ctx) {
     g.master = host(g.master, z.offload_optimizer.pin_memory);
 }
 
+// The master the optimizer updates, and the params in their dtypes: fp32
+// params are updated in place (the flat buffer, its own slot, or the shard
+// kept at rest); 16-bit ones get a 16-bit copy of the buffer to view, or,
+// computing in fp32 (widened), keep the fp32 buffer holding the 16-bit
+// values, with a 16-bit shard (stages 1-3) that the update writes and the
+// gathers widen.
 void setup_precision(partition::FlatGroup& g, const GroupingContext& ctx) {
   at::NoGradGuard no_grad;
   const Precision& pr = ctx.precision;
