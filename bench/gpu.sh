@@ -56,6 +56,11 @@ for flatten in device host; do
   printf ',\n  {"run": "zero-cpp seed 003", "stage": 3, "init_flatten": "%s", "setup": %s}' \
     "$flatten" "$(grep '"event":"setup"' "$tmp/log.jsonl")"
 done
+# seed 000, stage 3 at 2 ranks (through CUDA IPC on one GPU): the fused
+# 16-bit gather against the fp32 master gathered and cast (bench/gather_fusion.sh).
+ZERO_GATHER_FUSION_MODEL="${MODEL[*]}" ZERO_GATHER_FUSION_MICRO=$MICRO \
+  "$here/gather_fusion.sh" "$B" "$DEVICE" "$STEPS" 1 > "$tmp/gf.json"
+printf ',\n  {"run": "zero-cpp seed 000", "result": %s}' "$(cat "$tmp/gf.json")"
 # seed 001: CUDA IPC vs NCCL collectives vs the device-to-device copy rate,
 # 2 ranks (on one GPU when there is one; NCCL then is left out).
 if [ "$DEVICE" = cuda ]; then

@@ -189,6 +189,12 @@ struct Config {
   // construction and takes the faster (engine/precision.h); a 16-bit value
   // must be the enabled block's.
   std::optional<DType> compute_dtype;
+  // "zero_cpp": {"stage3_gather_fp32_master": true}: stage 3 gathers the
+  // fp32 master shards and downcasts the gathered buffer after (twice the
+  // bytes, a cast kernel, an fp32 buffer per gather) -- the unfused path
+  // seed 000 replaced, kept as the baseline `gpu-bench` measures the fused
+  // one against. Same values; only with 16-bit compute (else nothing to fuse).
+  bool stage3_gather_fp32_master = false;
 
   // Parses and validates; throws ConfigError naming the offending key.
   static Config from_json(const nlohmann::json& j);

@@ -423,6 +423,7 @@ Config Config::from_json(const json& j) {
     c.malloc_mmap_threshold = own.get_int("malloc_mmap_threshold", c.malloc_mmap_threshold, 0, int64_t{32} << 20);
     const std::string compute = own.get_choice("compute_dtype", "auto", {"auto", "fp32", "bf16", "fp16"});
     if (compute != "auto") c.compute_dtype = parse_dtype(compute);
+    c.stage3_gather_fp32_master = own.get_bool("stage3_gather_fp32_master", c.stage3_gather_fp32_master);
     own.finish();
     if (c.compute_dtype && *c.compute_dtype != DType::fp32 && *c.compute_dtype != c.param_dtype())
       own.fail("compute_dtype", std::string("is \"") + compute + "\" but the params are stored in " +
@@ -651,7 +652,8 @@ json Config::to_json() const {
   j["zero_cpp"] = {{"comm_fast_path", comm_fast_path},
                    {"broadcast_buffers", broadcast_buffers},
                    {"malloc_mmap_threshold", malloc_mmap_threshold},
-                   {"compute_dtype", compute_dtype ? to_string(*compute_dtype) : "auto"}};
+                   {"compute_dtype", compute_dtype ? to_string(*compute_dtype) : "auto"},
+                   {"stage3_gather_fp32_master", stage3_gather_fp32_master}};
   if (optimizer.given) {
     json p = {{"lr", optimizer.lr}, {"weight_decay", optimizer.weight_decay}};
     if (optimizer.type == OptimizerType::SGD) {

@@ -1,6 +1,8 @@
 #include "zero/stage3.h"
 
 #include <algorithm>
+#include <functional>
+#include <utility>
 
 #include <ATen/core/grad_mode.h>
 
@@ -19,6 +21,26 @@ void gather_params(const partition::FlatGroup& g, comm::Comm& comm, const comm::
   partition::restore_params(g);
   comm.all_gather(dp, g.param_flat, shard_for_gather(g), label)->wait();
 }
+
+namespace {
+
+// A collective followed by local work queued once it is done (on a device,
+// on the caller's stream after its wait), exactly once.
+class ThenWork : public comm::Work {
+ public:
+  ThenWork(comm::WorkHandle work, std::function<void()> then) : work_(std::move(work)), then_(std::move(then)) {}
+  void wait() override {
+    work_->wait();
+    if (then_) std::exchange(then_, nullptr)();
+  }
+  bool is_completed() override { return !then_ && work_->is_completed(); }
+
+ private:
+  comm::WorkHandle work_;
+  std::function<void()> then_;
+};
+
+}  // namespace
 
 // ---- the recorded order -----------------------------------------------------------
 
@@ -106,10 +128,22 @@ void Stage3Runtime::start_gather(size_t i) {
   auto& g = groups_[i];
   auto& s = state_[i];
   partition::restore_params(g);
-  s.gather = comm_.all_gather(dp_, g.param_flat, shard_for_gather(g), s.label);
+  s.gather = launch_gather(i);
   s.residency = Residency::Gathering;
   live_ += g.layout.padded_numel;
   if (!in_backward_) peak_live_forward_ = std::max(peak_live_forward_, live_);
+}
+
+comm::WorkHandle Stage3Runtime::launch_gather(size_t i) {
+  const auto& g = groups_[i];
+  const bool unfused = opts_.gather_fp32_master && g.param_flat.element_size() == 2 && g.master.defined() &&
+                       g.master.device() == g.param_flat.device();
+  if (!unfused) return comm_.all_gather(dp_, g.param_flat, shard_for_gather(g), state_[i].label);
+  // Seed 000's "before": the fp32 master travels and a cast follows. The
+  // fused path above moves the 16-bit shard the optimizer wrote in its pass.
+  at::Tensor wide = at::empty({g.param_flat.numel()}, g.master.options());
+  return std::make_shared<ThenWork>(comm_.all_gather(dp_, wide, g.master, state_[i].label),
+                                    [flat = g.param_flat, wide] { flat.copy_(wide); });
 }
 
 void Stage3Runtime::evict_for(int64_t need) {
@@ -270,7 +304,7 @@ void Stage3Runtime::after_step() {
   std::vector<comm::WorkHandle> works;
   for (size_t i = 0; i < groups_.size(); ++i)
     if (state_[i].persistent || state_[i].pinned)
-      works.push_back(comm_.all_gather(dp_, groups_[i].param_flat, shard_for_gather(groups_[i]), state_[i].label));
+      works.push_back(launch_gather(i));
   for (auto& w : works) w->wait();
 }
 

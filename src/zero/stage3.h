@@ -48,6 +48,9 @@ struct Stage3Options {
   int64_t prefetch_bucket_size = 50'000'000;
   int64_t max_live_parameters = 1'000'000'000;
   int64_t max_reuse_distance = 1'000'000'000;
+  // zero_cpp.stage3_gather_fp32_master: gather the fp32 master and downcast
+  // after (seed 000's unfused baseline) where the unit computes in 16 bits.
+  bool gather_fp32_master = false;
 };
 
 // Restores a group's full param buffer and fills it from every rank's
@@ -154,6 +157,7 @@ class Stage3Runtime : public detail::UnitRuntime {
   };
 
   void start_gather(size_t group);  // restore the buffer and launch the allgather
+  comm::WorkHandle launch_gather(size_t group);  // the allgather into the group's (restored) buffer
   // Releases units kept for reuse (gathered, not in use) until `need` more
   // elements fit under stage3_max_live_parameters, or none is left.
   void evict_for(int64_t need);

@@ -73,6 +73,7 @@ struct RunSpec {
   // zero_cpp.compute_dtype; null: the storage dtype (16-bit params in the
   // module, which the byte formulas of these tests assume).
   const char* compute = nullptr;
+  bool gather_fp32_master = false;  // zero_cpp.stage3_gather_fp32_master
 };
 
 inline Config make_config(const RunSpec& s) {
@@ -90,7 +91,8 @@ inline Config make_config(const RunSpec& s) {
                              {"stage3_max_live_parameters", s.max_live},
                              {"stage3_prefetch_bucket_size", s.prefetch},
                              {"compute_grad_norm", s.compute_grad_norm}}}};
-  j["zero_cpp"] = {{"compute_dtype", s.compute ? s.compute : s.dtype}};
+  j["zero_cpp"] = {{"compute_dtype", s.compute ? s.compute : s.dtype},
+                   {"stage3_gather_fp32_master", s.gather_fp32_master}};
   if (std::string(s.dtype) == "bf16") j["bf16"] = {{"enabled", true}};
   // A start scale the small model's grads never overflow at, so the fp16
   // run takes the same steps as fp32 (overflow skips are tested apart).

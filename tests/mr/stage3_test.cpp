@@ -34,6 +34,34 @@ TEST(Stage3, UnitCasesTrainWithParity) {
   EXPECT_LE(e.peak_live_params(), (67 + pad - 1) / pad * pad);
 }
 
+// Seed 000's unfused baseline (zero_cpp.stage3_gather_fp32_master) gathers
+// the fp32 master and downcasts after: the values the fused path's 16-bit
+// gather carries (the optimizer wrote them from the same master, rounded
+// to nearest even), so the same losses bit for bit, at twice the bytes.
+TEST(Stage3, Fp32MasterGatherIsTheFusedPathsBaseline) {
+  auto run = [](bool unfused, int64_t& gather_bytes) {
+    RunSpec s;
+    s.stage = 3;
+    s.dtype = "bf16";
+    s.prefetch = 20000;  // from the second step on, gathers run ahead (the ThenWork path)
+    s.gather_fp32_master = unfused;
+    GptTrainer t(small_gpt(), make_config(s), corpus(), /*seed=*/7, world().comm(), dp_group());
+    std::vector<double> losses;
+    for (int i = 0; i < 6; ++i) {
+      auto r = t.train_step();
+      losses.push_back(r.loss);
+      gather_bytes = static_cast<int64_t>(r.comm.at("allgather").bytes);
+    }
+    return std::make_pair(losses, t.engine().full_parameters());
+  };
+  int64_t fused_bytes = 0, unfused_bytes = 0;
+  const auto [fused_losses, fused_params] = run(false, fused_bytes);
+  const auto [unfused_losses, unfused_params] = run(true, unfused_bytes);
+  EXPECT_EQ(fused_losses, unfused_losses);
+  EXPECT_EQ(max_abs_diff(fused_params, unfused_params), 0.0);
+  EXPECT_EQ(unfused_bytes, 2 * fused_bytes);
+}
+
 // The schedule from the second step on: prefetch and reuse stay within
 // stage3_max_live_parameters in forward, change no result (bit for bit), and
 // reuse saves the backward regather.
