@@ -87,7 +87,7 @@ constexpr const char* kUsage =
               "  --save DIR             checkpoint into DIR at the end (--save-every K: every K steps)\n"
               "  --resume DIR           continue from DIR's latest checkpoint (--tag TAG: that tag)\n"
               "  --init-from FILE       start from consolidated weights (zero-ckpt consolidate)\n"
-              "  --device cpu|cuda      where the model trains (cuda: GPU LOCAL_RANK; stages 0-2)\n"
+              "  --device cpu|cuda      where the model trains (cuda: GPU LOCAL_RANK mod the GPUs visible)\n"
               "  -h, --help             this text\n",
               kUsage, zero::data::ByteCorpus::default_path().c_str());
   std::exit(0);
@@ -183,13 +183,13 @@ int main(int argc, char** argv) {
     std::shared_ptr<zero::comm::Group> dp = world->split(world->size(), "dp");
     at::Device device = at::kCPU;
     if (args.device == "cuda") {
-      // One GPU per local rank (NCCL's rule until the CUDA IPC transport exists).
-      const int local = world->env().local_rank;
-      if (!torch::cuda::is_available() || local >= static_cast<int>(torch::cuda::device_count()))
-        throw std::invalid_argument("--device cuda: local rank " + std::to_string(local) + " needs GPU " +
-                                    std::to_string(local) + ", and " + std::to_string(torch::cuda::device_count()) +
-                                    " are visible");
-      device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local));
+      // GPU LOCAL_RANK mod the GPUs visible: more local ranks than GPUs share
+      // them through the CUDA IPC transport (NCCL refuses two ranks on one GPU).
+      if (!torch::cuda::is_available())
+        throw std::invalid_argument("--device cuda: no CUDA device is visible (CUDA_VISIBLE_DEVICES?), or this "
+                                    "build of libtorch has no CUDA");
+      const auto gpus = static_cast<int>(torch::cuda::device_count());
+      device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world->env().local_rank % gpus));
     }
     const auto build_start = std::chrono::steady_clock::now();
     zero::train::GptTrainer trainer(args.model, config, corpus, args.seed, world->comm(), dp, true, device);
