@@ -8,6 +8,8 @@
 #include "optim/lr_schedule.h"
 
 #ifdef ZERO_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "optim/cuda/kernels.h"
@@ -39,6 +41,11 @@ void device_sgd(float* p, const float* g, float* buf, int64_t n, const optim::Sg
   throw std::logic_error("a CUDA master, but zero-cpp was built without CUDA");
 #endif
 }
+
+// ZeRO-Offload's pipeline chunk: 4 Mi elements (16 MiB of fp32 grads), so
+// a 1B-param shard crosses ~240 chunks and the first and last copies, which
+// nothing overlaps, are a small part of the step.
+constexpr int64_t kOffloadChunkElements = int64_t{1} << 22;
 
 // How the update writes the params beside the master: not at all when the
 // master is the params (fp32), 16-bit, or 16-bit values in an fp32 buffer.
@@ -171,17 +178,22 @@ void FlatOptimizer::update_group(partition::FlatGroup& g, const at::Tensor& grad
 
 // ZeRO-Offload (offload_optimizer device cpu, a CUDA model): the reduced
 // grads come to the host, the fused CPU kernel updates the host master and
-// moments (writing the params' 16-bit values into a host staging buffer in
-// the same pass), and the params go back to the device in their dtype. The
-// copies are blocking here: overlapping them with the update, per bucket,
-// is the next step (DeepSpeed's pipelined offload).
+// moments (writing the params' 16-bit values into a pinned staging buffer in
+// the same pass), and the params go back to the device in their dtype.
+// Pipelined per chunk (engine/update_chunks.h), as DeepSpeed's offload
+// overlaps per bucket: all chunks' grads are queued down on one side stream,
+// chunk k is updated once its grads have landed, and its params are queued
+// up on another while chunk k+1 is updated. The downloads wait for the
+// caller's stream (the reduction that made the grads); the caller's stream
+// waits for the uploads (what reads the params next), the host does not.
+// Pinned buffers freed here are not reused before the copies that read them
+// are done (torch's pinned-memory allocator records their streams).
 // STATUS: compiled in CI, not yet run on a GPU.
 void FlatOptimizer::update_offloaded(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale) {
+#ifdef ZERO_WITH_CUDA
   const auto pinned = [&](const at::Tensor& like) {
     return at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type()).pinned_memory(true));
   };
-  at::Tensor host_grad = pinned(grad);
-  host_grad.copy_(grad);
   const at::Tensor dest = policy_.update_destination(g, dp_.rank());
   optim::Out16 kind = optim::Out16::None;
   at::Tensor staged;  // the params' new values in their dtype, when not the master's fp32 itself
@@ -189,10 +201,47 @@ void FlatOptimizer::update_offloaded(partition::FlatGroup& g, const at::Tensor& 
     staged = dest.is_cpu() ? dest : pinned(dest);  // offload_param: written in place on the host
     kind = out_kind(staged, g);
   }
-  for (const Span& s : spans_of(g))
-    update_span(g, host_grad, s, lr, grad_scale, staged.defined() ? staged.data_ptr() : nullptr, kind);
   const at::Tensor& updated = staged.defined() ? staged : g.master;
-  if (!updated.is_same(dest)) dest.copy_(updated);
+  const bool send_up = !updated.is_same(dest);
+
+  const auto index = grad.device().index();
+  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(index);
+  const c10::cuda::CUDAStream down = c10::cuda::getStreamFromPool(false, index);
+  const c10::cuda::CUDAStream up = c10::cuda::getStreamFromPool(false, index);
+  const auto chunks = cut_into_chunks(spans_of(g), g.master.numel(), kOffloadChunkElements);
+  at::Tensor host_grad = pinned(grad);
+  std::vector<at::cuda::CUDAEvent> landed(chunks.size());
+  {
+    at::cuda::CUDAEvent grads_ready;
+    grads_ready.record(caller);
+    grads_ready.block(down);
+    if (send_up) grads_ready.block(up);  // the params' readers queued so far come before their overwrite
+    c10::cuda::CUDAStreamGuard on_down(down);
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      host_grad.narrow(0, chunks[k].begin, chunks[k].numel)
+          .copy_(grad.narrow(0, chunks[k].begin, chunks[k].numel), /*non_blocking=*/true);
+      landed[k].record(down);
+    }
+  }
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    landed[k].synchronize();
+    for (const Span& piece : chunks[k].pieces)
+      update_span(g, host_grad, piece, lr, grad_scale, staged.defined() ? staged.data_ptr() : nullptr, kind);
+    if (send_up) {
+      c10::cuda::CUDAStreamGuard on_up(up);
+      dest.narrow(0, chunks[k].begin, chunks[k].numel)
+          .copy_(updated.narrow(0, chunks[k].begin, chunks[k].numel), /*non_blocking=*/true);
+    }
+  }
+  if (send_up) {
+    at::cuda::CUDAEvent sent;
+    sent.record(up);
+    sent.block(caller);
+  }
+#else
+  (void)g, (void)grad, (void)lr, (void)grad_scale;
+  throw std::logic_error("grads on a device, but zero-cpp was built without CUDA");
+#endif
 }
 
 void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad, const Span& s, double lr,

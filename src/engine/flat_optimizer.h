@@ -18,6 +18,7 @@
 #include "optim/loss_scaler.h"
 #include "partition/flat_group.h"
 #include "zero/comm.h"
+#include "engine/update_chunks.h"
 #include "optim/kernels.h"
 #include "zero/config.h"
 
@@ -65,10 +66,7 @@ class FlatOptimizer {
   void update_group(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale);
   void update_offloaded(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale);
   // Runs of the master (this rank's shard, or all of it) under one hyper.
-  struct Span {
-    int64_t begin, numel;
-    int hyper;
-  };
+  using Span = UpdateSpan;
   std::vector<Span> spans_of(const partition::FlatGroup& g) const;
   void update_span(partition::FlatGroup& g, const at::Tensor& grad, const Span& s, double lr, float grad_scale,
                    void* out16, optim::Out16 kind);
