@@ -1,14 +1,20 @@
-// zero-run: start N ranks of a program on this host, like
-// `torchrun --standalone --nproc-per-node N`.
+// zero-run: start the ranks of a program, like torchrun.
 //
-//   zero-run -n 2 [--master-port P] [--timeout S] -- ./prog args...
+//   zero-run -n 2 [--master-port P] [--timeout S] -- ./prog args...        this host
+//   zero-run --nnodes H --node-rank K -n N --master-addr A --master-port P -- ./prog ...
+//                                                          one host of H (run on each)
+//   zero-run --hostfile FILE [--host-exec TEMPLATE] [--master-addr A] -- ./prog ...
+//                                    every host of a DeepSpeed hostfile, from here
 //
 // Each rank gets the torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus ZERO_JOB_ID, and its
-// output lines are prefixed with "[rank r] ". When any rank fails (non-zero
-// exit or a signal), the others get SIGTERM and, 3 s later, SIGKILL, and
-// zero-run exits non-zero: a dead rank never leaves the job hanging. At the
-// end it removes any shared-memory segment of the job a killed rank left.
+// LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) plus ZERO_JOB_ID,
+// and its output lines are prefixed with "[rank r] ". When any rank fails
+// (non-zero exit or a signal), the others get SIGTERM and, 3 s later,
+// SIGKILL, and zero-run exits non-zero: a dead rank never leaves the job
+// hanging. On several hosts the agents (one zero-run per host) tell each
+// other through node 0's (launch/job_control.h), so a failure on one host
+// stops every host's ranks, with a message naming host and rank. At the end
+// it removes any shared-memory segment of the job a killed rank left.
 // SIGINT/SIGTERM sent to zero-run are forwarded to every rank.
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -26,11 +32,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "comm/shm/segment.h"
+#include "launch/hostfile.h"
+#include "launch/job_control.h"
 #include "zero/launch_env.h"
+
+extern char** environ;
 
 namespace {
 
@@ -42,7 +55,9 @@ volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
 
 constexpr const char* kUsage =
-    "usage: zero-run -n N [--master-addr A] [--master-port P] [--timeout SECONDS] -- prog [args...]\n";
+    "usage: zero-run -n N [--master-addr A] [--master-port P] [--timeout SECONDS] -- prog [args...]\n"
+    "       zero-run --nnodes H --node-rank K -n N --master-addr A --master-port P [...] -- prog [args...]\n"
+    "       zero-run --hostfile FILE [--host-exec TEMPLATE] [--master-addr A] [--master-port P] -- prog [args...]\n";
 
 // Errors: stderr, exit 2. --help: stdout, exit 0 (it was asked for).
 [[noreturn]] void usage(const char* why) {
@@ -53,12 +68,21 @@ constexpr const char* kUsage =
 [[noreturn]] void help() {
   std::printf("%s"
               "Starts N ranks of prog on this host with torchrun's variables (RANK, WORLD_SIZE,\n"
-              "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); when one rank fails the\n"
-              "others are stopped and zero-run exits non-zero.\n"
-              "  -n N                ranks to start (also --nproc, --nproc-per-node)\n"
-              "  --master-addr A     rendezvous address (default 127.0.0.1)\n"
-              "  --master-port P     rendezvous port (default: a free one)\n"
+              "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), or a job's\n"
+              "ranks on several hosts; when one rank fails every rank of the job is stopped\n"
+              "and zero-run exits non-zero.\n"
+              "  -n N                ranks to start on this host (also --nproc, --nproc-per-node)\n"
+              "  --master-addr A     rendezvous address (default 127.0.0.1; with --hostfile the first host)\n"
+              "  --master-port P     rendezvous port (default: a free one); the agents of a\n"
+              "                      several-host job also use P+1 on node 0\n"
               "  --timeout SECONDS   stop the whole job after this long (exit 124)\n"
+              "  --nnodes H          hosts in the job (torchrun's); run zero-run on each with\n"
+              "  --node-rank K       this host's index, 0 being MASTER_ADDR's host; ranks are\n"
+              "                      K*N .. K*N+N-1 unless --rank-offset/--world-size say otherwise\n"
+              "  --hostfile FILE     DeepSpeed's hostfile (\"HOST slots=N\" lines): starts one\n"
+              "                      zero-run per host, through\n"
+              "  --host-exec T       the command that runs a program on a host, {host} replaced\n"
+              "                      (default \"ssh -o BatchMode=yes {host}\"; e.g. \"ip netns exec {host}\")\n"
               "  -h, --help          this text\n",
               kUsage);
   std::exit(0);
@@ -155,11 +179,20 @@ void remove_shared_memory_of(const std::string& job_id) {
   closedir(d);
 }
 
-int main(int argc, char** argv) {
-  int nproc = 0;
-  int port = 0;
-  int timeout_s = 0;
-  std::string addr = "127.0.0.1";
+namespace {
+
+struct Options {
+  int nproc = 0, port = 0, timeout_s = 0;
+  std::string addr;
+  int nnodes = 1, node_rank = 0;
+  int rank_offset = -1, world_size = -1;  // -1: node_rank * nproc, nnodes * nproc
+  std::string hostfile, host_exec = "ssh -o BatchMode=yes {host}", host_name, job_id, chdir;
+  std::vector<std::string> env;  // K=V set for every rank (passed to remote agents)
+  int prog = 0;                  // argv index of the program
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
   int i = 1;
   for (; i < argc; ++i) {
     std::string a = argv[i];
@@ -168,19 +201,185 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--") { ++i; break; }
-    if (a == "-n" || a == "--nproc" || a == "--nproc-per-node") nproc = parse_int(value("-n"), "-n", 1, 1024);
-    else if (a == "--master-port") port = parse_int(value("--master-port"), "--master-port", 1, 65535);
-    else if (a == "--master-addr") addr = value("--master-addr");
-    else if (a == "--timeout") timeout_s = parse_int(value("--timeout"), "--timeout", 1, 1 << 30);
+    if (a == "-n" || a == "--nproc" || a == "--nproc-per-node") o.nproc = parse_int(value("-n"), "-n", 1, 1024);
+    else if (a == "--master-port") o.port = parse_int(value("--master-port"), "--master-port", 1, 65534);
+    else if (a == "--master-addr") o.addr = value("--master-addr");
+    else if (a == "--timeout") o.timeout_s = parse_int(value("--timeout"), "--timeout", 1, 1 << 30);
+    else if (a == "--nnodes") o.nnodes = parse_int(value("--nnodes"), "--nnodes", 1, 4096);
+    else if (a == "--node-rank") o.node_rank = parse_int(value("--node-rank"), "--node-rank", 0, 4095);
+    else if (a == "--rank-offset") o.rank_offset = parse_int(value("--rank-offset"), "--rank-offset", 0, 1 << 30);
+    else if (a == "--world-size") o.world_size = parse_int(value("--world-size"), "--world-size", 1, 1 << 30);
+    else if (a == "--hostfile") o.hostfile = value("--hostfile");
+    else if (a == "--host-exec") o.host_exec = value("--host-exec");
+    else if (a == "--host-name") o.host_name = value("--host-name");
+    else if (a == "--job-id") o.job_id = value("--job-id");
+    else if (a == "--chdir") o.chdir = value("--chdir");
+    else if (a == "--env") o.env.push_back(value("--env"));
     else if (a == "-h" || a == "--help") help();
     else usage(("unknown option " + a).c_str());
   }
-  if (nproc < 1) usage("-n N is required");
   if (i >= argc) usage("no program given after --");
-  if (port == 0) port = free_port();
+  o.prog = i;
+  if (!o.hostfile.empty()) {
+    if (o.nproc || o.nnodes > 1) usage("--hostfile gives the hosts and their slots: no -n or --nnodes with it");
+    return o;
+  }
+  if (o.nproc < 1) usage("-n N is required");
+  if (o.node_rank >= o.nnodes) usage("--node-rank must be less than --nnodes");
+  if (o.nnodes > 1 && (o.addr.empty() || o.port == 0))
+    usage("--nnodes > 1 needs --master-addr and --master-port (the same on every host)");
+  if (o.rank_offset < 0) o.rank_offset = o.node_rank * o.nproc;
+  if (o.world_size < 0) o.world_size = o.nnodes * o.nproc;
+  if (o.rank_offset + o.nproc > o.world_size) usage("--rank-offset + -n exceeds --world-size");
+  if (o.addr.empty()) o.addr = "127.0.0.1";
+  return o;
+}
+
+std::string this_host_name() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// Variables a remote agent needs to start its ranks as this one would
+// (ssh passes no environment; DeepSpeed's launcher exports the same kinds).
+std::vector<std::string> forwarded_env() {
+  std::vector<std::string> out;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    for (const char* p : {"ZERO_", "GLOO_", "NCCL_", "TORCH_", "OMP_NUM_THREADS=", "CUDA_VISIBLE_DEVICES=",
+                          "LD_LIBRARY_PATH=", "PYTHONPATH="})
+      if (kv.rfind(p, 0) == 0) out.push_back(kv);
+  }
+  return out;
+}
+
+struct Child {
+  std::vector<std::string> argv;
+  std::vector<std::string> env;  // K=V
+  std::string prefix;            // for its output lines
+  std::string label;             // "rank 3", "host b (node 1)"
+};
+
+pid_t spawn(const Child& c, std::vector<Stream>& streams) {
+  int out[2], err[2];
+  if (pipe(out) || pipe(err)) { std::perror("zero-run: pipe"); std::exit(1); }
+  pid_t pid = fork();
+  if (pid < 0) { std::perror("zero-run: fork"); std::exit(1); }
+  if (pid == 0) {
+    setpgid(0, 0);                     // its own group: we signal it and its children
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // and it dies with us
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    close(out[0]), close(out[1]), close(err[0]), close(err[1]);
+    for (const auto& kv : c.env) {
+      const size_t eq = kv.find('=');
+      if (eq != std::string::npos) setenv(kv.substr(0, eq).c_str(), kv.c_str() + eq + 1, 1);
+    }
+    std::vector<char*> args;
+    for (const auto& a : c.argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    std::fprintf(stderr, "zero-run: cannot execute %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(out[1]), close(err[1]);
+  streams.push_back({out[0], 1, c.prefix, {}});
+  streams.push_back({err[0], 2, c.prefix, {}});
+  return pid;
+}
+
+// This host's ranks (local or one node of several).
+std::vector<Child> local_ranks(const Options& o, char** argv, const std::string& job_id) {
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  const int omp_threads = static_cast<int>(std::max(1L, cores / nproc));
-  const std::string job_id = "zr" + std::to_string(getpid()) + "_" + std::to_string(port);
+  const int omp_threads = static_cast<int>(std::max(1L, cores / o.nproc));
+  std::vector<Child> out;
+  for (int r = 0; r < o.nproc; ++r) {
+    const int rank = o.rank_offset + r;
+    Child c;
+    for (int k = o.prog; argv[k]; ++k) c.argv.push_back(argv[k]);
+    c.env = o.env;
+    auto set = [&](const char* k, const std::string& v) { c.env.push_back(std::string(k) + "=" + v); };
+    set("RANK", std::to_string(rank));
+    set("LOCAL_RANK", std::to_string(r));
+    set("WORLD_SIZE", std::to_string(o.world_size));
+    set("LOCAL_WORLD_SIZE", std::to_string(o.nproc));
+    set("GROUP_RANK", std::to_string(o.node_rank));
+    set("MASTER_ADDR", o.addr);
+    set("MASTER_PORT", std::to_string(o.port));
+    set("ZERO_JOB_ID", job_id);
+    // Share the cores between the ranks unless told otherwise (torchrun
+    // sets 1; an even share keeps intra-op parallelism on big hosts).
+    if (!std::getenv("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", std::to_string(omp_threads));
+    c.prefix = "[rank " + std::to_string(rank) + "] ";
+    c.label = "rank " + std::to_string(rank);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// One zero-run agent per host of the hostfile, each started through --host-exec.
+std::vector<Child> host_agents(const Options& o, char** argv, const std::string& job_id) {
+  const auto hosts = zero::launch::read_hostfile(o.hostfile);
+  int world = 0;
+  for (const auto& h : hosts) world += h.slots;
+  char self[4096] = {}, cwd[4096] = {};
+  if (readlink("/proc/self/exe", self, sizeof(self) - 1) < 0 || !getcwd(cwd, sizeof(cwd) - 1))
+    throw std::runtime_error("cannot find zero-run's own path or the working directory");
+  const auto env = forwarded_env();
+  std::vector<Child> out;
+  int offset = 0;
+  for (size_t k = 0; k < hosts.size(); ++k) {
+    std::vector<std::string> agent{self, "--nnodes", std::to_string(hosts.size()), "--node-rank", std::to_string(k),
+                                   "-n", std::to_string(hosts[k].slots), "--rank-offset", std::to_string(offset),
+                                   "--world-size", std::to_string(world), "--master-addr", o.addr,
+                                   "--master-port", std::to_string(o.port), "--host-name", hosts[k].host,
+                                   "--job-id", job_id, "--chdir", cwd};
+    if (o.timeout_s) agent.insert(agent.end(), {"--timeout", std::to_string(o.timeout_s)});
+    for (const auto& kv : env) agent.insert(agent.end(), {"--env", kv});
+    agent.push_back("--");
+    for (int a = o.prog; argv[a]; ++a) agent.push_back(argv[a]);
+    out.push_back({zero::launch::on_host(o.host_exec, hosts[k].host, agent), {}, "",
+                   "host " + hosts[k].host + " (node " + std::to_string(k) + ")"});
+    offset += hosts[k].slots;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  const bool fan_out = !o.hostfile.empty();
+  if (!o.chdir.empty() && chdir(o.chdir.c_str()) != 0) {
+    std::fprintf(stderr, "zero-run: cannot change to %s: %s\n", o.chdir.c_str(), std::strerror(errno));
+    return 1;
+  }
+  if (o.port == 0) o.port = free_port();
+  std::string job_id = o.job_id.empty() ? "zr" + std::to_string(getpid()) + "_" + std::to_string(o.port) : o.job_id;
+  // Per host: the ranks' shared-memory segments are named by it, and hosts
+  // simulated on one machine (tests) share /dev/shm.
+  if (o.nnodes > 1) job_id += "n" + std::to_string(o.node_rank);
+  const std::string host = o.host_name.empty() ? this_host_name() : o.host_name;
+
+  std::vector<Child> children;
+  std::unique_ptr<zero::launch::JobControl> control;
+  try {
+    if (fan_out) {
+      if (o.addr.empty()) o.addr = zero::launch::read_hostfile(o.hostfile).front().host;
+      children = host_agents(o, argv, job_id);
+    } else {
+      children = local_ranks(o, argv, job_id);
+      if (o.nnodes > 1)
+        control = std::make_unique<zero::launch::JobControl>(o.nnodes, o.node_rank, o.addr, o.port + 1, host);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero-run: %s\n", e.what());
+    return 2;
+  }
+  // Where failures are said to be: the host, when the job has several.
+  const std::string where = control ? "host " + host + ": " : "";
 
   struct sigaction sa{};
   sa.sa_handler = on_signal;
@@ -189,54 +388,25 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::vector<Rank> ranks(nproc);
+  std::vector<Rank> ranks(children.size());
   std::vector<Stream> streams;
-  for (int r = 0; r < nproc; ++r) {
-    int out[2], err[2];
-    if (pipe(out) || pipe(err)) { std::perror("zero-run: pipe"); return 1; }
-    pid_t pid = fork();
-    if (pid < 0) { std::perror("zero-run: fork"); return 1; }
-    if (pid == 0) {
-      setpgid(0, 0);                   // its own group: we signal the rank and its children
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // and it dies with us
-      dup2(out[1], 1);
-      dup2(err[1], 2);
-      close(out[0]), close(out[1]), close(err[0]), close(err[1]);
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      setenv("GROUP_RANK", "0", 1);
-      setenv("MASTER_ADDR", addr.c_str(), 1);
-      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      setenv("ZERO_JOB_ID", job_id.c_str(), 1);
-      // Share the cores between the ranks unless told otherwise (torchrun
-      // sets 1; an even share keeps intra-op parallelism on big hosts).
-      setenv("OMP_NUM_THREADS", std::to_string(omp_threads).c_str(), 0);
-      execvp(argv[i], argv + i);
-      std::fprintf(stderr, "zero-run: cannot execute %s: %s\n", argv[i], std::strerror(errno));
-      _exit(127);
-    }
-    setpgid(pid, pid);
-    close(out[1]), close(err[1]);
-    ranks[r] = {pid, true, 0};
-    const std::string prefix = "[rank " + std::to_string(r) + "] ";
-    streams.push_back({out[0], 1, prefix, {}});
-    streams.push_back({err[0], 2, prefix, {}});
-  }
+  for (size_t r = 0; r < children.size(); ++r) ranks[r] = {spawn(children[r], streams), true, 0};
 
   const auto start = Clock::now();
   int exit_code = 0;
   bool stopping = false;
   Clock::time_point stop_at{};
   bool killed = false;
+  bool reported_done = false;
   auto stop_all = [&](int sig) {
     for (auto& rk : ranks)
       if (rk.running) kill(-rk.pid, sig);
   };
-  auto begin_stop = [&](const std::string& why, int code) {
+  // `why` happened here (told to the other hosts) or elsewhere (`remote`).
+  auto begin_stop = [&](const std::string& why, int code, bool remote = false) {
     if (stopping) return;
-    std::fprintf(stderr, "zero-run: %s; stopping the other ranks\n", why.c_str());
+    std::fprintf(stderr, "zero-run: %s%s; stopping the other ranks\n", remote ? "" : where.c_str(), why.c_str());
+    if (control && !remote) control->report_failure(where + why);
     stopping = true;
     exit_code = code;
     stop_at = Clock::now();
@@ -246,29 +416,37 @@ int main(int argc, char** argv) {
   for (;;) {
     // Collect exits.
     int live = 0;
-    for (int r = 0; r < nproc; ++r) {
+    for (size_t r = 0; r < ranks.size(); ++r) {
       Rank& rk = ranks[r];
       if (!rk.running) continue;
       if (waitpid(rk.pid, &rk.status, WNOHANG) == rk.pid) {
         rk.running = false;
         const bool ok = WIFEXITED(rk.status) && WEXITSTATUS(rk.status) == 0;
         if (!ok && !stopping)
-          begin_stop("rank " + std::to_string(r) + " " + describe_exit(rk.status),
+          begin_stop(children[r].label + " " + describe_exit(rk.status),
                      WIFEXITED(rk.status) ? WEXITSTATUS(rk.status) : 128 + WTERMSIG(rk.status));
       } else {
         ++live;
       }
     }
+    if (control)
+      if (auto why = control->poll(); why && !stopping) begin_stop(*why, 1, /*remote=*/true);
     if (g_signal && !stopping) begin_stop(std::string("received ") + strsignal(g_signal), 128 + g_signal);
-    if (timeout_s && !stopping && Clock::now() - start > std::chrono::seconds(timeout_s))
-      begin_stop("timed out after " + std::to_string(timeout_s) + " s", 124);
+    if (o.timeout_s && !stopping && Clock::now() - start > std::chrono::seconds(o.timeout_s))
+      begin_stop("timed out after " + std::to_string(o.timeout_s) + " s", 124);
     if (stopping && !killed && Clock::now() - stop_at > kGrace) {
       stop_all(SIGKILL);
       killed = true;
     }
     bool open_streams = false;
     for (auto& s : streams) open_streams |= s.fd >= 0;
-    if (live == 0 && !open_streams) break;
+    if (live == 0 && !open_streams) {
+      if (!control || stopping) break;
+      // This host's ranks are done; node 0 stays until every host's are
+      // (the others stop theirs if it goes).
+      if (!reported_done) control->report_done(), reported_done = true;
+      if (control->others_done()) break;
+    }
     if (live == 0 && stopping) {
       // Ranks are gone; drain what they left without blocking on pipes a
       // stray grandchild may still hold.
@@ -292,6 +470,6 @@ int main(int argc, char** argv) {
       for (size_t k = 0; k < fds.size(); ++k)
         if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) owners[k]->pump();
   }
-  remove_shared_memory_of(job_id);
+  if (!fan_out) remove_shared_memory_of(job_id);
   return exit_code;
 }

@@ -1,0 +1,27 @@
+// DeepSpeed's hostfile, as zero-run --hostfile reads it: one host per line,
+// "HOST slots=N", '#' starting a comment, blank lines ignored. The order is
+// the node order: the first host is node 0 and holds rank 0.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace zero::launch {
+
+struct HostSlots {
+  std::string host;
+  int slots;
+};
+
+// Throws std::invalid_argument naming the line and what is wrong with it
+// (no slots, a bad count, a host listed twice) or that no host is listed.
+std::vector<HostSlots> parse_hostfile(const std::string& text, const std::string& origin);
+std::vector<HostSlots> read_hostfile(const std::string& path);
+
+// The command that runs ARGV on HOST: TEMPLATE split at spaces with {host}
+// replaced, then ARGV. When the template runs ssh, ARGV becomes one
+// shell-quoted word (ssh hands its command to the remote shell).
+std::vector<std::string> on_host(const std::string& templ, const std::string& host,
+                                 const std::vector<std::string>& argv);
+
+}  // namespace zero::launch

@@ -1,0 +1,46 @@
+// zero-run --hostfile: DeepSpeed's hostfile format and how a host's command is built.
+#include "launch/hostfile.h"
+
+#include <gtest/gtest.h>
+
+namespace {
+
+using zero::launch::on_host;
+using zero::launch::parse_hostfile;
+
+TEST(Hostfile, ReadsHostsAndSlotsInOrder) {
+  const auto h = parse_hostfile("# two nodes\nworker-1 slots=4\n\n  worker-0 slots=2   # comment\n", "hf");
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_EQ(h[0].host, "worker-1");
+  EXPECT_EQ(h[0].slots, 4);
+  EXPECT_EQ(h[1].host, "worker-0");
+  EXPECT_EQ(h[1].slots, 2);
+}
+
+TEST(Hostfile, BadLinesAreNamed) {
+  auto message = [](const std::string& text) {
+    try {
+      parse_hostfile(text, "hf");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message("a slots=1\nb\n"), "hf:2: expected \"b slots=N\"");
+  EXPECT_EQ(message("a slots=0\n"), "hf:1: slots must be an integer in [1, 1024], got '0'");
+  EXPECT_EQ(message("a slots=2x\n"), "hf:1: slots must be an integer in [1, 1024], got '2x'");
+  EXPECT_EQ(message("a slots=2 gpus=1\n"), "hf:1: unexpected 'gpus=1' after slots=2");
+  EXPECT_EQ(message("a slots=1\na slots=2\n"), "hf:2: host a is listed twice");
+  EXPECT_EQ(message("# nothing\n"), "hf: no host listed (expected lines \"HOST slots=N\")");
+}
+
+TEST(Hostfile, CommandOnAHostKeepsWordsOrQuotesThemForSsh) {
+  const std::vector<std::string> argv{"zero-run", "--", "prog", "it's a b"};
+  EXPECT_EQ(on_host("ip netns exec {host}", "ns1", argv),
+            (std::vector<std::string>{"ip", "netns", "exec", "ns1", "zero-run", "--", "prog", "it's a b"}));
+  EXPECT_EQ(on_host("ssh -o BatchMode=yes {host}", "w1", argv),
+            (std::vector<std::string>{"ssh", "-o", "BatchMode=yes", "w1",
+                                      "'zero-run' '--' 'prog' 'it'\\''s a b'"}));
+}
+
+}  // namespace
