@@ -107,7 +107,12 @@ std::string host_identity() {
   gethostname(name, sizeof(name) - 1);
   std::string boot;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  return std::string(name) + "/" + boot;
+  // The network namespace too: ranks in different ones reach each other only
+  // over the network, as on different hosts (how the multi-host tests
+  // simulate hosts; containers with their own network count as hosts too).
+  char ns[64] = {};
+  if (readlink("/proc/self/ns/net", ns, sizeof(ns) - 1) < 0) ns[0] = '\0';
+  return std::string(name) + "/" + boot + "/" + ns;
 }
 
 std::shared_ptr<ShmGroup> try_shm_group(c10d::Store& store, const std::string& segment_prefix, const Group& g,

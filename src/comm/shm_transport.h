@@ -44,7 +44,8 @@ shm::Lane* shm_lane(const Group& g, CollectiveOp op);
 // Whether ZERO_COMM_FASTPATH allows the fast path (on/auto/unset: yes; off: no).
 bool shm_fast_path_allowed_by_env();
 
-// This host's identity (hostname and boot id), for grouping ranks by host.
+// This host's identity (hostname, boot id and network namespace), for
+// grouping ranks by host.
 std::string host_identity();
 
 // Collective over the group's members through `store` (prefixed for the
