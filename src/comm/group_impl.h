@@ -20,6 +20,7 @@ namespace zero::comm {
 // same on every rank.
 struct ShmGroup;      // comm/shm_transport.cpp
 struct CudaIpcGroup;  // comm/cuda_ipc_transport.cpp
+struct HierGroup;     // comm/hierarchical_transport.h
 
 struct Group::Impl {
   c10::intrusive_ptr<c10d::Backend> backend;         // everything else
@@ -32,6 +33,9 @@ struct Group::Impl {
   // The shared-memory fast path's segment and lanes, when every rank of
   // the group is on this host and could map it; null otherwise.
   std::shared_ptr<ShmGroup> shm;
+  // For a group spanning hosts evenly: its layout and per-host sub-groups
+  // (comm/hierarchical_transport.h); null otherwise.
+  std::shared_ptr<HierGroup> hier;
   // This group's part of the world's store, for backends made later.
   c10::intrusive_ptr<c10d::Store> store;
   // The CUDA backend (comm/nccl_transport.h), made on the group's first CUDA

@@ -9,6 +9,7 @@
 
 #include "comm/gloo_transport.h"
 #include "comm/group_impl.h"
+#include "comm/hierarchical_transport.h"
 #include "comm/cuda_ipc_transport.h"
 #include "comm/nccl_transport.h"
 #include "comm/shm_transport.h"
@@ -76,13 +77,18 @@ struct World::Impl {
 
   std::shared_ptr<Group> make_group(const std::vector<int>& ranks, const std::string& name) {
     const int id = next_group_id++;  // advanced on every rank, member or not
-    auto it = std::find(ranks.begin(), ranks.end(), env.rank);
-    if (it == ranks.end()) return nullptr;
-    const int group_rank = static_cast<int>(it - ranks.begin());
+    if (std::find(ranks.begin(), ranks.end(), env.rank) == ranks.end()) return nullptr;
+    return make_group_at(ranks, name, "zero_group_" + std::to_string(id), true);
+  }
+
+  // A group this rank is a member of, its state under `prefix` in the store.
+  std::shared_ptr<Group> make_group_at(const std::vector<int>& ranks, const std::string& name,
+                                       const std::string& prefix, bool may_be_hierarchical) {
+    const int group_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), env.rank) - ranks.begin());
     auto opts = c10d::ProcessGroupGloo::Options::create(collective_timeout);
     opts->devices.push_back(device);
     auto lane = [&](const std::string& suffix) {
-      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zero_group_" + std::to_string(id) + suffix, store);
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix + suffix, store);
       return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, group_rank, static_cast<int>(ranks.size()), opts);
     };
     auto impl = std::make_shared<Group::Impl>();
@@ -94,16 +100,42 @@ struct World::Impl {
                       " failed: " + first_line(e.what()));
     }
     impl->timeout = collective_timeout;
-    impl->store = c10::make_intrusive<c10d::PrefixStore>("zero_group_" + std::to_string(id) + "_device", store);
+    impl->store = c10::make_intrusive<c10d::PrefixStore>(prefix + "_device", store);
     impl->lane = std::make_unique<GlooLane>(impl->backend, collective_timeout);
     impl->reduce_lane = std::make_unique<GlooLane>(impl->reduce_backend, collective_timeout);
     auto group = std::make_shared<Group>(name, ranks, group_rank, impl);
     std::vector<std::string> hosts;
     for (int r : ranks) hosts.push_back(host_of(r));
-    auto shm_store = c10::make_intrusive<c10d::PrefixStore>("zero_group_" + std::to_string(id) + "_shm", store);
-    impl->shm = try_shm_group(*shm_store, shm_segment_prefix(env.job_id) + "-g" + std::to_string(id), *group,
-                              hosts, collective_timeout);
+    auto shm_store = c10::make_intrusive<c10d::PrefixStore>(prefix + "_shm", store);
+    impl->shm = try_shm_group(*shm_store, shm_segment_prefix(env.job_id) + "-g" + prefix.substr(std::string("zero_group_").size()),
+                              *group, hosts, collective_timeout);
+    if (may_be_hierarchical && hierarchical_allowed_by_env())
+      if (auto layout = host_layout(hosts)) impl->hier = make_hier_group(ranks, name, prefix, group_rank, *layout);
     return group;
+  }
+
+  // The sub-groups of a group spanning hosts: per lane, this host's ranks
+  // and this local index's ranks; and one more of this host's ranks.
+  std::shared_ptr<HierGroup> make_hier_group(const std::vector<int>& ranks, const std::string& name,
+                                             const std::string& prefix, int group_rank, const HostLayout& layout) {
+    auto h = std::make_shared<HierGroup>();
+    h->layout = layout;
+    h->host = layout.host_of[group_rank];
+    h->local = layout.local_of[group_rank];
+    auto global = [&](const std::vector<int>& group_ranks) {
+      std::vector<int> out;
+      for (int r : group_ranks) out.push_back(ranks[r]);
+      return out;
+    };
+    const auto on_host = global(layout.ranks_on_host(h->host)), at_local = global(layout.ranks_at_local(h->local));
+    const std::string host_tag = "h" + std::to_string(h->host), local_tag = "l" + std::to_string(h->local);
+    for (int k = 0; k < 2; ++k) {
+      const std::string lane = "_hier" + std::to_string(k);
+      h->lanes[k].intra = make_group_at(on_host, name + ".host" + std::to_string(h->host), prefix + lane + host_tag, false);
+      h->lanes[k].inter = make_group_at(at_local, name + ".local" + std::to_string(h->local), prefix + lane + local_tag, false);
+    }
+    h->host_local = make_group_at(on_host, name + ".host" + std::to_string(h->host), prefix + "_hpz" + host_tag, false);
+    return h;
   }
 };
 
@@ -179,6 +211,8 @@ std::shared_ptr<World> init_distributed(const DistributedOptions& opts) {
   const std::string host = host_identity();
   impl->store->set("zero_host_" + std::to_string(env.rank), std::vector<uint8_t>(host.begin(), host.end()));
   impl->comm.add_fast_path(std::make_shared<ShmTransport>());
+  // Groups spanning hosts: inside each host, then across (comm/hierarchical_transport.h).
+  impl->comm.add_fast_path(std::make_shared<HierarchicalTransport>());
   // CUDA tensors: NCCL, when built with CUDA (comm/nccl_transport.h).
   if (auto nccl = make_nccl_transport()) impl->comm.set_device_transport(std::move(nccl));
   // Ranks of one host (several on one GPU too): CUDA IPC (comm/cuda_ipc_transport.h).

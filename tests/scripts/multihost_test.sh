@@ -6,11 +6,12 @@
 # one host's ranks dying stops every rank on both hosts within 5 s and
 # leaves nothing behind in /dev/shm. Needs root (CAP_NET_ADMIN); exits 77
 # (ctest: skipped) when namespaces cannot be made, saying why.
-# Usage: multihost_test.sh ZERO_RUN ZERO_TRAIN
+# Usage: multihost_test.sh ZERO_RUN ZERO_TRAIN MR_COMM_TEST
 set -u
 . "$(dirname "$0")/lib.sh"
 ZR=$1
 ZT=$2
+COMM_TEST=$3
 tmp=$(mktemp -d)
 A=zt$$a B=zt$$b
 cleanup() {
@@ -40,27 +41,42 @@ on_hosts() { "$ZR" --hostfile "$tmp/hostfile" --host-exec "ip netns exec {host}"
 tiny=(--layers 2 --d-model 32 --heads 2 --seq 16 --steps 4)
 losses() { grep -o '"loss":[^,]*' "$1" | cut -d: -f2 | paste -sd' '; }
 
-# Parity: 4 ranks on 2 hosts (micro-batch 2) against one process (8), every stage.
+# Hierarchical collectives against the flat path, and the bytes that
+# crossed the link against the formulas (tests/mr/hierarchical_test.cpp).
+out=$(on_hosts -- "$COMM_TEST" --gtest_filter='Hierarchical.*' 2>&1)
+rc=$?
+check "hierarchical collectives: tests pass on 2 hosts" [ $rc -eq 0 ]
+[ $rc -eq 0 ] || echo "$out" | grep -v '^\[rank [1-3]\]' | tail -30
+echo "$out" | grep '^\[rank 0\] .*bytes between hosts' | sed 's/^\[rank 0\] /     /'
+
+# Parity: 4 ranks on 2 hosts (micro-batch 2) against one process (8), every
+# stage, with the spanning group's collectives hierarchical (the default)
+# and flat (ZERO_HIERARCHICAL=off: Gloo across all 4).
 for stage in 0 1 2 3; do
   for n in 1 4; do
     echo "{\"train_micro_batch_size_per_gpu\": $((8 / n)), \"zero_optimization\": {\"stage\": $stage,
           \"stage3_param_persistence_threshold\": 100, \"reduce_bucket_size\": 3000}}" > "$tmp/c$n.json"
   done
   env -u GLOO_SOCKET_IFNAME "$ZR" -n 1 -- "$ZT" --config "$tmp/c1.json" "${tiny[@]}" --log-json "$tmp/one.jsonl" >/dev/null 2>&1
-  out=$(on_hosts -- "$ZT" --config "$tmp/c4.json" "${tiny[@]}" --log-json "$tmp/hosts.jsonl" 2>&1)
-  rc=$?
-  check "stage $stage: 2 hosts x 2 ranks train" [ $rc -eq 0 ]
-  [ $rc -eq 0 ] || echo "$out" | tail -5
-  check "stage $stage: 4 ranks on 2 hosts" contains "$(grep '"event":"setup"' "$tmp/hosts.jsonl")" '"world_size":4'
-  check "stage $stage: losses as one process ($(losses "$tmp/hosts.jsonl") vs $(losses "$tmp/one.jsonl"))" \
-    awk -v a="$(losses "$tmp/hosts.jsonl")" -v b="$(losses "$tmp/one.jsonl")" 'BEGIN {
-      n = split(a, x, " "); if (n != 4 || split(b, y, " ") != n) exit 1
-      for (i = 1; i <= n; ++i) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-5 * y[i]) exit 1 }
-      exit 0 }'
-  # The data-parallel group spans both hosts: Gloo serves it, shared memory cannot.
-  summary=$(grep '"event":"summary"' "$tmp/hosts.jsonl")
-  check "stage $stage: collectives served by gloo, none by shm" \
-    bash -c '[[ "$1" == *"\"gloo\":"* && "$1" != *"\"shm\":"* ]]' _ "$summary"
+  for mode in hier gloo; do
+    hier=on; [ $mode = gloo ] && hier=off
+    out=$(ZERO_HIERARCHICAL=$hier on_hosts -- "$ZT" --config "$tmp/c4.json" "${tiny[@]}" --log-json "$tmp/hosts.jsonl" 2>&1)
+    rc=$?
+    check "stage $stage ($mode): 2 hosts x 2 ranks train" [ $rc -eq 0 ]
+    [ $rc -eq 0 ] || echo "$out" | tail -5
+    check "stage $stage ($mode): 4 ranks on 2 hosts" contains "$(grep '"event":"setup"' "$tmp/hosts.jsonl")" '"world_size":4'
+    check "stage $stage ($mode): losses as one process ($(losses "$tmp/hosts.jsonl") vs $(losses "$tmp/one.jsonl"))" \
+      awk -v a="$(losses "$tmp/hosts.jsonl")" -v b="$(losses "$tmp/one.jsonl")" 'BEGIN {
+        n = split(a, x, " "); if (n != 4 || split(b, y, " ") != n) exit 1
+        for (i = 1; i <= n; ++i) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-5 * y[i]) exit 1 }
+        exit 0 }'
+    # The data-parallel group spans both hosts: shared memory cannot serve
+    # it; every op of the step goes the chosen way.
+    summary=$(grep '"event":"summary"' "$tmp/hosts.jsonl")
+    check "stage $stage ($mode): the step's collectives served by $mode only" \
+      bash -c '[[ "$1" == *"\"$2\":"* && "$1" != *"\"shm\":"* && "$1" != *"\"$3\":"* ]]' _ "$summary" $mode \
+      "$([ $mode = hier ] && echo gloo || echo hier)"
+  done
 done
 
 # One host's ranks killed: every rank on both hosts is gone within 5 s, the

@@ -1,0 +1,237 @@
+#include "comm/hierarchical_transport.h"
+
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "comm/gloo_transport.h"
+#include "comm/group_impl.h"
+#include "comm/shm_transport.h"
+
+namespace zero::comm {
+
+// Runs a lane's collectives one after another on a thread of its own.
+class SerialExecutor {
+ public:
+  SerialExecutor() : thread_([this] { run(); }) {}
+  ~SerialExecutor() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  std::shared_future<void> submit(std::function<void()> job) {
+    std::packaged_task<void()> task(std::move(job));
+    auto done = task.get_future().share();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(task));
+    }
+    cv_.notify_all();
+    return done;
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::packaged_task<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, nothing left
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();  // an exception lands in the task's future
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+HierGroup::HierGroup() {
+  for (auto& lane : lanes) lane.executor = std::make_unique<SerialExecutor>();
+}
+HierGroup::~HierGroup() = default;
+
+namespace {
+
+class ExecutorWork : public Work {
+ public:
+  ExecutorWork(std::shared_future<void> done, std::string what) : done_(std::move(done)), what_(std::move(what)) {}
+  void wait() override {
+    try {
+      done_.get();
+    } catch (const CollectiveMismatch&) {
+      throw;
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw CommError(what_ + " failed: " + e.what());
+    }
+  }
+  bool is_completed() override {
+    return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+
+ private:
+  std::shared_future<void> done_;
+  std::string what_;
+};
+
+
+const HierGroup& hier_of(const Group& g) { return *g.impl().hier; }
+
+// Partial sums travel in fp32 (or fp64): one rounding at the end.
+at::ScalarType accumulation_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+}  // namespace
+
+bool hierarchical_allowed_by_env() {
+  const char* v = std::getenv("ZERO_HIERARCHICAL");
+  if (!v || !*v) return true;
+  const std::string s = v;
+  if (s == "off" || s == "0" || s == "false") return false;
+  if (s == "on" || s == "auto" || s == "1" || s == "true") return true;
+  throw CommError("ZERO_HIERARCHICAL=" + s + ": expected on, auto or off");
+}
+
+const HierGroup* hier_group(const Group& g) { return g.impl().hier.get(); }
+
+HierarchicalTransport::HierarchicalTransport() : inner_(std::make_shared<Comm>(std::make_shared<GlooTransport>())) {
+  inner_->add_fast_path(std::make_shared<ShmTransport>());
+}
+
+bool HierarchicalTransport::supports(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel) const {
+  const HierGroup* h = hier_group(g);
+  if (!h) return false;
+  switch (op) {
+    case CollectiveOp::AllGather:
+      return true;
+    case CollectiveOp::AllReduce:
+      return reducible_elem(dtype).has_value();
+    case CollectiveOp::ReduceScatter: {
+      if (!reducible_elem(dtype)) return false;
+      // fp32 partial sums cross the hosts: worth it when they are fewer
+      // bytes than the flat all-to-all's (L ranks' shards in the input dtype).
+      const int64_t partial = c10::elementSize(accumulation_dtype(dtype));
+      return partial < h->layout.per_host * static_cast<int64_t>(c10::elementSize(dtype));
+    }
+    default:
+      return false;
+  }
+  (void)numel;
+}
+
+int64_t HierarchicalTransport::wire_bytes(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel) const {
+  const HierGroup& h = hier_of(g);
+  const int64_t hosts = h.layout.hosts, n = g.size();
+  switch (op) {
+    case CollectiveOp::AllGather:  // numel = the full output
+      return (hosts - 1) * (numel / n) * static_cast<int64_t>(c10::elementSize(dtype));
+    case CollectiveOp::ReduceScatter:
+      return (hosts - 1) * (numel / n) * static_cast<int64_t>(c10::elementSize(accumulation_dtype(dtype)));
+    case CollectiveOp::AllReduce: {
+      const int64_t slice = (numel + h.layout.per_host - 1) / h.layout.per_host;
+      return 2 * (hosts - 1) * slice / hosts * static_cast<int64_t>(c10::elementSize(accumulation_dtype(dtype)));
+    }
+    default:
+      return 0;
+  }
+}
+
+// Inter-host allgather of this rank's shard among its local index's ranks
+// (one per host), then an allgather of those inside the host; the result
+// lands block (local, host) -> the group rank there.
+WorkHandle HierarchicalTransport::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_shard,
+                                             const Signature& sig) {
+  const HierGroup& h = hier_of(g);
+  const auto& lane = h.lanes[0];
+  auto inner = inner_;
+  const std::string label = sig.text;
+  const int ranks = g.size();
+  auto job = [=, &h, &lane] {
+    const int64_t s = in_shard.numel();
+    const int hosts = h.layout.hosts, per_host = h.layout.per_host;
+    at::Tensor across = at::empty({hosts * s}, in_shard.options());
+    inner->all_gather(*lane.inter, across, in_shard, label + " / between hosts")->wait();
+    at::Tensor by_local = at::empty({per_host * hosts * s}, out_flat.options());
+    inner->all_gather(*lane.intra, by_local, across, label + " / inside the host")->wait();
+    // by_local holds [local l][host h] blocks; out wants group-rank order.
+    for (int r = 0; r < ranks; ++r)
+      out_flat.narrow(0, r * s, s).copy_(by_local.narrow(0, (h.layout.local_of[r] * hosts + h.layout.host_of[r]) * s, s));
+  };
+  return std::make_shared<ExecutorWork>(lane.executor->submit(job), sig.text + " on " + g.describe() + " (hier)");
+}
+
+// The input rearranged so that local rank l's part holds the shards of the
+// ranks with local index l on every host; reduce-scattered inside the host
+// (fp32 partial sums), then across hosts among the local index's ranks.
+WorkHandle HierarchicalTransport::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op,
+                                                 const Signature& sig) {
+  const HierGroup& h = hier_of(g);
+  const auto& lane = h.lanes[1];
+  auto inner = inner_;
+  const std::string label = sig.text;
+  const int ranks = g.size();
+  auto job = [=, &h, &lane] {
+    const int64_t s = out_shard.numel();
+    const int hosts = h.layout.hosts;
+    at::Tensor by_local = at::empty_like(in_flat);
+    for (int r = 0; r < ranks; ++r)
+      by_local.narrow(0, (h.layout.local_of[r] * hosts + h.layout.host_of[r]) * s, s).copy_(in_flat.narrow(0, r * s, s));
+    const auto acc = accumulation_dtype(in_flat.scalar_type());
+    at::Tensor host_sums = at::empty({hosts * s}, in_flat.options().dtype(acc));
+    inner->reduce_scatter(*lane.intra, host_sums, by_local, ReduceOp::Sum, label + " / inside the host")->wait();
+    at::Tensor total = out_shard.scalar_type() == acc ? out_shard : at::empty({s}, host_sums.options());
+    inner->reduce_scatter(*lane.inter, total, host_sums, ReduceOp::Sum, label + " / between hosts")->wait();
+    if (op == ReduceOp::Avg) total.div_(static_cast<double>(ranks));
+    if (!total.is_same(out_shard)) out_shard.copy_(total);
+  };
+  return std::make_shared<ExecutorWork>(lane.executor->submit(job), sig.text + " on " + g.describe() + " (hier)");
+}
+
+// Reduce-scatter inside the host into 1/L slices (fp32), all-reduce each
+// slice across hosts, allgather the slices inside the host.
+WorkHandle HierarchicalTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op, const Signature& sig) {
+  const HierGroup& h = hier_of(g);
+  const auto& lane = h.lanes[0];
+  auto inner = inner_;
+  const std::string label = sig.text;
+  const int ranks = g.size();
+  auto job = [=, &h, &lane] {
+    const int per_host = h.layout.per_host;
+    const int64_t m = t.numel(), slice = (m + per_host - 1) / per_host;
+    const auto acc = accumulation_dtype(t.scalar_type());
+    at::Tensor padded = at::zeros({slice * per_host}, t.options());
+    padded.narrow(0, 0, m).copy_(t.view(-1));
+    at::Tensor mine = at::empty({slice}, t.options().dtype(acc));
+    inner->reduce_scatter(*lane.intra, mine, padded, ReduceOp::Sum, label + " / inside the host")->wait();
+    inner->all_reduce(*lane.inter, mine, ReduceOp::Sum, label + " / between hosts")->wait();
+    at::Tensor whole = at::empty({slice * per_host}, mine.options());
+    inner->all_gather(*lane.intra, whole, mine, label + " / inside the host")->wait();
+    at::Tensor result = whole.narrow(0, 0, m);
+    if (op == ReduceOp::Avg) result.div_(static_cast<double>(ranks));
+    t.view(-1).copy_(result);
+  };
+  return std::make_shared<ExecutorWork>(lane.executor->submit(job), sig.text + " on " + g.describe() + " (hier)");
+}
+
+WorkHandle HierarchicalTransport::broadcast(const Group& g, at::Tensor, int, const Signature&) {
+  throw CommError("broadcast on " + g.describe() + ": not served hierarchically (supports() said no)");
+}
+
+WorkHandle HierarchicalTransport::barrier(const Group& g, const Signature&) {
+  throw CommError("barrier on " + g.describe() + ": not served hierarchically (supports() said no)");
+}
+
+}  // namespace zero::comm
