@@ -160,7 +160,8 @@ int64_t peak_device_bytes(at::Device device) {
 json comm_json(const zero::comm::OpCounts& counts) {
   json j = json::object();
   for (const auto& [op, c] : counts)
-    j[op] = {{"calls", c.calls}, {"bytes", c.bytes}, {"wire_bytes", c.wire_bytes}, {"transport", c.calls_by_transport}};
+    j[op] = {{"calls", c.calls}, {"bytes", c.bytes}, {"wire_bytes", c.wire_bytes}, {"transport", c.calls_by_transport},
+             {"transport_bytes", c.bytes_by_transport}};
   return j;
 }
 

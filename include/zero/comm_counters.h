@@ -23,6 +23,7 @@ struct OpCount {
   // all-reduce sends 2(N-1)/N of the buffer).
   int64_t wire_bytes = 0;
   std::map<std::string, int64_t> calls_by_transport;
+  std::map<std::string, int64_t> bytes_by_transport;  // `bytes`, split by who served them
 
   OpCount& operator+=(const OpCount& o);
 };

@@ -122,6 +122,11 @@ struct ZeroConfig {
   int64_t param_persistence_threshold = 100'000;      // stage3_param_persistence_threshold
   int64_t max_live_parameters = 1'000'000'000;        // stage3_max_live_parameters
   int64_t max_reuse_distance = 1'000'000'000;         // stage3_max_reuse_distance
+  // ZeRO++ hpZ (zero_hpz_partition_size): stage 3 keeps a second copy of
+  // each unit's params sharded over one host's ranks, so backward gathers
+  // stay inside the host. 1: off. Otherwise the data-parallel group's ranks
+  // per host (checked at engine construction); no effect below stage 3.
+  int64_t hpz_partition_size = 1;
   // false skips the global grad norm at fp32 stages 1-2 (DeepSpeed's rule: only
   // without clipping or optimizer offload); last_grad_norm() is then NaN.
   bool compute_grad_norm = true;

@@ -18,6 +18,7 @@ OpCount& OpCount::operator+=(const OpCount& o) {
   bytes += o.bytes;
   wire_bytes += o.wire_bytes;
   for (const auto& [t, n] : o.calls_by_transport) calls_by_transport[t] += n;
+  for (const auto& [t, n] : o.bytes_by_transport) bytes_by_transport[t] += n;
   return *this;
 }
 
@@ -29,6 +30,7 @@ void CommCounters::record(const std::string& group, CollectiveOp op, const std::
   c.bytes += bytes;
   c.wire_bytes += wire_bytes;
   c.calls_by_transport[transport] += 1;
+  c.bytes_by_transport[transport] += bytes;
 }
 
 OpCounts CommCounters::totals() const {
@@ -59,7 +61,12 @@ OpCounts diff(const OpCounts& after, const OpCounts& before) {
       d.bytes -= it->second.bytes;
       d.wire_bytes -= it->second.wire_bytes;
       for (const auto& [t, n] : it->second.calls_by_transport) d.calls_by_transport[t] -= n;
+      for (const auto& [t, n] : it->second.bytes_by_transport) d.bytes_by_transport[t] -= n;
     }
+    // Transports that served none of the calls in between are left out.
+    for (auto it = d.calls_by_transport.begin(); it != d.calls_by_transport.end();)
+      if (it->second == 0) d.bytes_by_transport.erase(it->first), it = d.calls_by_transport.erase(it);
+      else ++it;
     if (d.calls) out[op] = d;
   }
   return out;

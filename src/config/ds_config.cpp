@@ -279,6 +279,7 @@ ZeroConfig read_zero(ObjectReader& top) {
       r.get_size("stage3_max_live_parameters", c.max_live_parameters, {"max_live_parameters"});
   c.max_reuse_distance =
       r.get_size("stage3_max_reuse_distance", c.max_reuse_distance, {"max_reuse_distance"});
+  c.hpz_partition_size = r.get_int("zero_hpz_partition_size", c.hpz_partition_size, 1, 1 << 20);
   // Inert here, so read (and type-checked) but not kept: reduce_scatter and
   // allgather_partitions only pick DeepSpeed's collective (the result is the
   // same), the others tune what zero-cpp does its own way or not at all.
@@ -319,7 +320,6 @@ ZeroConfig read_zero(ObjectReader& top) {
   r.accept_any("stage3_module_granularity_threshold", {"module_granularity_threshold"});
   r.accept_any("log_trace_cache_warnings");
   r.unsupported_unless("legacy_stage1", false);
-  r.unsupported_unless("zero_hpz_partition_size", 1);
   r.unsupported_unless("zero_quantized_weights", false);
   r.unsupported_unless("zero_quantized_nontrainable_weights", false);
   r.unsupported_unless("zero_quantized_gradients", false);
@@ -712,6 +712,7 @@ json Config::to_json() const {
              {"stage3_param_persistence_threshold", z.param_persistence_threshold},
              {"stage3_max_live_parameters", z.max_live_parameters},
              {"stage3_max_reuse_distance", z.max_reuse_distance},
+             {"zero_hpz_partition_size", z.hpz_partition_size},
              {"compute_grad_norm", z.compute_grad_norm},
              {"offload_optimizer", {{"device", to_string(z.offload_optimizer.device)},
                                     {"pin_memory", z.offload_optimizer.pin_memory}}},

@@ -153,10 +153,11 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
                     [this] { return implicit_backward(); }};
   if (policy.shard_params) {
     const auto& z = config.zero;
-    stage3 = std::make_unique<Stage3Runtime>(
-        groups, model.persistent, model.unit_to_group, model.unit_names, model.root_group, comm, dp,
-        Stage3Options{z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance,
-                      config.stage3_gather_fp32_master});
+    Stage3Options so{z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance,
+                     config.stage3_gather_fp32_master};
+    configure_hpz(so, z.hpz_partition_size, dp);
+    stage3 = std::make_unique<Stage3Runtime>(groups, model.persistent, model.unit_to_group, model.unit_names,
+                                             model.root_group, comm, dp, so);
     // A unit without trainable params has nothing to gather: it stays a pass-through.
     for (size_t k = 0; k < model.units.size(); ++k)
       detail::UnitAccess::attach(*model.units[k], model.unit_has_params[k] ? stage3.get() : nullptr, k);

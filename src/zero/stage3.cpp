@@ -6,7 +6,9 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include "comm/hierarchical_transport.h"
 #include "memory/page_buffer.h"
+#include "zero/config.h"
 
 namespace zero {
 
@@ -108,7 +110,10 @@ void Stage3Runtime::pin(size_t i) {
 }
 
 void Stage3Runtime::unpin(size_t i) {
-  if (state_[i].pinned > 0 && --state_[i].pinned == 0) release(i);
+  if (state_[i].pinned > 0 && --state_[i].pinned == 0) {
+    state_[i].secondary_valid = false;  // the scope may have written the params
+    release(i);
+  }
 }
 
 template <typename F>
@@ -128,7 +133,10 @@ void Stage3Runtime::start_gather(size_t i) {
   auto& g = groups_[i];
   auto& s = state_[i];
   partition::restore_params(g);
-  s.gather = launch_gather(i);
+  // hpZ: a backward gather reads the secondary shards of this host's ranks.
+  s.from_secondary = in_backward_ && s.secondary_valid;
+  s.gather = s.from_secondary ? comm_.all_gather(*opts_.secondary_group, g.param_flat, s.secondary, s.label + " (hpZ)")
+                              : launch_gather(i);
   s.residency = Residency::Gathering;
   live_ += g.layout.padded_numel;
   if (!in_backward_) peak_live_forward_ = std::max(peak_live_forward_, live_);
@@ -164,7 +172,42 @@ void Stage3Runtime::gather(size_t i) {
     s.gather->wait();  // on failure the group stays Gathering: release() will not free a buffer still written
     s.gather = nullptr;
     s.residency = Residency::Gathered;
+    if (!s.from_secondary) keep_secondary(i);
   }
+}
+
+void Stage3Runtime::keep_secondary(size_t i) {
+  auto& s = state_[i];
+  if (!opts_.secondary_group || s.persistent || s.secondary_valid) return;
+  const auto& g = groups_[i];
+  const int64_t part = g.param_flat.numel() / opts_.secondary_group->size();
+  if (!s.secondary.defined())
+    s.secondary = at::empty({part}, g.param_shard.options().device(g.param_flat.device()));
+  s.secondary.copy_(g.param_flat.narrow(0, opts_.secondary_rank * part, part));
+  s.secondary_valid = true;
+}
+
+void Stage3Runtime::drop_secondaries() {
+  for (auto& s : state_) s.secondary_valid = false;
+}
+
+void configure_hpz(Stage3Options& o, int64_t size, const comm::Group& dp) {
+  if (size <= 1) return;
+  const comm::HierGroup* h = comm::hier_group(dp);
+  if (!h) {
+    if (size == dp.size()) return;  // every rank on one host: gathers stay there already
+    throw ConfigError("ds_config: zero_optimization.zero_hpz_partition_size = " + std::to_string(size) + ", but " +
+                      dp.describe() + " is not spread evenly over several hosts (hpZ's secondary partition is " +
+                      "one host's ranks; on one host set it to the group's size, " + std::to_string(dp.size()) +
+                      ", or leave it at 1)");
+  }
+  if (size != h->layout.per_host)
+    throw ConfigError("ds_config: zero_optimization.zero_hpz_partition_size = " + std::to_string(size) + ", but " +
+                      dp.describe() + " has " + std::to_string(h->layout.per_host) + " ranks on each of " +
+                      std::to_string(h->layout.hosts) + " hosts; hpZ's secondary partition is one host's ranks, so " +
+                      "it must be " + std::to_string(h->layout.per_host));
+  o.secondary_group = h->host_local.get();
+  o.secondary_rank = h->local;
 }
 
 void Stage3Runtime::release(size_t i) {
@@ -283,6 +326,7 @@ void Stage3Runtime::after_backward(bool keep_awaited) {
   }
   schedule_.end_step();
   in_backward_ = false;
+  drop_secondaries();  // the next forward takes fresh ones
 }
 
 void Stage3Runtime::reset_after_error() {
@@ -294,9 +338,11 @@ void Stage3Runtime::reset_after_error() {
   }
   in_backward_ = false;
   schedule_.reset_position();
+  drop_secondaries();
 }
 
 void Stage3Runtime::after_step() {
+  drop_secondaries();
   for (size_t i = 0; i < groups_.size(); ++i) {
     state_[i].awaiting_grads = false;
     release(i);  // no-op for persistent and pinned groups

@@ -51,7 +51,18 @@ struct Stage3Options {
   // zero_cpp.stage3_gather_fp32_master: gather the fp32 master and downcast
   // after (seed 000's unfused baseline) where the unit computes in 16 bits.
   bool gather_fp32_master = false;
+  // ZeRO++ hpZ: the group of this host's data-parallel ranks and this
+  // rank's index in it; null when off. Each unit's forward gather leaves a
+  // secondary shard (1/L of the unit) on every rank, and that backward's
+  // gather takes the unit from the host's secondary shards alone.
+  const comm::Group* secondary_group = nullptr;
+  int secondary_rank = 0;
 };
+
+// Stage3Options' hpZ fields for zero_hpz_partition_size `size` on the
+// data-parallel group `dp`; a ConfigError when the size is not its ranks
+// per host (one host holding all of them needs none: left off).
+void configure_hpz(Stage3Options& o, int64_t size, const comm::Group& dp);
 
 // Restores a group's full param buffer and fills it from every rank's
 // param_shard (blocking).
@@ -154,10 +165,15 @@ class Stage3Runtime : public detail::UnitRuntime {
     bool prefetched = false;       // gathered ahead of use, not used yet
     int pinned = 0;                // gathered_parameters() scopes holding it
     std::string label;             // "params of unit 'h3'": every gather's label
+    bool from_secondary = false;   // the gather in flight reads the hpZ secondary shards
+    at::Tensor secondary;          // hpZ: this rank's 1/L of the unit, taken at its forward gather
+    bool secondary_valid = false;  // until the end of this backward (or an error, a step, a write)
   };
 
   void start_gather(size_t group);  // restore the buffer and launch the allgather
   comm::WorkHandle launch_gather(size_t group);  // the allgather into the group's (restored) buffer
+  void keep_secondary(size_t group);             // hpZ: this rank's part of a freshly gathered unit
+  void drop_secondaries();
   // Releases units kept for reuse (gathered, not in use) until `need` more
   // elements fit under stage3_max_live_parameters, or none is left.
   void evict_for(int64_t need);

@@ -62,6 +62,34 @@ TEST(Stage3, Fp32MasterGatherIsTheFusedPathsBaseline) {
   EXPECT_EQ(unfused_bytes, 2 * fused_bytes);
 }
 
+// ZeRO++ hpZ on one host: a partition of the whole group changes nothing
+// (every gather stays on the host already); any other size is named. (On
+// several hosts, multihost_test.sh checks its bytes and losses.)
+TEST(Stage3, HpzOnOneHostIsTheGroupSizeOrNamed) {
+  if (world().size() < 2) GTEST_SKIP();
+  auto with_hpz = [](int64_t size) {
+    auto j = toy_config(3, 4, 20).to_json();
+    j["zero_optimization"]["zero_hpz_partition_size"] = size;
+    return Config::from_json(j);
+  };
+  UnitNet a, b;
+  zero::Engine plain(a, toy_config(3, 4, 20), world().comm(), dp_group());
+  zero::Engine hpz(b, with_hpz(world().size()), world().comm(), dp_group());
+  for (int step = 0; step < 3; ++step) {
+    at::manual_seed(300 + step);
+    at::Tensor x = at::randn({4 * world().size(), 8}).narrow(0, 4 * dp_group()->rank(), 4);
+    plain.backward(a.loss(x));
+    plain.step();
+    hpz.backward(b.loss(x));
+    hpz.step();
+  }
+  EXPECT_EQ(max_abs_diff(plain.full_parameters(), hpz.full_parameters()), 0.0);
+  UnitNet c;
+  expect_error<zero::ConfigError>([&] { zero::Engine e(c, with_hpz(world().size() + 1), world().comm(), dp_group()); },
+                                  "zero_hpz_partition_size = " + std::to_string(world().size() + 1) +
+                                      ", but group 'dp0'");
+}
+
 // The schedule from the second step on: prefetch and reuse stay within
 // stage3_max_live_parameters in forward, change no result (bit for bit), and
 // reuse saves the backward regather.

@@ -79,6 +79,61 @@ for stage in 0 1 2 3; do
   done
 done
 
+# Stage 3 per step, flat, hierarchical and with hpZ (zero_hpz_partition_size
+# 2: backward gathers inside each host): the bytes that crossed the link
+# (both ends' tx counters; a 6-step run minus a 2-step one, over 4 steps)
+# against the formula applied to the step's own counters (payload bytes per
+# op and transport). hpZ changes no value: its losses are hierarchical's.
+link_tx() { echo $(( $(ip netns exec "$A" cat /sys/class/net/zt0/statistics/tx_bytes) + \
+                     $(ip netns exec "$B" cat /sys/class/net/zt0/statistics/tx_bytes) )); }
+mid=(--layers 2 --d-model 128 --heads 4 --seq 32)
+for mode in flat hier hpz; do
+  hpz=1; [ $mode = hpz ] && hpz=2
+  echo "{\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": {\"stage\": 3,
+        \"stage3_param_persistence_threshold\": 100, \"stage3_max_reuse_distance\": 0,
+        \"zero_hpz_partition_size\": $hpz}}" > "$tmp/s3.json"
+  hier=on; [ $mode = flat ] && hier=off
+  for steps in 2 6; do
+    t0=$(link_tx)
+    ZERO_HIERARCHICAL=$hier on_hosts -- "$ZT" --config "$tmp/s3.json" "${mid[@]}" --steps $steps \
+      --log-json "$tmp/$mode$steps.jsonl" > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" | tail -5; }
+    eval "bytes$steps=$(( $(link_tx) - t0 ))"
+  done
+  per_step=$(( (bytes6 - bytes2) / 4 ))
+  formula=$(python3 - "$tmp/${mode}6.jsonl" <<'PY'
+import json, sys
+H, L = 2, 2
+N = H * L
+step = [json.loads(l) for l in open(sys.argv[1]) if '"event":"summary"' in l][0]["last_step_comm"]
+# Bytes between hosts, all hosts together, for a payload P (one rank's
+# count: the full buffer) per op and transport -- the algorithms' formulas
+# (README, "Groups spanning hosts"); fp32 here, so partial sums cost the same.
+per = {"gloo": {"allgather": H * (N - 1) / N, "reduce_scatter": N - L, "all_reduce": 2 * H * (N - 1) / N},
+       "hier": {"allgather": H - 1, "reduce_scatter": H - 1, "all_reduce": 2 * (H - 1)},
+       "shm": {}}
+print(int(sum(per[t].get(op, 0) * b for op, c in step.items() for t, b in c["transport_bytes"].items())))
+PY
+)
+  check "stage 3 $mode: bytes between hosts per step $per_step, formula $formula" \
+    awk -v a="$per_step" -v b="$formula" 'BEGIN { exit !(b > 0 && a / b >= 0.99 && a / b <= 1.08) }'
+  eval "per_step_$mode=$per_step"
+  summary=$(grep '"event":"summary"' "$tmp/${mode}6.jsonl")
+  [ $mode = hpz ] && check "stage 3 hpz: backward gathers inside the host (shm), forward's across (hier)" \
+    bash -c '[[ "$1" =~ \"allgather\":\{[^}]*\"transport\":\{\"hier\":[0-9]+,\"shm\":[0-9]+ ]]' _ "$summary"
+done
+check "stage 3 hpz: the losses of the hierarchical run, bit for bit" \
+  [ "$(losses "$tmp/hier6.jsonl")" = "$(losses "$tmp/hpz6.jsonl")" ]
+check "stage 3: hierarchical < flat bytes between hosts, hpZ < hierarchical ($per_step_flat, $per_step_hier, $per_step_hpz)" \
+  [ "$per_step_hier" -lt "$per_step_flat" -a "$per_step_hpz" -lt "$per_step_hier" ]
+
+# An hpZ partition that is not one host's ranks: named on every rank, at once.
+echo '{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 4}}' \
+  > "$tmp/bad.json"
+out=$(on_hosts -- "$ZT" --config "$tmp/bad.json" "${tiny[@]}" 2>&1)
+check "hpZ of 4 on 2 hosts x 2 ranks: refused" [ $? -ne 0 ]
+check "hpZ of 4 on 2 hosts x 2 ranks: the key and the layout named" \
+  contains "$out" "zero_hpz_partition_size = 4, but group 'dp0' (ranks 0,1,2,3) has 2 ranks on each of 2 hosts"
+
 # One host's ranks killed: every rank on both hosts is gone within 5 s, the
 # message names host and rank, and no segment is left in /dev/shm.
 echo '{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}}' > "$tmp/long.json"

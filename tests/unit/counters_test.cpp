@@ -20,6 +20,8 @@ TEST(CommCounters, SumsPerOpGroupAndTransport) {
   EXPECT_EQ(t["allgather"].bytes, 208);
   EXPECT_EQ(t["allgather"].calls_by_transport["gloo"], 2);
   EXPECT_EQ(t["allgather"].calls_by_transport["shm"], 1);
+  EXPECT_EQ(t["allgather"].bytes_by_transport["gloo"], 108);
+  EXPECT_EQ(t["allgather"].bytes_by_transport["shm"], 100);
   EXPECT_EQ(c.for_group("dp1")["allgather"].wire_bytes, 4);
   EXPECT_TRUE(c.for_group("tp0").empty());
 
@@ -27,6 +29,11 @@ TEST(CommCounters, SumsPerOpGroupAndTransport) {
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d["reduce_scatter"].calls, 1);
   EXPECT_EQ(d["reduce_scatter"].bytes, 40);
+  EXPECT_EQ(d["reduce_scatter"].bytes_by_transport["gloo"], 40);
+  c.record("dp0", CollectiveOp::AllGather, "shm", 100, 50);
+  auto d2 = diff(c.totals(), t);  // only shm served the allgather in between
+  EXPECT_EQ(d2["allgather"].calls_by_transport, (std::map<std::string, int64_t>{{"shm", 1}}));
+  EXPECT_EQ(d2["allgather"].bytes_by_transport, (std::map<std::string, int64_t>{{"shm", 100}}));
 
   c.reset();
   EXPECT_TRUE(c.totals().empty());
