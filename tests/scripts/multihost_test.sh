@@ -1,41 +1,29 @@
 #!/usr/bin/env bash
 # A job on two hosts, simulated: two network namespaces joined by a veth
-# pair (each a host with its own address; `zero-run --hostfile` reaches
-# them with `ip netns exec`), 2 ranks each. Checks loss parity with one
-# process at every stage, which transport served the collectives, and that
-# one host's ranks dying stops every rank on both hosts within 5 s and
-# leaves nothing behind in /dev/shm. Needs root (CAP_NET_ADMIN); exits 77
-# (ctest: skipped) when namespaces cannot be made, saying why.
+# pair (each a host with its own address, netns_hosts.sh; `zero-run
+# --hostfile` reaches them with `ip netns exec`), 2 ranks each. Checks:
+# hierarchical collectives against the flat path and the bytes that crossed
+# the link against the formulas; loss parity with one process at every
+# stage, hierarchical and flat, and which transport served the step; stage
+# 3's bytes between hosts per step, flat, hierarchical and with hpZ, against
+# the formula; a wrong hpZ size named; and that one host's ranks or agent
+# dying stops every rank on both hosts within 5 s, leaving nothing in
+# /dev/shm. Needs root (CAP_NET_ADMIN); exits 77 (ctest: skipped) when
+# namespaces cannot be made, saying why.
 # Usage: multihost_test.sh ZERO_RUN ZERO_TRAIN MR_COMM_TEST
 set -u
 . "$(dirname "$0")/lib.sh"
 ZR=$1
 ZT=$2
 COMM_TEST=$3
+. "$(dirname "$0")/netns_hosts.sh"
 tmp=$(mktemp -d)
-A=zt$$a B=zt$$b
-cleanup() {
-  ip netns del "$A" 2>/dev/null
-  ip netns del "$B" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+trap 'netns_hosts_down; rm -rf "$tmp"' EXIT
 
-# Two hosts: namespaces A (10.231.0.1) and B (.2), each with interface zt0.
-if ! ip netns add "$A" 2>"$tmp/err"; then
-  echo "skipped: cannot create a network namespace ($(head -1 "$tmp/err")); run as root"
+if ! why=$(netns_hosts_up "$tmp"); then
+  echo "skipped: $why"
   exit 77
 fi
-ip netns add "$B"
-ip link add "${A}0" type veth peer name "${B}0"
-ip link set "${A}0" netns "$A"
-ip link set "${B}0" netns "$B"
-ip -n "$A" link set "${A}0" name zt0
-ip -n "$B" link set "${B}0" name zt0
-ip -n "$A" addr add 10.231.0.1/24 dev zt0
-ip -n "$B" addr add 10.231.0.2/24 dev zt0
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; ip -n "$ns" link set zt0 up; done
-printf '%s slots=2\n%s slots=2\n' "$A" "$B" > "$tmp/hostfile"
 export GLOO_SOCKET_IFNAME=zt0  # the same name on both hosts
 on_hosts() { "$ZR" --hostfile "$tmp/hostfile" --host-exec "ip netns exec {host}" --master-addr 10.231.0.1 --timeout 120 "$@"; }
 tiny=(--layers 2 --d-model 32 --heads 2 --seq 16 --steps 4)
@@ -84,8 +72,6 @@ done
 # (both ends' tx counters; a 6-step run minus a 2-step one, over 4 steps)
 # against the formula applied to the step's own counters (payload bytes per
 # op and transport). hpZ changes no value: its losses are hierarchical's.
-link_tx() { echo $(( $(ip netns exec "$A" cat /sys/class/net/zt0/statistics/tx_bytes) + \
-                     $(ip netns exec "$B" cat /sys/class/net/zt0/statistics/tx_bytes) )); }
 mid=(--layers 2 --d-model 128 --heads 4 --seq 32)
 for mode in flat hier hpz; do
   hpz=1; [ $mode = hpz ] && hpz=2
@@ -94,10 +80,10 @@ for mode in flat hier hpz; do
         \"zero_hpz_partition_size\": $hpz}}" > "$tmp/s3.json"
   hier=on; [ $mode = flat ] && hier=off
   for steps in 2 6; do
-    t0=$(link_tx)
+    t0=$(netns_link_tx)
     ZERO_HIERARCHICAL=$hier on_hosts -- "$ZT" --config "$tmp/s3.json" "${mid[@]}" --steps $steps \
       --log-json "$tmp/$mode$steps.jsonl" > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" | tail -5; }
-    eval "bytes$steps=$(( $(link_tx) - t0 ))"
+    eval "bytes$steps=$(( $(netns_link_tx) - t0 ))"
   done
   per_step=$(( (bytes6 - bytes2) / 4 ))
   formula=$(python3 - "$tmp/${mode}6.jsonl" <<'PY'
@@ -145,10 +131,10 @@ for victim in rank agent; do
   job=$!
   for _ in $(seq 300); do grep -q '"event":"step"' "$tmp/long.jsonl" 2>/dev/null && break; sleep 0.1; done
   if [ $victim = rank ]; then
-    victims=$(ip netns pids "$B" | while read -r p; do
+    victims=$(ip netns pids "$HOST_B" | while read -r p; do
       [[ "$(tr '\0' '\n' < "/proc/$p/cmdline" 2>/dev/null | head -1)" == *zero-train ]] && echo "$p"; done)
   else
-    victims=$(ip netns pids "$B" | while read -r p; do grep -qa -- '--node-rank' "/proc/$p/cmdline" 2>/dev/null && echo "$p"; done)
+    victims=$(ip netns pids "$HOST_B" | while read -r p; do grep -qa -- '--node-rank' "/proc/$p/cmdline" 2>/dev/null && echo "$p"; done)
   fi
   t0=$(now)
   kill -9 $victims 2>/dev/null
@@ -157,10 +143,10 @@ for victim in rank agent; do
   check "$victim killed on host B: the job exits non-zero" [ $rc -ne 0 ]
   check "$victim killed on host B: every host stops within 5 s" elapsed_lt "$t0" 5
   check "$victim killed on host B: no rank left on either host" \
-    bash -c '! ip netns pids "$1" | grep -q . && ! ip netns pids "$2" | grep -q .' _ "$A" "$B"
-  check "$victim killed on host B: the message names the host" contains "$(cat "$tmp/kill.out")" "host $B"
+    bash -c '! ip netns pids "$1" | grep -q . && ! ip netns pids "$2" | grep -q .' _ "$HOST_A" "$HOST_B"
+  check "$victim killed on host B: the message names the host" contains "$(cat "$tmp/kill.out")" "host $HOST_B"
   [ $victim = rank ] && check "rank killed on host B: ... and the rank" \
-    grep -qE "host $B: rank [23] was killed by signal" "$tmp/kill.out"
+    grep -qE "host $HOST_B: rank [23] was killed by signal" "$tmp/kill.out"
   check "$victim killed on host B: nothing left in /dev/shm" bash -c 'ls /dev/shm | cmp -s - "$1"' _ "$tmp/shm.before"
 done
 finish
