@@ -5,6 +5,8 @@ set -u
 . "$(dirname "$0")/lib.sh"
 ZR=$1
 marker="zr_launcher_test_$$"
+tmp_out=$(mktemp)
+trap 'rm -f "$tmp_out" "$tmp_out.1"' EXIT
 # True when no process's command line holds the marker ("[z]r..." does not
 # match pgrep's own pattern).
 none_left() { sleep 0.2; ! pgrep -f "[${marker:0:1}]${marker:1}" >/dev/null; }
@@ -60,6 +62,39 @@ t0=$(now)
 "$ZR" -n 2 --timeout 1 -- sleep 60 >/dev/null 2>&1
 check "--timeout: exit code 124" [ $? -eq 124 ]
 check "--timeout: within 5 s" elapsed_lt "$t0" 5
+
+# torchrun's several-host form, both "hosts" here: global ranks per node,
+# and a rank failing on node 1 stops node 0's ranks too, naming host and rank.
+port=$((20000 + $$ % 20000))
+agent() {  # node host cmd
+  "$ZR" --nnodes 2 --node-rank "$1" -n 2 --master-addr 127.0.0.1 --master-port $port --host-name "$2" -- bash -c "$3"
+}
+agent 1 hb 'echo "env $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE node $GROUP_RANK"' > "$tmp_out.1" 2>&1 &
+out=$(agent 0 ha 'echo "env $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE node $GROUP_RANK"' 2>&1)
+rc=$?
+wait $!
+out="$out $(cat "$tmp_out.1")"
+check "--nnodes 2: node 0 exits 0 once both nodes are done" [ $rc -eq 0 ]
+for r in 0 1 2 3; do
+  check "--nnodes 2: rank $r sees its variables" contains "$out" "[rank $r] env $r/4 local $((r % 2))/2 node $((r / 2))"
+done
+port=$((port + 2))
+agent 1 hb "if [ \$RANK = 3 ]; then sleep 0.5; exit 5; fi; exec sleep 60 # $marker" > "$tmp_out.1" 2>&1 &
+node1=$!
+t0=$(now)
+out=$(agent 0 ha "exec sleep 60 # $marker" 2>&1)
+rc=$?
+wait $node1
+rc1=$?
+check "--nnodes 2: a rank failing on node 1 stops node 0 (exit non-zero)" [ $rc -ne 0 ]
+check "--nnodes 2: node 1 exits with its rank's code" [ $rc1 -eq 5 ]
+check "--nnodes 2: both nodes stop within 5 s" elapsed_lt "$t0" 5
+check "--nnodes 2: node 0 says which host and rank" contains "$out" "host hb: rank 3 exited with code 5"
+check "--nnodes 2: no rank process left" none_left
+out=$("$ZR" --nnodes 2 --node-rank 0 -n 1 -- true 2>&1)
+check "--nnodes without --master-addr/--master-port rejected" contains "$out" "needs --master-addr and --master-port"
+out=$("$ZR" --hostfile /nonexistent -- true 2>&1)
+check "a missing hostfile is named" contains "$out" "cannot read hostfile /nonexistent"
 
 # Bad usage is a clear error.
 out=$("$ZR" -n 0 -- true 2>&1); check "bad -n rejected" contains "$out" "-n must be an integer"
