@@ -29,10 +29,9 @@
 // STATUS: compiled and linked in CI; not yet run on a GPU (README, "GPU").
 #pragma once
 
-#include <cstdlib>
 #include <memory>
-#include <string>
 
+#include "comm/env_switch.h"
 #include "zero/comm.h"
 
 namespace zero::comm {
@@ -43,10 +42,7 @@ std::shared_ptr<Transport> make_cuda_ipc_transport();
 inline std::shared_ptr<Transport> make_cuda_ipc_transport() { return nullptr; }
 #endif
 
-// Whether ZERO_CUDA_IPC allows the path (unset/on: yes; off: no).
-inline bool cuda_ipc_allowed_by_env() {
-  const char* v = std::getenv("ZERO_CUDA_IPC");
-  return !(v && std::string(v) == "off");
-}
+// Whether ZERO_CUDA_IPC allows the path (comm/env_switch.h: unset/on: yes; off: no).
+inline bool cuda_ipc_allowed_by_env() { return env_switch_on("ZERO_CUDA_IPC"); }
 
 }  // namespace zero::comm

@@ -21,6 +21,7 @@
 // ZERO_HIERARCHICAL=off keeps every group flat.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,6 +69,10 @@ class HierarchicalTransport : public Transport {
   WorkHandle barrier(const Group& g, const Signature& sig) override;
 
  private:
+  // One collective's steps, run on a lane's thread: (layout, the lane's
+  // sub-groups, the inner dispatcher, the signature's text, group size).
+  using Steps = std::function<void(const HierGroup&, const HierGroup::Lane&, Comm&, const std::string&, int)>;
+  WorkHandle submit(const Group& g, int lane, const Signature& sig, Steps steps);
   // The sub-collectives go through a dispatcher of their own (shared memory
   // inside a host, Gloo between), so the world's counters see each op once.
   std::shared_ptr<Comm> inner_;

@@ -10,6 +10,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "comm/env_switch.h"
 #include "comm/group_impl.h"
 #include "comm/shm/lane.h"
 #include "comm/shm/segment.h"
@@ -93,14 +94,7 @@ shm::Lane* shm_lane(const Group& g, CollectiveOp op) {
   return op == CollectiveOp::ReduceScatter ? s->reduce.get() : s->main.get();
 }
 
-bool shm_fast_path_allowed_by_env() {
-  const char* v = std::getenv("ZERO_COMM_FASTPATH");
-  if (!v || !*v) return true;
-  const std::string s = v;
-  if (s == "off" || s == "0" || s == "false") return false;
-  if (s == "on" || s == "auto" || s == "1" || s == "true") return true;
-  throw CommError("ZERO_COMM_FASTPATH=" + s + ": expected on, auto or off");
-}
+bool shm_fast_path_allowed_by_env() { return env_switch_on("ZERO_COMM_FASTPATH"); }
 
 std::string host_identity() {
   char name[256] = {};
