@@ -77,7 +77,8 @@ TEST(ConfigDocExamples, UnsupportedFeaturesAreNamed) {
   const std::map<std::string, std::string> expected{
       {"zero3_nvme.json", "zero_optimization.offload_optimizer.device = \"nvme\""},
       {"zero3_mics.json", "zero_optimization.mics_shard_size = 8 is not supported"},
-      {"zeropp.json", "zero_optimization.zero_hpz_partition_size = 16 is not supported"},
+      // hpZ is built (its size is checked against the hosts by the engine); qwZ is not.
+      {"zeropp.json", "zero_optimization.zero_quantized_weights = true is not supported"},
       {"bert_pretraining_max_grad_norm.json", "optimizer.params.max_grad_norm"},
   };
   for (const auto& [file, message] : expected) {
@@ -265,6 +266,14 @@ TEST(ConfigUnsupported, AcceptedAtTheirDefault) {
       "output_path": "x"}, "zero_optimization": {"zero_quantized_weights": false, "mics_shard_size": -1,
       "zero_hpz_partition_size": 1.0}})");
   EXPECT_EQ(c.zero.stage, 0);
+}
+
+TEST(ConfigZero, HpzPartitionSizeIsRead) {
+  EXPECT_EQ(Config::from_string(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})")
+                .zero.hpz_partition_size,
+            8);
+  EXPECT_EQ(Config::from_string("{}").zero.hpz_partition_size, 1);
+  EXPECT_THROW(Config::from_string(R"({"zero_optimization": {"zero_hpz_partition_size": 0}})"), ConfigError);
 }
 
 // Features zero-cpp does not implement pass only at DeepSpeed's default,
