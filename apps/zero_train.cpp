@@ -146,6 +146,25 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;
 }
 
+// This process's proportional share of its resident memory (PSS): pages it
+// shares with the other ranks -- the flat buffers they read in place --
+// count 1/n to each of the n mapping them, so the ranks' PSS adds up to
+// the host's use, where their RSS counts shared pages once per rank. The
+// kernel keeps no peak of it: sampled at each step's end.
+int64_t pss_bytes() {
+  std::ifstream rollup("/proc/self/smaps_rollup");
+  std::string key;
+  int64_t kib = 0;
+  while (rollup >> key) {
+    if (key == "Pss:") {
+      rollup >> kib;
+      return kib * 1024;
+    }
+    rollup.ignore(1 << 12, '\n');
+  }
+  return 0;
+}
+
 // Peak bytes libtorch's caching allocator handed out on `device` (0 on the CPU).
 int64_t peak_device_bytes(at::Device device) {
 #ifdef ZERO_WITH_CUDA
@@ -243,12 +262,15 @@ int main(int argc, char** argv) {
 
     const auto start = std::chrono::steady_clock::now();
     std::vector<double> step_ms;
+    int64_t peak_pss = 0;
     double last_loss = 0.0;
     zero::comm::OpCounts last_comm;
     const int64_t print_every = config.steps_per_print;  // >= 1 (the parser checks), as DeepSpeed's
     const int64_t first_step = trainer.steps_done() + 1;  // > 1 after --resume
     for (int64_t s = first_step; s <= args.steps; ++s) {
       auto r = trainer.train_step();
+      const int64_t pss = pss_bytes();
+      peak_pss = std::max(peak_pss, pss);
       emit({{"event", "step"},
             {"step", r.step},
             {"loss", r.loss},
@@ -259,6 +281,7 @@ int main(int argc, char** argv) {
             {"step_ms", r.step_ms},
             {"tokens_per_s", r.tokens_per_s},
             {"peak_rss_bytes", peak_rss_bytes()},
+            {"pss_bytes", pss},
             {"model_state_bytes", r.model_state_bytes},
             {"comm", comm_json(r.comm)}});
       if (!args.save_dir.empty() && ((args.save_every && s % args.save_every == 0) || s == args.steps)) {
@@ -293,6 +316,7 @@ int main(int argc, char** argv) {
           {"median_step_ms", median_ms},
           {"tokens_per_s", median_ms > 0 ? b.train_batch_size * args.model.seq_len / (median_ms / 1000.0) : 0.0},
           {"peak_rss_bytes", peak_rss_bytes()},
+          {"peak_pss_bytes", peak_pss},  // the largest step-end sample
           {"peak_gpu_bytes", peak_device_bytes(device)},
           {"model_state_bytes", engine.state_bytes().total()},
           {"skipped_steps", engine.skipped_steps()},

@@ -7,14 +7,17 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <sstream>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "comm/env_switch.h"
 #include "comm/group_impl.h"
 #include "comm/shm/lane.h"
+#include "comm/shm/peer_buffers.h"
 #include "comm/shm/segment.h"
 #include "comm/work.h"
+#include "memory/page_buffer.h"
 
 namespace zero::comm {
 
@@ -51,6 +54,44 @@ shm::Lane::KeepAlive keep_alive(std::vector<at::Tensor> tensors) {
 }
 
 ShmGroup& shm_of(const Group& g) { return *g.impl().shm; }
+
+// Where a peer finds `t` (zero-copy), if in a shared flat buffer.
+shm::BufferRef ref_of(const at::Tensor& t) {
+  const auto pages = memory::shared_pages(t);
+  if (!pages) return {};
+  return shm::BufferRef{static_cast<int32_t>(getpid()), pages->fd, pages->inode, pages->map_bytes, pages->offset};
+}
+
+// Whether every member can map the others' shared buffers: each publishes a
+// small probe buffer and tries its peers'. Collective over the group's store;
+// the same answer on every member. Off with ZERO_COMM_ZERO_COPY=off.
+bool agree_zero_copy(c10d::Store& store, const Group& g) {
+  const at::Tensor probe = memory::zeros_flat(4096, at::kByte);
+  shm::BufferRef mine = env_switch_on("ZERO_COMM_ZERO_COPY") ? ref_of(probe) : shm::BufferRef{};
+  set(store, "probe_" + std::to_string(g.rank()),
+      std::to_string(mine.pid) + " " + std::to_string(mine.fd) + " " + std::to_string(mine.inode) + " " +
+          std::to_string(mine.map_bytes));
+  std::string status = mine.shareable() ? "ok" : "off";
+  for (int q = 0; q < g.size() && status == "ok"; ++q) {
+    if (q == g.rank()) continue;
+    shm::BufferRef theirs;
+    std::istringstream(get(store, "probe_" + std::to_string(q))) >> theirs.pid >> theirs.fd >> theirs.inode >>
+        theirs.map_bytes;
+    std::string why;
+    if (!theirs.shareable()) status = "off";
+    else if (!shm::PeerBuffers::can_map(theirs, &why)) status = "fail:" + why;
+  }
+  set(store, "zero_copy_" + std::to_string(g.rank()), status);
+  std::string verdict = "ok";
+  for (int q = 0; q < g.size(); ++q) {  // after this, no member opens `probe` any more
+    const std::string s = get(store, "zero_copy_" + std::to_string(q));
+    if (s != "ok" && verdict == "ok") verdict = s;
+  }
+  if (g.rank() == 0 && verdict.rfind("fail:", 0) == 0)
+    std::fprintf(stderr, "zero-cpp: warning: zero-copy collectives unavailable for %s (%s); staging them\n",
+                 g.describe().c_str(), verdict.substr(5).c_str());
+  return verdict == "ok";
+}
 
 }  // namespace
 
@@ -95,6 +136,16 @@ shm::Lane* shm_lane(const Group& g, CollectiveOp op) {
 }
 
 bool shm_fast_path_allowed_by_env() { return env_switch_on("ZERO_COMM_FASTPATH"); }
+
+int64_t shm_zero_copy_collectives(const Group& g) {
+  const auto& s = g.impl().shm;
+  return s ? s->main->zero_copy_collectives() + s->reduce->zero_copy_collectives() : 0;
+}
+
+bool shm_zero_copy(const Group& g) {
+  const auto& s = g.impl().shm;
+  return s && s->main->zero_copy();
+}
 
 std::string host_identity() {
   char name[256] = {};
@@ -176,9 +227,11 @@ std::shared_ptr<ShmGroup> try_shm_group(c10d::Store& store, const std::string& s
     }
     return nullptr;
   }
+  const bool zero_copy = agree_zero_copy(store, g);
   char* base = static_cast<char*>(group->segment.data());
-  group->main = std::make_unique<shm::Lane>(base, g.rank(), g.size(), slot, timeout, g.describe());
-  group->reduce = std::make_unique<shm::Lane>(base + lane_bytes, g.rank(), g.size(), slot, timeout, g.describe());
+  group->main = std::make_unique<shm::Lane>(base, g.rank(), g.size(), slot, timeout, g.describe(), zero_copy);
+  group->reduce =
+      std::make_unique<shm::Lane>(base + lane_bytes, g.rank(), g.size(), slot, timeout, g.describe(), zero_copy);
   return group;
 }
 
@@ -209,7 +262,7 @@ WorkHandle ShmTransport::all_gather(const Group& g, at::Tensor out_flat, at::Ten
   const int64_t shard_numel = widen ? in_shard.numel() : static_cast<int64_t>(in_shard.nbytes());
   return lane_work(shm_of(g).main->all_gather(out_flat.data_ptr(), out_type, in_shard.data_ptr(),
                                                               in_type, shard_numel, make_signature_record(sig.text),
-                                                              keep_alive({out_flat, in_shard})));
+                                                              keep_alive({out_flat, in_shard}), ref_of(in_shard)));
 }
 
 WorkHandle ShmTransport::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp op,
@@ -217,13 +270,13 @@ WorkHandle ShmTransport::reduce_scatter(const Group& g, at::Tensor out_shard, at
   return lane_work(shm_of(g).reduce->reduce_scatter(
       out_shard.data_ptr(), *reducible_elem(out_shard.scalar_type()), in_flat.data_ptr(),
       *reducible_elem(in_flat.scalar_type()), out_shard.numel(), op == ReduceOp::Avg, make_signature_record(sig.text),
-      keep_alive({out_shard, in_flat})));
+      keep_alive({out_shard, in_flat}), ref_of(in_flat)));
 }
 
 WorkHandle ShmTransport::all_reduce(const Group& g, at::Tensor t, ReduceOp op, const Signature& sig) {
   return lane_work(shm_of(g).main->all_reduce(t.data_ptr(), *reducible_elem(t.scalar_type()), t.numel(),
                                                               op == ReduceOp::Avg, make_signature_record(sig.text),
-                                                              keep_alive({t})));
+                                                              keep_alive({t}), ref_of(t)));
 }
 
 WorkHandle ShmTransport::broadcast(const Group& g, at::Tensor t, int root, const Signature& sig) {

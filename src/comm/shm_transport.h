@@ -7,6 +7,8 @@
 // otherwise -- or with ZERO_COMM_FASTPATH=off, or "zero_cpp":
 // {"comm_fast_path": false} in the ds_config -- its collectives go to the
 // backend. Two lanes per group, as with Gloo: reduce-scatters on their own.
+// Inputs in the engine's flat buffers (memory::zeros_flat: shared memfds)
+// are read by the peers in place, without staging (zero-copy, shm/lane.h).
 #pragma once
 
 #include <chrono>
@@ -40,6 +42,12 @@ std::optional<shm::Elem> reducible_elem(at::ScalarType t);
 // their own), or null when the group has no segment. The CUDA IPC transport
 // runs its rounds' handshakes on it.
 shm::Lane* shm_lane(const Group& g, CollectiveOp op);
+
+// Zero-copy (comm/shm/lane.h): whether the group's ranks read each other's
+// shared flat buffers in place (agreed at setup; ZERO_COMM_ZERO_COPY=off:
+// never), and how many of its collectives have so far.
+bool shm_zero_copy(const Group& g);
+int64_t shm_zero_copy_collectives(const Group& g);
 
 // Whether ZERO_COMM_FASTPATH allows the fast path (on/auto/unset: yes; off: no).
 bool shm_fast_path_allowed_by_env();

@@ -78,17 +78,18 @@ void setup_precision(partition::FlatGroup& g, const GroupingContext& ctx) {
   g.storage_dtype = pr.storage;
   const at::Tensor fp32 = ctx.policy.shard_optimizer_state ? g.own_slot(g.param_flat, rank) : g.param_flat;
   if (pr.storage != at::kFloat) {
-    g.master = fp32.clone();
+    g.master = memory::flat_copy_of(fp32);  // shared pages: the unfused gather reads it
     if (pr.widened()) {
       g.param_flat.copy_(g.param_flat.to(pr.storage));  // the values a 16-bit param holds
-      if (ctx.policy.shard_optimizer_state) g.param_shard = g.master.to(pr.storage);
+      if (ctx.policy.shard_optimizer_state) g.param_shard = memory::flat_copy_of(g.master, pr.storage);
     } else {
       at::Tensor low = memory::zeros_flat(g.layout.padded_numel, pr.storage, g.param_flat.device());
       low.copy_(g.param_flat);
       partition::view_params_in(g, low);  // the fp32 buffer goes here
     }
   }
-  if (ctx.policy.shard_params && !g.param_shard.defined()) g.param_shard = g.own_slot(g.param_flat, rank).clone();
+  if (ctx.policy.shard_params && !g.param_shard.defined())
+    g.param_shard = memory::flat_copy_of(g.own_slot(g.param_flat, rank));  // peers' gathers read it in place
   if (!g.master.defined()) g.master = ctx.policy.update_destination(g, rank);  // fp32: the params themselves
   place_offloaded(g, ctx);
   ctx.optimizer.init_state(g);
@@ -184,7 +185,7 @@ void adopt(partition::FlatGroup& g, const std::string& unit, const Params& p, co
   g.storage_dtype = pr.storage;
   g.master = g.param_shard;  // fp32, as zero::Init kept it
   if (pr.storage != at::kFloat) {
-    g.param_shard = g.master.to(pr.storage);
+    g.param_shard = memory::flat_copy_of(g.master, pr.storage);
     if (!pr.widened()) {  // widened: the module keeps zero::Init's fp32 buffer (released)
       partition::view_params_in(g, memory::zeros_flat(g.layout.padded_numel, pr.storage, g.param_flat.device()));
       partition::release_params(g);

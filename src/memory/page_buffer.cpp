@@ -1,11 +1,14 @@
 #include "memory/page_buffer.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <new>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include <c10/core/Allocator.h>
@@ -21,13 +24,63 @@ struct Mapping {
   size_t bytes;
   bool committed = true;
   int guard_id = -1;  // its registration in memory/release_guard.h
+  int fd = -1;        // the memfd behind a shared buffer, or -1 (anonymous)
+  uint64_t inode = 0;
+  pid_t owner = 0;    // the process that made it
 };
 
 void unmap(void* ctx) {
   auto* m = static_cast<Mapping*>(ctx);
   unregister_released_region(m->guard_id);
   munmap(m->ptr, m->bytes);
+  if (m->fd >= 0) {
+    // Peers may still map it (cached for the next collective): truncating
+    // frees the pages now, not when the last of them lets go. Not from a
+    // forked child, whose copy of the descriptor is its parent's buffer.
+    if (m->owner == getpid() && ftruncate(m->fd, 0) != 0) { /* then they go with the last mapping */ }
+    close(m->fd);
+  }
   delete m;
+}
+
+[[noreturn]] void out_of_memory(size_t bytes) {
+  throw std::runtime_error("zero-cpp: out of memory allocating a " + std::to_string(bytes >> 20) +
+                           " MiB flat buffer: " + std::strerror(errno));
+}
+
+// A memfd mapped shared: peers on this host can map the same pages
+// (comm/shm/peer_buffers.h). Null when the kernel offers no memfd (then the
+// buffer is private and its collectives take the staged path).
+Mapping* map_shared(size_t bytes) {
+  const int fd = memfd_create("zero-cpp-flat", MFD_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 || fstat(fd, &st) != 0) {
+    const int e = errno;
+    close(fd);
+    errno = e;
+    out_of_memory(bytes);
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int e = errno;
+    close(fd);
+    errno = e;
+    out_of_memory(bytes);
+  }
+  auto* m = new Mapping{p, bytes};
+  m->fd = fd;
+  m->inode = static_cast<uint64_t>(st.st_ino);
+  m->owner = getpid();
+  return m;
+}
+
+bool shared_buffers_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("ZERO_SHARED_BUFFERS");
+    return !(v && std::string(v) == "off");
+  }();
+  return on;
 }
 
 size_t page_rounded(size_t bytes) {
@@ -48,20 +101,27 @@ Mapping& page_mapping(const at::Tensor& t, const char* what) {
   return *m;
 }
 
+// `shared`: the engine's flat buffers, which the shared-memory transport's
+// peers read in place; private: the rest (zero::Init's param scope).
 class PageAllocator final : public c10::Allocator {
  public:
+  explicit PageAllocator(bool shared) : shared_(shared) {}
   c10::DataPtr allocate(size_t bytes) override {
     if (bytes == 0) return {nullptr, nullptr, nullptr, c10::Device(c10::DeviceType::CPU)};
+    if (shared_ && shared_buffers_enabled())
+      if (Mapping* m = map_shared(bytes)) return {m->ptr, m, &unmap, c10::Device(c10::DeviceType::CPU)};
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-      throw std::runtime_error("zero-cpp: out of memory allocating a " + std::to_string(bytes >> 20) +
-                               " MiB flat buffer: " + std::strerror(errno));
+    if (p == MAP_FAILED) out_of_memory(bytes);
     return {p, new Mapping{p, bytes}, &unmap, c10::Device(c10::DeviceType::CPU)};
   }
   void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+
+ private:
+  bool shared_;
 };
 
-PageAllocator g_allocator;
+PageAllocator g_allocator(/*shared=*/false);
+PageAllocator g_shared_allocator(/*shared=*/true);
 
 // Big blocks from pages, small ones from the allocator it replaced.
 class HybridAllocator final : public c10::Allocator {
@@ -88,12 +148,28 @@ PageBackedScope::~PageBackedScope() { c10::SetAllocator(c10::DeviceType::CPU, pr
 
 bool page_backed(const at::Tensor& t) { return mapping_of(t) != nullptr; }
 
+std::optional<SharedPages> shared_pages(const at::Tensor& t) {
+  const Mapping* m = mapping_of(t);
+  if (!m || m->fd < 0 || m->owner != getpid() || !m->committed || !t.is_contiguous()) return std::nullopt;
+  const char* base = static_cast<const char*>(m->ptr);
+  const char* data = static_cast<const char*>(t.data_ptr());
+  const size_t end = static_cast<size_t>(data - base) + t.nbytes();
+  if (data < base || end > m->bytes) return std::nullopt;
+  return SharedPages{m->fd, m->inode, static_cast<int64_t>(m->bytes), static_cast<int64_t>(data - base)};
+}
+
 void release_pages(const at::Tensor& flat) {
   if (flat.storage().nbytes() == 0) return;
   Mapping& m = page_mapping(flat, "release_pages");
   if (!m.committed) return;
   const size_t len = page_rounded(m.bytes);
-  if (madvise(m.ptr, len, MADV_DONTNEED) != 0 || mprotect(m.ptr, len, PROT_NONE) != 0)
+  // A shared buffer's pages belong to its memfd: punching them out frees
+  // them (and drops them from the peers' mappings); DONTNEED would only
+  // unmap them here.
+  const bool freed = m.fd >= 0 ? fallocate(m.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                                           static_cast<off_t>(len)) == 0
+                               : madvise(m.ptr, len, MADV_DONTNEED) == 0;
+  if (!freed || mprotect(m.ptr, len, PROT_NONE) != 0)
     throw std::runtime_error(std::string("zero-cpp: releasing a flat buffer failed: ") + std::strerror(errno));
   m.committed = false;
 }
@@ -136,8 +212,14 @@ at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype, at::Device device) {
   }();
   if (!device.is_cpu() || !pages) return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device));
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, &g_allocator, /*resizable=*/true);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, &g_shared_allocator, /*resizable=*/true);
   return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(storage, 0, {numel}, {1});
+}
+
+at::Tensor flat_copy_of(const at::Tensor& src, std::optional<at::ScalarType> dtype) {
+  at::Tensor out = zeros_flat(src.numel(), dtype.value_or(src.scalar_type()), src.device());
+  out.copy_(src.reshape({-1}));
+  return out;
 }
 
 }  // namespace zero::memory

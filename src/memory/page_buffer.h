@@ -7,7 +7,18 @@
 // munmap'd instead (fresh pages arrive zero-filled, so zeroing is free), and
 // resizing their storage -- how stage 3 releases and regathers -- goes
 // through the same allocator.
+//
+// zeros_flat's buffers are memfds mapped shared (ZERO_SHARED_BUFFERS=off:
+// private), so that ranks on this host can read each other's flat params
+// and grads in place (comm/shm/peer_buffers.h): their pages count in RSS
+// as shared memory, once per host in PSS. A process forked from a rank
+// shares them too (its writes are the rank's). On release their pages are
+// punched out of the memfd; on free it is truncated, so a peer's cached
+// mapping keeps no memory alive.
 #pragma once
+
+#include <cstdint>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <c10/core/Allocator.h>
@@ -20,6 +31,10 @@ namespace zero::memory {
 // CUDA device, or on the host with ZERO_PAGE_BUFFERS=off: an ordinary tensor).
 at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype, at::Device device = at::kCPU);
 
+// A zeros_flat copy of `src` (1-D), in `dtype` if given: for buffers the
+// collectives read, such as stage 3's param shards.
+at::Tensor flat_copy_of(const at::Tensor& src, std::optional<at::ScalarType> dtype = std::nullopt);
+
 // Stage 3's release and regather of a page-backed buffer: release returns
 // its pages to the OS and makes the range inaccessible; restore makes it
 // accessible again, zero-filled. Its address and storage never change, so
@@ -27,6 +42,18 @@ at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype, at::Device device = a
 // regathered data, and an access while released faults (see
 // name_released_contents) instead of reading freed or stale memory.
 bool page_backed(const at::Tensor& t);  // made by zeros_flat on mapped pages
+
+// Where a peer process finds `t`'s bytes: the memfd behind its buffer (as
+// /proc/<pid>/fd/<fd>), told apart from a later one on the same descriptor
+// by its inode, and `t`'s offset in it. Null unless `t` is contiguous in a
+// shared zeros_flat buffer whose pages are not released.
+struct SharedPages {
+  int fd;
+  uint64_t inode;
+  int64_t map_bytes;  // the whole buffer
+  int64_t offset;     // of t's first byte
+};
+std::optional<SharedPages> shared_pages(const at::Tensor& t);
 void release_pages(const at::Tensor& flat);
 void restore_pages(const at::Tensor& flat);
 bool pages_released(const at::Tensor& flat);

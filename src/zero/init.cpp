@@ -65,7 +65,7 @@ void Init::flatten_onto_device(partition::FlatGroup& g) {
   }();
   const bool room = device_flatten && free && *free > bytes + bytes / 8;  // headroom for the allocator's rounding
   partition::flatten_from_rank0(g, comm_, dp_, room ? device_ : at::Device(at::kCPU), /*pinned=*/!room);
-  g.param_shard = g.own_slot(g.param_flat, dp_.rank()).to(device_, /*non_blocking=*/false, /*copy=*/true);
+  g.param_shard = memory::flat_copy_of(g.own_slot(g.param_flat, dp_.rank()).to(device_));
   if (!room) {
     // The params view a device buffer (released below; gathers fill it);
     // the pinned host one goes with its last view.

@@ -15,6 +15,7 @@
 
 #include "comm/shm/lane.h"
 #include "comm/shm_transport.h"
+#include "memory/page_buffer.h"
 
 #include "mr.h"
 
@@ -513,12 +514,17 @@ TEST(Timeout, UnmatchedCollectiveFailsOnTime) {
 // Run alone by tests/scripts/shm_test.sh, with ranks started by hand (no
 // zero-run to stop the others): the last rank dies by SIGKILL while the
 // others wait for it in a collective; they must fail naming it within about
-// a second, long before the collective timeout.
+// a second, long before the collective timeout. With ZERO_TEST_SHARED_BUFFER=1
+// the tensor is a shared flat buffer: the zero-copy path (lane.h).
 TEST(ShmKill, PeerKilledMidCollective) {
   auto& comm = world().comm();
   const Group& g = world().group();
-  auto t = at::ones({1 << 20});
+  const char* shared = std::getenv("ZERO_TEST_SHARED_BUFFER");
+  const bool zero_copy = shared && std::string(shared) == "1";
+  auto t = zero_copy ? zero::memory::flat_copy_of(at::ones({1 << 20})) : at::ones({1 << 20});
+  const int64_t before = zero::comm::shm_zero_copy_collectives(g);
   comm.all_reduce(g, t)->wait();  // everyone is up and on the fast path
+  ASSERT_EQ(zero::comm::shm_zero_copy_collectives(g) - before, zero_copy ? 1 : 0);
   if (g.rank() == g.size() - 1) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     raise(SIGKILL);

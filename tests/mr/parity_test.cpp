@@ -4,6 +4,7 @@
 // params and odd sizes, and 16-bit precision (overflow skipping the step everywhere).
 #include <gtest/gtest.h>
 
+#include "comm/shm_transport.h"
 #include "fixtures.h"
 
 namespace {
@@ -153,7 +154,9 @@ TEST(Communication, FastPathServesEveryCollectiveOfAStep) {
     s.stage = stage;
     GptTrainer t(small_gpt(), make_config(s), corpus(), /*seed=*/7, world().comm(), dp_group());
     t.train_step();
+    const int64_t zero_copy_before = zero::comm::shm_zero_copy_collectives(*dp_group());
     const auto r = t.train_step();
+    const int64_t zero_copy = zero::comm::shm_zero_copy_collectives(*dp_group()) - zero_copy_before;
     ASSERT_FALSE(r.comm.empty());
     for (const auto& [op, c] : r.comm) {
       const auto shm = c.calls_by_transport.find("shm");
@@ -161,6 +164,14 @@ TEST(Communication, FastPathServesEveryCollectiveOfAStep) {
     }
     if (stage == 3) {
       EXPECT_GE(r.comm.at("allgather").calls, 2 * small_gpt().n_layer);
+    }
+    // The engine's buffers are shared: its gathers and reductions read the
+    // peers' in place (the grad norm and the logged loss, small tensors of
+    // their own, are staged).
+    if (zero::comm::shm_zero_copy(*dp_group())) {
+      const auto calls = [&](const char* op) { return r.comm.count(op) ? r.comm.at(op).calls : 0; };
+      if (stage == 0) EXPECT_GE(zero_copy, 1);
+      else EXPECT_EQ(zero_copy, calls("allgather") + calls("reduce_scatter"));
     }
   }
 }

@@ -62,6 +62,9 @@ struct Lane::Header {
   // read until every rank has consumed round t, and overwritten only by
   // round t + 2, which waits for exactly that.
   SignatureRecord sig[2][kMaxRanks];
+  // Zero-copy: where each rank's input is, for the rounds using buffer 0
+  // and 1 (kept as long as the signatures, for the same reason).
+  BufferRef ref[2][kMaxRanks];
 };
 
 // ---- Job ----------------------------------------------------------------------
@@ -106,14 +109,16 @@ void Lane::format(void* region, int size, int64_t slot_bytes) {
   __atomic_store_n(&h->magic, kMagic, __ATOMIC_RELEASE);
 }
 
-Lane::Lane(void* region, int rank, int size, int64_t slot_bytes, std::chrono::milliseconds timeout, std::string what)
+Lane::Lane(void* region, int rank, int size, int64_t slot_bytes, std::chrono::milliseconds timeout, std::string what,
+           bool zero_copy)
     : header_(static_cast<Header*>(region)),
       data_(static_cast<char*>(region) + kHeaderBytes),
       rank_(rank),
       size_(size),
       slot_bytes_(slot_bytes),
       timeout_(timeout),
-      what_(std::move(what)) {
+      what_(std::move(what)),
+      zero_copy_(zero_copy) {
   if (__atomic_load_n(&header_->magic, __ATOMIC_ACQUIRE) != kMagic || header_->size != size ||
       header_->slot_bytes != slot_bytes)
     throw std::runtime_error("shared-memory region of " + what_ + " has an unexpected header");
@@ -172,9 +177,11 @@ void Lane::worker_loop() {
     } catch (const Mismatch& e) {
       failed_ = e.what();  // it names op and group
       failed_mismatch_ = true;
+      retained_.push_back(std::move(item.second));
       item.first->finish(failed_, true);
     } catch (const std::exception& e) {
       failed_ = std::string(current_op_) + " on " + what_ + " (shared memory) failed: " + e.what();
+      retained_.push_back(std::move(item.second));
       item.first->finish(failed_);
     }
   }
@@ -257,12 +264,36 @@ void Lane::end_round() {
   ++round_;
 }
 
+bool Lane::begin_direct(const BufferRef& mine) {
+  if (!zero_copy_) return false;
+  begin_round();
+  header_->ref[round_ & 1u][rank_] = mine;  // published with the signature
+  publish_written();
+  wait_written();
+  for (int q = 0; q < size_; ++q)
+    if (!header_->ref[round_ & 1u][q].shareable()) {
+      end_round();  // every rank saw the same cells: all of them stage it
+      return false;
+    }
+  return true;
+}
+
+const char* Lane::peer_input(int peer) { return peers_.data(peer, header_->ref[round_ & 1u][peer]); }
+
+void Lane::end_direct() {
+  end_round();
+  // The caller may reuse or free its input once this returns: not before
+  // every peer has read what it needed from it.
+  wait_all(&Lane::consumed_word, round_, "to finish reading this rank's buffer");
+  direct_ops_.fetch_add(1, std::memory_order_relaxed);
+}
+
 // ---- collectives ----------------------------------------------------------------
 // Each loop runs at least one round (`a == 0 ||`), so an empty collective
 // still exchanges its signature and a size mismatch against zero is caught.
 
 std::shared_ptr<Job> Lane::all_gather(void* out, Elem out_type, const void* in, Elem in_type, int64_t shard_numel,
-                                      const SignatureRecord& sig, KeepAlive keep) {
+                                      const SignatureRecord& sig, KeepAlive keep, BufferRef in_ref) {
   return submit("allgather", sig, std::move(keep), [=] {
     const int64_t ei = elem_size(in_type), eo = elem_size(out_type);
     const bool widen = in_type != out_type;  // 16-bit shards into fp32: converted on the way out
@@ -270,6 +301,17 @@ std::shared_ptr<Job> Lane::all_gather(void* out, Elem out_type, const void* in, 
     char* o = static_cast<char*>(out);
     const char* i = static_cast<const char*>(in);
     const bool in_place = !widen && o + rank_ * shard_bytes == i;
+    if (begin_direct(in_ref)) {
+      for (int q = 0; q < size_; ++q) {
+        if (q == rank_ && in_place) continue;
+        const void* src = q == rank_ ? i : peer_input(q);
+        void* dst = o + q * shard_numel * eo;
+        if (widen) sum_in_rank_order(&src, 1, in_type, dst, out_type, shard_numel, false);
+        else std::memcpy(dst, src, shard_bytes);
+      }
+      end_direct();
+      return;
+    }
     const int64_t piece = slot_bytes_ / ei;  // elements per round
     for (int64_t a = 0; a == 0 || a < shard_numel; a += piece) {
       const int64_t n = std::min(piece, shard_numel - a);
@@ -291,9 +333,19 @@ std::shared_ptr<Job> Lane::all_gather(void* out, Elem out_type, const void* in, 
 
 std::shared_ptr<Job> Lane::reduce_scatter(void* out, Elem out_type, const void* in, Elem in_type,
                                           int64_t shard_numel, bool average, const SignatureRecord& sig,
-                                          KeepAlive keep) {
+                                          KeepAlive keep, BufferRef in_ref) {
   return submit("reduce_scatter", sig, std::move(keep), [=] {
     const int64_t ei = elem_size(in_type), eo = elem_size(out_type);
+    if (begin_direct(in_ref)) {
+      // out may be this rank's own slice of `in`: the sum reads a block of
+      // every source before writing it.
+      std::vector<const void*> srcs(size_);
+      for (int q = 0; q < size_; ++q)
+        srcs[q] = (q == rank_ ? static_cast<const char*>(in) : peer_input(q)) + rank_ * shard_numel * ei;
+      sum_in_rank_order(srcs.data(), size_, in_type, out, out_type, shard_numel, average);
+      end_direct();
+      return;
+    }
     // Each slot holds one piece per destination rank.
     int64_t piece = std::max<int64_t>(1, slot_bytes_ / (size_ * ei));
     if (piece >= 64) piece &= ~int64_t{63};
@@ -315,9 +367,30 @@ std::shared_ptr<Job> Lane::reduce_scatter(void* out, Elem out_type, const void* 
 }
 
 std::shared_ptr<Job> Lane::all_reduce(void* data, Elem type, int64_t numel, bool average,
-                                      const SignatureRecord& sig, KeepAlive keep) {
+                                      const SignatureRecord& sig, KeepAlive keep, BufferRef ref) {
   return submit("all_reduce", sig, std::move(keep), [=] {
     const int64_t e = elem_size(type);
+    if (begin_direct(ref)) {
+      // Rank q sums slice q of every buffer into its own; then each copies
+      // the others' summed slices. Slices are whole cache lines.
+      const int64_t per = ((numel + size_ - 1) / size_ + 63) / 64 * 64;
+      const auto begin = [&](int q) { return std::min<int64_t>(numel, q * per); };
+      const auto count = [&](int q) { return std::min<int64_t>(numel, (q + 1) * per) - begin(q); };
+      char* d = static_cast<char*>(data);
+      std::vector<const char*> bufs(size_);
+      std::vector<const void*> srcs(size_);
+      for (int q = 0; q < size_; ++q) bufs[q] = q == rank_ ? d : peer_input(q);
+      for (int q = 0; q < size_; ++q) srcs[q] = bufs[q] + begin(rank_) * e;
+      sum_in_rank_order(srcs.data(), size_, type, d + begin(rank_) * e, type, count(rank_), average);
+      end_round();
+      begin_round();  // no data: "my slice is summed"
+      publish_written();
+      wait_written();
+      for (int q = 0; q < size_; ++q)
+        if (q != rank_) std::memcpy(d + begin(q) * e, bufs[q] + begin(q) * e, count(q) * e);
+      end_direct();
+      return;
+    }
     const int64_t piece = std::max<int64_t>(1, slot_bytes_ / e);
     char* d = static_cast<char*>(data);
     std::vector<const void*> srcs(size_);

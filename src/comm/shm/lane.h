@@ -18,8 +18,20 @@
 // collective timeout and notices a peer process that died, so a killed rank
 // turns into an error naming it, not a hang. After a failure the lane stays
 // failed: its peers' progress is unknown. No torch.
+//
+// Zero-copy (a lane made with zero_copy, for inputs in shareable buffers,
+// comm/shm/peer_buffers.h): the first round carries no data but where each
+// rank's input is. When every rank's is shareable, each reads its peers'
+// buffers in place -- allgather: the peers' shards straight into its
+// output; reduce-scatter: its slice of every rank's input, summed in rank
+// order; all-reduce: that into its own slice of its buffer, a round, then
+// the peers' summed slices -- and the collective ends when every rank has
+// finished reading (consumed), so no caller reuses or frees a buffer a
+// peer still reads. Otherwise all of them take the staged rounds. The sums
+// are the staged path's, element for element: bit-identical results.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -30,7 +42,9 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "comm/shm/peer_buffers.h"
 #include "comm/shm/reduce_kernels.h"
 #include "comm/signature.h"
 
@@ -70,8 +84,10 @@ class Lane {
   static void format(void* region, int size, int64_t slot_bytes);
 
   // Attaches to a formatted region as `rank`; throws if the header does not
-  // match. `what` names the group in errors.
-  Lane(void* region, int rank, int size, int64_t slot_bytes, std::chrono::milliseconds timeout, std::string what);
+  // match. `what` names the group in errors. `zero_copy`: every rank of the
+  // group can map the others' buffers (decided together at setup).
+  Lane(void* region, int rank, int size, int64_t slot_bytes, std::chrono::milliseconds timeout, std::string what,
+       bool zero_copy = false);
   ~Lane();  // fails queued work and joins the worker
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
@@ -82,12 +98,14 @@ class Lane {
   // `sig` is what every rank must agree this collective is.
   using KeepAlive = std::shared_ptr<const void>;
   // `out_type` is `in_type`, or F32 for a 16-bit `in_type` (widened as it lands).
+  // `in_ref` / `ref`: where the input is, if in a shareable buffer (zero-copy).
   std::shared_ptr<Job> all_gather(void* out, Elem out_type, const void* in, Elem in_type, int64_t shard_numel,
-                                  const SignatureRecord& sig, KeepAlive keep);
+                                  const SignatureRecord& sig, KeepAlive keep, BufferRef in_ref = {});
   std::shared_ptr<Job> reduce_scatter(void* out, Elem out_type, const void* in, Elem in_type, int64_t shard_numel,
-                                      bool average, const SignatureRecord& sig, KeepAlive keep);
+                                      bool average, const SignatureRecord& sig, KeepAlive keep,
+                                      BufferRef in_ref = {});
   std::shared_ptr<Job> all_reduce(void* data, Elem type, int64_t numel, bool average, const SignatureRecord& sig,
-                                  KeepAlive keep);
+                                  KeepAlive keep, BufferRef ref = {});
   std::shared_ptr<Job> broadcast(void* data, int64_t bytes, int root, const SignatureRecord& sig, KeepAlive keep);
 
   // A collective whose data moves elsewhere (device buffers: the CUDA IPC
@@ -100,6 +118,9 @@ class Lane {
                                 std::function<void(const Handshake&)> body);
 
   int64_t slot_bytes() const { return slot_bytes_; }
+  bool zero_copy() const { return zero_copy_; }
+  // Collectives that ran zero-copy so far (for tests and logs).
+  int64_t zero_copy_collectives() const { return direct_ops_.load(std::memory_order_relaxed); }
 
  private:
   struct Header;
@@ -115,6 +136,11 @@ class Lane {
   void wait_all(uint32_t* (Lane::*word)(int) const, uint32_t target, const char* what);
   void wait_word(uint32_t* word, uint32_t target, int peer, const char* what);
   bool peer_exited(int peer) const;
+  // Zero-copy: the round publishing `mine`; true, with the round open, when
+  // every rank's input is shareable; false (round closed) otherwise.
+  bool begin_direct(const BufferRef& mine);
+  const char* peer_input(int peer);  // in the open round
+  void end_direct();                 // closes the round; waits for every reader
   uint32_t* written_word(int r) const;
   uint32_t* consumed_word(int r) const;
 
@@ -127,6 +153,12 @@ class Lane {
   const char* current_op_ = "";
   SignatureRecord current_sig_;
   uint32_t round_ = 0;
+  bool zero_copy_;
+  PeerBuffers peers_;  // the worker's alone
+  std::atomic<int64_t> direct_ops_{0};
+  // A failed job's closure (with the buffers it keeps alive): a peer may be
+  // reading them still, so they are not freed before the lane is.
+  std::vector<std::function<void()>> retained_;
 
   std::mutex mu_;
   std::condition_variable cv_;

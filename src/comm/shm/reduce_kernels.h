@@ -24,7 +24,8 @@ inline int64_t elem_size(Elem e) {
 
 // out[i] = (srcs[0][i] + srcs[1][i] + ... + srcs[n_src-1][i]) [/ n_src]
 // for i < count. Inputs share type `in`; `out` is `in`, or F32 for a 16-bit
-// `in`. `out` may alias srcs[0] only if it has the same type.
+// `in`. `out` may be one of the sources, if it has their type: each block
+// of every source is read before that block of `out` is written.
 void sum_in_rank_order(const void* const* srcs, int n_src, Elem in, void* out, Elem out_type, int64_t count,
                        bool average);
 

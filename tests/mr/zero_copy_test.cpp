@@ -1,0 +1,202 @@
+// Zero-copy collectives (comm/shm/lane.h): inputs in the engine's shared flat
+// buffers (memory::zeros_flat) are read by the peers in place. Checked
+// against the staged shared-memory path on ordinary tensors, bit for bit,
+// with the zero-copy count as the oracle of which path ran; ranks that
+// disagree about it, sub-groups, buffers reused or freed right after a
+// collective, and the memory a peer's freed buffer leaves behind. Runs at
+// 2, 3 and 4 ranks (the comm_* ctest entries).
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "comm/shm_transport.h"
+#include "memory/page_buffer.h"
+
+#include "mr.h"
+
+namespace {
+
+using zero::comm::Group;
+using zero::comm::ReduceOp;
+using zero::comm::shm_zero_copy;
+using zero::comm::shm_zero_copy_collectives;
+using zero::memory::flat_copy_of;
+using zero::test::world;
+
+const at::ScalarType kDTypes[] = {at::kFloat, at::kHalf, at::kBFloat16};
+// Sizes that do and do not divide by 2, 3 and 4, past several staged rounds.
+const int64_t kSizes[] = {1, 7, 1000, 65537, 300001};
+
+at::Tensor random_data(int64_t n, at::ScalarType dt, uint64_t seed) {
+  at::manual_seed(seed);
+  return at::randn({n}).to(dt);
+}
+
+// Runs `op` on the group and returns how many of its collectives ran zero-copy.
+template <typename F>
+int64_t zero_copy_count(const Group& g, F&& op) {
+  const int64_t before = shm_zero_copy_collectives(g);
+  op();
+  return shm_zero_copy_collectives(g) - before;
+}
+
+// Each op twice: on shared buffers (zero-copy) and on ordinary ones (staged).
+void expect_bit_identical_to_staged(const Group& g) {
+  auto& comm = world().comm();
+  const int N = g.size(), me = g.rank();
+  for (auto dt : kDTypes)
+    for (int64_t n : kSizes) {
+      SCOPED_TRACE(std::string(c10::toString(dt)) + " n " + std::to_string(n));
+      const at::Tensor mine = random_data(n * N, dt, 1000 + 7 * n + me);
+      const at::Tensor shared = flat_copy_of(mine);
+
+      // allgather: a separate shard, an in-place one, and 16-bit into fp32.
+      {
+        auto staged = at::empty({n * N}, dt), direct = at::empty({n * N}, dt);
+        const at::Tensor shard = mine.narrow(0, me * n, n).clone();
+        EXPECT_EQ(zero_copy_count(g, [&] { comm.all_gather(g, staged, shard)->wait(); }), 0);
+        EXPECT_EQ(zero_copy_count(g, [&] { comm.all_gather(g, direct, flat_copy_of(shard))->wait(); }), 1);
+        EXPECT_TRUE(direct.equal(staged)) << "allgather";
+
+        at::Tensor in_place = flat_copy_of(at::zeros({n * N}, dt));
+        in_place.narrow(0, me * n, n).copy_(shard);
+        EXPECT_EQ(zero_copy_count(g, [&] { comm.all_gather(g, in_place, in_place.narrow(0, me * n, n))->wait(); }),
+                  1);
+        EXPECT_TRUE(in_place.equal(staged)) << "allgather in place";
+
+        if (dt != at::kFloat) {
+          auto wide_staged = at::empty({n * N}, at::kFloat), wide = at::empty({n * N}, at::kFloat);
+          comm.all_gather(g, wide_staged, shard)->wait();
+          EXPECT_EQ(zero_copy_count(g, [&] { comm.all_gather(g, wide, flat_copy_of(shard))->wait(); }), 1);
+          EXPECT_TRUE(wide.equal(wide_staged)) << "allgather widening";
+        }
+      }
+      // reduce-scatter: sum and average, 16-bit into fp32, and into this
+      // rank's own slice of the input (as the engine's fp32 grads do).
+      for (auto op : {ReduceOp::Sum, ReduceOp::Avg})
+        for (bool widen : {false, true}) {
+          if (widen && dt == at::kFloat) continue;
+          const at::ScalarType out_dt = widen ? at::kFloat : dt;
+          auto staged = at::empty({n}, out_dt), direct = at::empty({n}, out_dt);
+          EXPECT_EQ(zero_copy_count(g, [&] { comm.reduce_scatter(g, staged, mine, op)->wait(); }), 0);
+          EXPECT_EQ(zero_copy_count(g, [&] { comm.reduce_scatter(g, direct, shared, op)->wait(); }), 1);
+          EXPECT_TRUE(direct.equal(staged)) << "reduce_scatter" << (widen ? " widening" : "");
+          if (!widen) {
+            at::Tensor grads = flat_copy_of(mine);
+            at::Tensor own = grads.narrow(0, me * n, n);
+            EXPECT_EQ(zero_copy_count(g, [&] { comm.reduce_scatter(g, own, grads, op)->wait(); }), 1);
+            EXPECT_TRUE(own.equal(staged)) << "reduce_scatter into its own slice";
+          }
+        }
+      // all-reduce, on sizes that do not split evenly into slices.
+      for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) {
+        auto staged = mine.narrow(0, 0, n).clone();
+        auto direct = flat_copy_of(staged);
+        EXPECT_EQ(zero_copy_count(g, [&] { comm.all_reduce(g, staged, op)->wait(); }), 0);
+        EXPECT_EQ(zero_copy_count(g, [&] { comm.all_reduce(g, direct, op)->wait(); }), 1);
+        EXPECT_TRUE(direct.equal(staged)) << "all_reduce";
+      }
+    }
+}
+
+TEST(ZeroCopy, AgreedAtSetupForTheWorld) {
+  if (const char* v = std::getenv("ZERO_COMM_ZERO_COPY"); v && std::string(v) == "off") {
+    EXPECT_FALSE(shm_zero_copy(world().group()));
+    GTEST_SKIP() << "ZERO_COMM_ZERO_COPY=off";
+  }
+  EXPECT_TRUE(shm_zero_copy(world().group()));
+}
+
+TEST(ZeroCopy, BitIdenticalToTheStagedPath) {
+  if (!shm_zero_copy(world().group())) GTEST_SKIP() << "no zero-copy here";
+  expect_bit_identical_to_staged(world().group());
+}
+
+// A group that is a strict subset of the world: its own segment, its own
+// buffers' peers.
+TEST(ZeroCopy, StrictSubGroup) {
+  auto& w = world();
+  if (w.size() < 3) GTEST_SKIP() << "needs 3+ ranks";
+  std::vector<int> members;
+  for (int r = 1; r < w.size(); ++r) members.push_back(r);  // all but rank 0
+  auto g = w.new_group(members, "all_but_0");
+  if (g) {
+    ASSERT_TRUE(shm_zero_copy(*g));
+    expect_bit_identical_to_staged(*g);
+  }
+  w.comm().barrier(w.group())->wait();
+}
+
+// One rank's input is an ordinary tensor: every rank takes the staged path
+// (they decide together), and the result is still right.
+TEST(ZeroCopy, OneRankWithoutASharedBufferStagesForAll) {
+  auto& comm = world().comm();
+  const Group& g = world().group();
+  if (!shm_zero_copy(g)) GTEST_SKIP() << "no zero-copy here";
+  const int64_t n = 4099;
+  const at::Tensor mine = at::full({n}, g.rank() + 1.0, at::kFloat);
+  const at::Tensor t = g.rank() == 0 ? mine.clone() : flat_copy_of(mine);
+  EXPECT_EQ(zero_copy_count(g, [&] { comm.all_reduce(g, t)->wait(); }), 0);
+  EXPECT_TRUE(t.eq(g.size() * (g.size() + 1) / 2.0).all().item<bool>());
+}
+
+// The input is overwritten as soon as the collective returns, hundreds of
+// times: a peer still reading it would see the next values (the collective
+// must end only when every peer is done with every buffer).
+TEST(ZeroCopy, InputsReusedTheMomentACollectiveReturns) {
+  auto& comm = world().comm();
+  const Group& g = world().group();
+  if (!shm_zero_copy(g)) GTEST_SKIP() << "no zero-copy here";
+  const int N = g.size();
+  const int64_t n = 20000;
+  at::Tensor flat = flat_copy_of(at::zeros({n * N}));
+  at::Tensor shard = flat.narrow(0, g.rank() * n, n);
+  at::Tensor out = at::empty({n});
+  for (int i = 0; i < 300; ++i) {
+    shard.fill_(i * 10 + g.rank());
+    comm.all_gather(g, flat, shard)->wait();
+    for (int r = 0; r < N; ++r) ASSERT_EQ(flat[r * n + n - 1].item<float>(), i * 10 + r) << "iteration " << i;
+    comm.reduce_scatter(g, out, flat)->wait();  // every rank's flat is the same gather
+    ASSERT_EQ(out[0].item<float>(), N * (i * 10 + g.rank())) << "iteration " << i;
+    flat.fill_(-1);  // at once: a peer still reading would sum it
+  }
+}
+
+int64_t rss_shmem_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  int64_t value = 0;
+  while (status >> key) {
+    if (key == "RssShmem:") {
+      status >> value;
+      return value;
+    }
+    status.ignore(1 << 12, '\n');
+  }
+  return -1;
+}
+
+// A buffer made, gathered from and freed every step (as the grad buffers of
+// some stages are): the peers' mappings of freed buffers must not keep
+// their pages, nor pile up.
+TEST(ZeroCopy, FreedBuffersLeaveNothingMappedBehind) {
+  auto& comm = world().comm();
+  const Group& g = world().group();
+  if (!shm_zero_copy(g)) GTEST_SKIP() << "no zero-copy here";
+  const int N = g.size();
+  const int64_t n = (8 << 20) / 4 / N;  // 8 MiB gathered
+  at::Tensor out = at::empty({n * N});
+  comm.all_gather(g, out, flat_copy_of(at::ones({n})))->wait();  // warm
+  const int64_t before = rss_shmem_kib();
+  for (int i = 0; i < 100; ++i) {
+    at::Tensor shard = flat_copy_of(at::full({n}, static_cast<double>(i)));
+    EXPECT_EQ(zero_copy_count(g, [&] { comm.all_gather(g, out, shard)->wait(); }), 1);
+    ASSERT_EQ(out[n * N - 1].item<float>(), i);
+  }
+  comm.barrier(g)->wait();  // every rank has freed its last shard
+  // 100 steps x (N-1) peers' 8/N MiB: 800 MiB if kept; at most a few here.
+  EXPECT_LT(rss_shmem_kib() - before, 4 * (8 << 10)) << "KiB of shared pages still mapped";
+}
+
+}  // namespace
