@@ -8,7 +8,8 @@
 //
 // Bandwidth is the full buffer (allgather output, reduce-scatter input,
 // all-reduce tensor) over the time of one collective, the median of several
-// (each one waited on, with every rank starting together after a barrier).
+// (each sample a run of them back to back, each one waited on, every rank
+// starting together after a barrier).
 // memcpy: every rank at once copying a buffer of the same size into another
 // (pre-faulted; each sample at least 64 MiB of copies; median of 9).
 #include <algorithm>
@@ -33,17 +34,21 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int reps_for(int64_t bytes) { return static_cast<int>(std::clamp<int64_t>((256 << 20) / bytes, 3, 30)); }
+int reps_for(int64_t bytes) { return static_cast<int>(std::clamp<int64_t>((256 << 20) / bytes, 3, 15)); }
 
+// A sample is `inner` collectives back to back (each waited on), 64 MiB of
+// buffer or 32 collectives: the skew with which ranks leave the barrier is then
+// spread over many, as the gathers of a training step run one after another.
 template <typename F>
 double time_collective(zero::comm::Comm& comm, const zero::comm::Group& g, int64_t bytes, F&& run) {
   run();  // warm: first touch of buffers and segments
+  const int inner = static_cast<int>(std::clamp<int64_t>((64 << 20) / bytes, 1, 32));
   std::vector<double> s;
   for (int i = 0, n = reps_for(bytes); i < n; ++i) {
     comm.barrier(g)->wait();
     const auto t0 = Clock::now();
-    run();
-    s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    for (int k = 0; k < inner; ++k) run();
+    s.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / inner);
   }
   return median(s);
 }

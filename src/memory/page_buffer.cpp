@@ -75,10 +75,16 @@ Mapping* map_shared(size_t bytes) {
   return m;
 }
 
+// Shared pages fault in more slowly than private ones: only where the
+// zero-copy collectives may read them (not with ZERO_COMM_ZERO_COPY=off or
+// ZERO_COMM_FASTPATH=off, which stage every collective).
 bool shared_buffers_enabled() {
   static const bool on = [] {
-    const char* v = std::getenv("ZERO_SHARED_BUFFERS");
-    return !(v && std::string(v) == "off");
+    for (const char* name : {"ZERO_SHARED_BUFFERS", "ZERO_COMM_ZERO_COPY", "ZERO_COMM_FASTPATH"}) {
+      const char* v = std::getenv(name);
+      if (v && std::string(v) == "off") return false;
+    }
+    return true;
   }();
   return on;
 }
@@ -148,6 +154,11 @@ PageBackedScope::~PageBackedScope() { c10::SetAllocator(c10::DeviceType::CPU, pr
 
 bool page_backed(const at::Tensor& t) { return mapping_of(t) != nullptr; }
 
+bool shared_backed(const at::Tensor& t) {
+  const Mapping* m = mapping_of(t);
+  return m && m->fd >= 0;
+}
+
 std::optional<SharedPages> shared_pages(const at::Tensor& t) {
   const Mapping* m = mapping_of(t);
   if (!m || m->fd < 0 || m->owner != getpid() || !m->committed || !t.is_contiguous()) return std::nullopt;
@@ -180,6 +191,10 @@ void restore_pages(const at::Tensor& flat) {
   if (m.committed) return;
   if (mprotect(m.ptr, page_rounded(m.bytes), PROT_READ | PROT_WRITE) != 0)
     throw std::runtime_error(std::string("zero-cpp: restoring a flat buffer failed: ") + std::strerror(errno));
+  // A gather is about to write all of it: fault every page in with one call
+  // rather than one trap per 4 KiB page (Linux 5.14+; older kernels fault
+  // them in as the gather writes).
+  madvise(m.ptr, page_rounded(m.bytes), MADV_POPULATE_WRITE);
   m.committed = true;
 }
 
@@ -200,7 +215,7 @@ void name_released_contents(const at::Tensor& flat, std::vector<NamedRange> rang
   m.guard_id = register_released_region(m.ptr, page_rounded(m.bytes), std::move(ranges), std::move(advice));
 }
 
-at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype, at::Device device) {
+at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype, at::Device device, bool shared) {
   // Device memory comes from libtorch's caching allocator (cudaMalloc'd
   // blocks it reuses); page release is a host-memory mechanism.
   // ZERO_PAGE_BUFFERS=off gives host buffers libtorch's allocator too, so
@@ -212,7 +227,8 @@ at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype, at::Device device) {
   }();
   if (!device.is_cpu() || !pages) return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device));
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, &g_shared_allocator, /*resizable=*/true);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, shared ? &g_shared_allocator : &g_allocator,
+                       /*resizable=*/true);
   return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(storage, 0, {numel}, {1});
 }
 

@@ -29,7 +29,10 @@ namespace zero::memory {
 
 // A 1-D tensor of `numel` zeros of `dtype` on page-backed storage (on a
 // CUDA device, or on the host with ZERO_PAGE_BUFFERS=off: an ordinary tensor).
-at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype, at::Device device = at::kCPU);
+// `shared`: on a memfd peers can map (below); false: private pages, for a
+// buffer no peer reads (stage 3's full param buffers, gather outputs only,
+// whose pages are faulted in afresh at every regather -- cheaper so).
+at::Tensor zeros_flat(int64_t numel, at::ScalarType dtype, at::Device device = at::kCPU, bool shared = true);
 
 // A zeros_flat copy of `src` (1-D), in `dtype` if given: for buffers the
 // collectives read, such as stage 3's param shards.
@@ -42,6 +45,7 @@ at::Tensor flat_copy_of(const at::Tensor& src, std::optional<at::ScalarType> dty
 // regathered data, and an access while released faults (see
 // name_released_contents) instead of reading freed or stale memory.
 bool page_backed(const at::Tensor& t);  // made by zeros_flat on mapped pages
+bool shared_backed(const at::Tensor& t);  // ... on a shared memfd
 
 // Where a peer process finds `t`'s bytes: the memfd behind its buffer (as
 // /proc/<pid>/fd/<fd>), told apart from a later one on the same descriptor
