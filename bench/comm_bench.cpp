@@ -36,16 +36,20 @@ double median(std::vector<double> v) {
 
 int reps_for(int64_t bytes) { return static_cast<int>(std::clamp<int64_t>((256 << 20) / bytes, 3, 15)); }
 
-// A sample is `inner` collectives back to back (each waited on), 64 MiB of
-// buffer or 32 collectives: the skew with which ranks leave the barrier is then
-// spread over many, as the gathers of a training step run one after another.
+// A sample is `inner` collectives back to back (each waited on): at least
+// 64 MiB of buffer or 256 collectives, as the gathers of a training step run
+// one after another. The ranks start each sample together: after the
+// (TCP) barrier, whose exit is staggered by tens of microseconds, one small
+// all-reduce on the group's fast path lines them up.
 template <typename F>
 double time_collective(zero::comm::Comm& comm, const zero::comm::Group& g, int64_t bytes, F&& run) {
   run();  // warm: first touch of buffers and segments
-  const int inner = static_cast<int>(std::clamp<int64_t>((64 << 20) / bytes, 1, 32));
+  const int inner = static_cast<int>(std::clamp<int64_t>((64 << 20) / bytes, 1, 256));
+  at::Tensor align = at::zeros({16});
   std::vector<double> s;
   for (int i = 0, n = reps_for(bytes); i < n; ++i) {
     comm.barrier(g)->wait();
+    comm.all_reduce(g, align)->wait();
     const auto t0 = Clock::now();
     for (int k = 0; k < inner; ++k) run();
     s.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / inner);

@@ -124,6 +124,56 @@ TEST(ShmLane, ExternalHandshakesWaitForEveryRankAndCheckSignatures) {
   }
 }
 
+// Who runs a lane's collectives: the lane's worker, or a caller waiting for
+// one (no hand-over to the worker and back when it waits at once). Either
+// way in submission order; collectives nobody waits for still run; several
+// threads waiting on one lane all return.
+TEST(ShmLane, WaitingCallersRunTheQueueInOrderAndTheWorkerRunsTheRest) {
+  const Group& g = world().group();
+  zero::comm::shm::Lane* lane = zero::comm::shm_lane(g, zero::comm::CollectiveOp::AllGather);
+  if (!lane) GTEST_SKIP() << "no shared-memory segment for this group";
+  const auto sig = zero::comm::make_signature_record("lane order");
+  const auto round = [](const zero::comm::shm::Lane::Handshake& handshake) { handshake(); };
+
+  // In order, whoever runs them: waiting on the last runs all before it.
+  std::vector<int> order;
+  std::vector<std::shared_ptr<zero::comm::shm::Job>> jobs;
+  for (int i = 0; i < 6; ++i)
+    jobs.push_back(lane->external("test", sig, nullptr, [&, i](const zero::comm::shm::Lane::Handshake& handshake) {
+      handshake();
+      order.push_back(i);
+    }));
+  jobs.back()->wait();
+  for (auto& j : jobs) EXPECT_TRUE(j->done());
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+
+  // A caller that waits at once mostly runs its collective itself.
+  int on_caller = 0;
+  const auto me = std::this_thread::get_id();
+  for (int i = 0; i < 50; ++i)
+    lane->external("test", sig, nullptr, [&](const zero::comm::shm::Lane::Handshake& handshake) {
+          handshake();
+          on_caller += std::this_thread::get_id() == me;
+        })
+        ->wait();
+  EXPECT_GT(on_caller, 0) << "every collective was handed to the worker";
+
+  // Nobody waits: the worker runs it.
+  auto unwaited = lane->external("test", sig, nullptr, round);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!unwaited->done() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(unwaited->done());
+
+  // Two threads waiting on one lane's collectives at once.
+  auto first = lane->external("test", sig, nullptr, round);
+  auto second = lane->external("test", sig, nullptr, round);
+  std::thread other([&] { second->wait(); });
+  first->wait();
+  other.join();
+  EXPECT_TRUE(first->done() && second->done());
+}
+
 TEST(Collectives, AllGatherIntoFlat) {
   for_each_transport([&] {
     auto& comm = world().comm();

@@ -1,6 +1,7 @@
 #include "comm/shm/lane.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,7 +18,7 @@ namespace zero::comm::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x7a65726f2d73686dULL;  // "zero-shm"
-constexpr int kSpin = 256;                            // pause-loops before sleeping in the kernel
+constexpr auto kSpin = std::chrono::microseconds(50);   // polling before sleeping in the kernel (spin_budget)
 constexpr auto kSleepSlice = std::chrono::milliseconds(10);
 constexpr auto kLivenessEvery = std::chrono::milliseconds(100);
 
@@ -34,6 +35,17 @@ inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
+}
+
+// How long a wait polls before sleeping in the kernel. Waking a sleeper
+// costs ~10 us (more on a VM), a collective on a small buffer a few: while
+// every rank of the group has a CPU of its own, a short poll keeps that
+// latency off the critical path. With more ranks than CPUs it would take
+// the CPU a peer needs, so they sleep at once.
+std::chrono::microseconds spin_budget(int group_size) {
+  cpu_set_t set;
+  const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  return group_size <= cpus ? kSpin : std::chrono::microseconds(0);
 }
 
 inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
@@ -67,9 +79,57 @@ struct Lane::Header {
   BufferRef ref[2][kMaxRanks];
 };
 
+// ---- the queue ------------------------------------------------------------------
+
+// A lane's submitted collectives, run in order by one thread at a time: the
+// lane's worker, or a caller waiting for one of them (Job::wait). Shared
+// with the jobs, so a job can still be waited on once its lane is gone.
+struct LaneQueue {
+  using Body = std::function<void()>;
+  std::mutex mu;
+  std::condition_variable cv;  // work queued, a run ended, or stopping
+  std::deque<std::pair<std::shared_ptr<Job>, Body>> items;
+  bool running = false;      // a thread is running the front item
+  int waiting_callers = 0;   // callers asleep on cv until the runner is done
+  std::atomic<bool> stop{false};
+  Lane* lane;                // runs items only while !stop, and ~Lane waits for !running
+
+  bool runnable() const { return !running && !items.empty() && !stop; }
+
+  // Runs the front item with `lock` released.
+  void run_front(std::unique_lock<std::mutex>& lock) {
+    auto item = std::move(items.front());
+    items.pop_front();
+    running = true;
+    lock.unlock();
+    lane->run(*item.first, item.second);
+    item = {};  // the buffers it kept alive, released outside the lock
+    lock.lock();
+    running = false;
+    if (!items.empty() || waiting_callers > 0 || stop) cv.notify_all();
+  }
+};
+
 // ---- Job ----------------------------------------------------------------------
 
 void Job::wait() {
+  if (queue_) {
+    LaneQueue& q = *queue_;
+    std::unique_lock<std::mutex> lock(q.mu);
+    while (!done() && !q.stop) {  // once stopping, ~Lane finishes what is queued
+      if (q.runnable()) {
+        q.run_front(lock);
+        continue;
+      }
+      ++q.waiting_callers;
+      q.cv.wait(lock);
+      --q.waiting_callers;
+    }
+  }
+  wait_finished();
+}
+
+void Job::wait_finished() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_; });
   if (error_ && mismatch_) throw Mismatch(*error_);
@@ -117,8 +177,11 @@ Lane::Lane(void* region, int rank, int size, int64_t slot_bytes, std::chrono::mi
       size_(size),
       slot_bytes_(slot_bytes),
       timeout_(timeout),
+      spin_(spin_budget(size)),
       what_(std::move(what)),
-      zero_copy_(zero_copy) {
+      zero_copy_(zero_copy),
+      queue_(std::make_shared<LaneQueue>()) {
+  queue_->lane = this;
   if (__atomic_load_n(&header_->magic, __ATOMIC_ACQUIRE) != kMagic || header_->size != size ||
       header_->slot_bytes != slot_bytes)
     throw std::runtime_error("shared-memory region of " + what_ + " has an unexpected header");
@@ -127,13 +190,18 @@ Lane::Lane(void* region, int rank, int size, int64_t slot_bytes, std::chrono::mi
 }
 
 Lane::~Lane() {
+  std::deque<std::pair<std::shared_ptr<Job>, LaneQueue::Body>> left;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    std::unique_lock<std::mutex> lock(queue_->mu);
+    queue_->stop = true;
+    queue_->cv.notify_all();
+    // A caller may be running a collective on this lane: its waits see
+    // `stop` within a sleep slice and it returns.
+    queue_->cv.wait(lock, [&] { return !queue_->running; });
+    left.swap(queue_->items);
   }
-  cv_.notify_all();
   if (worker_.joinable()) worker_.join();
-  for (auto& [job, body] : queue_) job->finish("shared-memory lane of " + what_ + " shut down");
+  for (auto& [job, body] : left) job->finish("shared-memory lane of " + what_ + " shut down");
 }
 
 uint32_t* Lane::written_word(int r) const { return &header_->written[r].value; }
@@ -145,45 +213,46 @@ char* Lane::slot(int r) const { return data_ + ((round_ & 1u) * size_ + r) * slo
 std::shared_ptr<Job> Lane::submit(const char* op, const SignatureRecord& sig, KeepAlive keep,
                                   std::function<void()> body) {
   auto job = std::make_shared<Job>();
-  std::lock_guard<std::mutex> lock(mu_);
+  job->queue_ = queue_;
+  std::lock_guard<std::mutex> lock(queue_->mu);
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   // `keep` lives in the queued closure: released once the collective has run.
-  queue_.emplace_back(job, [this, op, sig, keep = std::move(keep), body = std::move(body)] {
+  queue_->items.emplace_back(job, [this, op, sig, keep = std::move(keep), body = std::move(body)] {
     current_op_ = op;
     current_sig_ = sig;
     body();
   });
-  cv_.notify_one();
+  if (!queue_->running) queue_->cv.notify_all();  // else the runner wakes whoever runs it next
   return job;
 }
 
 void Lane::worker_loop() {
+  LaneQueue& q = *queue_;
+  std::unique_lock<std::mutex> lock(q.mu);
   for (;;) {
-    std::pair<std::shared_ptr<Job>, std::function<void()>> item;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (stop_) return;
-      item = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    if (failed_) {
-      item.first->finish(failed_, failed_mismatch_);
-      continue;
-    }
-    try {
-      item.second();
-      item.first->finish(std::nullopt);
-    } catch (const Mismatch& e) {
-      failed_ = e.what();  // it names op and group
-      failed_mismatch_ = true;
-      retained_.push_back(std::move(item.second));
-      item.first->finish(failed_, true);
-    } catch (const std::exception& e) {
-      failed_ = std::string(current_op_) + " on " + what_ + " (shared memory) failed: " + e.what();
-      retained_.push_back(std::move(item.second));
-      item.first->finish(failed_);
-    }
+    q.cv.wait(lock, [&] { return q.stop || q.runnable(); });
+    if (q.stop) return;
+    q.run_front(lock);
+  }
+}
+
+void Lane::run(Job& job, std::function<void()>& body) {
+  if (failed_) {
+    job.finish(failed_, failed_mismatch_);
+    return;
+  }
+  try {
+    body();
+    job.finish(std::nullopt);
+  } catch (const Mismatch& e) {
+    failed_ = e.what();  // it names op and group
+    failed_mismatch_ = true;
+    retained_.push_back(std::move(body));
+    job.finish(failed_, true);
+  } catch (const std::exception& e) {
+    failed_ = std::string(current_op_) + " on " + what_ + " (shared memory) failed: " + e.what();
+    retained_.push_back(std::move(body));
+    job.finish(failed_);
   }
 }
 
@@ -203,21 +272,21 @@ bool Lane::peer_exited(int peer) const {
 }
 
 void Lane::wait_word(uint32_t* word, uint32_t target, int peer, const char* what) {
-  for (int i = 0; i < kSpin; ++i) {
-    if (reached(__atomic_load_n(word, __ATOMIC_ACQUIRE), target)) return;
-    cpu_relax();
-  }
   const auto start = std::chrono::steady_clock::now();
+  if (spin_ > std::chrono::microseconds(0))
+    for (;;) {
+      for (int i = 0; i < 64; ++i) {
+        if (reached(__atomic_load_n(word, __ATOMIC_ACQUIRE), target)) return;
+        cpu_relax();
+      }
+      if (std::chrono::steady_clock::now() - start > spin_) break;
+    }
   auto last_check = start;
   for (;;) {
     const uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     if (reached(v, target)) return;
     futex_wait(word, v, kSleepSlice);
-    bool stopping;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping = stop_;
-    }
+    const bool stopping = queue_->stop.load();
     const auto now = std::chrono::steady_clock::now();
     if (stopping) throw std::runtime_error("shut down while waiting for rank " + std::to_string(peer) + " " + what);
     if (now - start > timeout_)
