@@ -202,8 +202,9 @@ class CudaIpcTransport : public Transport {
   }
 
  private:
-  // One collective on the lane's worker: its group's buffers, its stream,
-  // and the handshakes (lane rounds carrying the collective's signature).
+  // One collective, run by the lane (its worker, or a caller waiting on it:
+  // hence the device guard and the explicit stream): its group's buffers,
+  // its stream, and the handshakes (lane rounds carrying the signature).
   struct Run {
     std::shared_ptr<CudaIpcGroup> ipc;
     int rank = 0, size = 0;
