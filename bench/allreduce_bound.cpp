@@ -10,9 +10,10 @@
 // written moments before by another core, so it comes from that core's cache,
 // not this one's. Compare bench_comm's zero-copy all-reduce to this, and
 // this to memcpy (every rank copying a buffer of the same size at once, as
-// bench_comm's reference) measured in the same run.
+// bench_comm's reference) measured in the same pass.
 //
 //   build/bench/bench_allreduce_bound [ranks] [max_mib]     (prints JSON)
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,7 +31,8 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kRounds = 400;
+// Rounds per pass: 400 at 1 MiB, fewer for bigger buffers (8 at 256 MiB).
+int rounds_for(int64_t bytes) { return static_cast<int>(std::clamp<int64_t>((int64_t{1} << 30) / bytes, 8, 400)); }
 
 struct alignas(64) Counter {
   std::atomic<int64_t> value;
@@ -68,6 +70,20 @@ Seconds measure(int ranks, int64_t numel) {
     }
     children.push_back(pid);
   }
+  // One CPU each (where there are enough): a polled meeting with two ranks
+  // on one CPU would wait out the scheduler's time slice.
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0 && CPU_COUNT(&allowed) >= ranks) {
+    int nth = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+      if (CPU_ISSET(cpu, &allowed) && nth++ == me) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        sched_setaffinity(0, sizeof(one), &one);
+        break;
+      }
+  }
   int64_t meetings = 0;
   const auto meet = [&] {
     ++meetings;
@@ -80,7 +96,7 @@ Seconds measure(int ranks, int64_t numel) {
   std::vector<const void*> srcs(ranks);  // slice `me` of every buffer, summed by the collective's kernel
   for (int q = 0; q < ranks; ++q) srcs[q] = data + q * numel + lo(me);
   std::vector<double> pattern;
-  for (int round = 0; round < kRounds; ++round) {
+  for (int round = 0, n = rounds_for(bytes); round < n; ++round) {
     meet();
     const auto t0 = Clock::now();
     zero::comm::shm::sum_in_rank_order(srcs.data(), ranks, zero::comm::shm::Elem::F32, mine + lo(me),
@@ -106,6 +122,7 @@ Seconds measure(int ranks, int64_t numel) {
     copies.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / inner);
   }
   if (me != 0) _exit(0);
+  sched_setaffinity(0, sizeof(allowed), &allowed);  // the next pass forks from here
   for (pid_t c : children) waitpid(c, nullptr, 0);
   munmap(mem, region);
   return {median(pattern), median(copies)};
@@ -119,7 +136,14 @@ int main(int argc, char** argv) {
   std::printf("{\"bench\": \"allreduce_bound\", \"ranks\": %d, \"dtype\": \"fp32\", \"rows\": [", ranks);
   bool first = true;
   for (int64_t bytes = 1 << 20; bytes <= max_bytes; bytes *= 4) {
-    const Seconds s = measure(ranks, bytes / 4);
+    // A bound is the best the machine does: of three passes (each a median
+    // over its rounds), the fastest, with the memcpy of that same pass. A
+    // neighbour on the shared machine slows a whole pass, not single rounds.
+    Seconds s = measure(ranks, bytes / 4);
+    for (int pass = 1; pass < 3; ++pass) {
+      const Seconds t = measure(ranks, bytes / 4);
+      if (t.pattern < s.pattern) s = t;
+    }
     std::printf("%s\n  {\"bytes\": %lld, \"memcpy_gbps\": %.2f, \"allreduce_bound_gbps\": %.2f, "
                 "\"bound_over_memcpy\": %.3f}",
                 first ? "" : ",", static_cast<long long>(bytes), bytes / s.memcpy / 1e9, bytes / s.pattern / 1e9,
