@@ -49,32 +49,36 @@ JSON
 "$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3off.json" "${tiny[@]}" --log-json "$tmp/cfg.jsonl" >/dev/null 2>&1
 check "zero_cpp.comm_fast_path false: trains on gloo" [ -z "$(grep -o '"shm"' <<<"$(step_comm "$tmp/cfg.jsonl")")" ]
 
-# A rank SIGKILLed mid-collective, ranks started by hand: the survivor fails
-# naming it, long before the 300 s collective timeout -- on the staged path
-# and on the zero-copy one (the tensor in a shared flat buffer).
+# A rank SIGKILLed mid-collective, ranks started by hand: every survivor
+# fails naming it, long before the 300 s collective timeout -- on the staged
+# path and on the zero-copy one (the tensor in a shared flat buffer), at 2,
+# 3 and 4 ranks (the last one is killed).
 port=""
 for _ in $(seq 50); do
   p=$((20000 + RANDOM % 40000))
   if ! (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then port=$p; break; fi
 done
-for shared in 0 1; do
-  what="kill (shared buffer: $shared)"
-  job="shmkill$$s$shared"
-  t0=$(now)
-  for r in 0 1; do
-    env RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((port + 2 * shared)) \
-      ZERO_JOB_ID=$job ZERO_TEST_SHARED_BUFFER=$shared \
-      timeout 60 "$COMM_TEST" --gtest_filter='ShmKill.*' > "$tmp/kill$r.txt" 2>&1 &
-    pids[$r]=$!
+for n in 2 3 4; do
+  for shared in 0 1; do
+    what="kill at $n ranks (shared buffer: $shared)"
+    job="shmkill$$n${n}s$shared"
+    t0=$(now)
+    for r in $(seq 0 $((n - 1))); do
+      env RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \
+        MASTER_PORT=$((port + 10 * n + shared)) ZERO_JOB_ID=$job ZERO_TEST_SHARED_BUFFER=$shared \
+        timeout 60 "$COMM_TEST" --gtest_filter='ShmKill.*' > "$tmp/kill$r.txt" 2>&1 &
+      pids[$r]=$!
+    done
+    for r in $(seq 0 $((n - 1))); do wait "${pids[$r]}"; rcs[$r]=$?; done
+    check "$what: the killed rank died of SIGKILL" [ ${rcs[$((n - 1))]} -eq 137 ]
+    for r in $(seq 0 $((n - 2))); do
+      check "$what: survivor $r's test passed" [ ${rcs[$r]} -eq 0 ]
+      check "$what: survivor $r named the dead rank" contains "$(cat "$tmp/kill$r.txt")" "exited while this rank waited for it"
+      [ ${rcs[$r]} -eq 0 ] || tail -20 "$tmp/kill$r.txt"
+    done
+    check "$what: well within the collective timeout" elapsed_lt "$t0" 30
+    check "$what: no segment left in /dev/shm" [ -z "$(ls /dev/shm | grep "^zero-$job")" ]
   done
-  wait "${pids[0]}"; rc0=$?
-  wait "${pids[1]}"; rc1=$?
-  check "$what: the killed rank died of SIGKILL" [ $rc1 -eq 137 ]
-  check "$what: the survivor's test passed" [ $rc0 -eq 0 ]
-  check "$what: the survivor named the dead rank" contains "$(cat "$tmp/kill0.txt")" "exited while this rank waited for it"
-  check "$what: well within the collective timeout" elapsed_lt "$t0" 30
-  check "$what: no segment left in /dev/shm" [ -z "$(ls /dev/shm | grep "^zero-$job")" ]
-  [ $rc0 -eq 0 ] || tail -20 "$tmp/kill0.txt"
 done
 
 # zero-run: a rank killed during training; the job ends and zero-run removes
