@@ -144,10 +144,11 @@ int main(int argc, char** argv) {
       const Seconds t = measure(ranks, bytes / 4);
       if (t.pattern < s.pattern) s = t;
     }
-    std::printf("%s\n  {\"bytes\": %lld, \"memcpy_gbps\": %.2f, \"allreduce_bound_gbps\": %.2f, "
-                "\"bound_over_memcpy\": %.3f}",
-                first ? "" : ",", static_cast<long long>(bytes), bytes / s.memcpy / 1e9, bytes / s.pattern / 1e9,
-                s.memcpy / s.pattern);
+    std::printf(
+        "%s\n  {\"bytes\": %lld, \"memcpy_gbps\": %.2f, \"allreduce_bound_gbps\": %.2f, "
+        "\"bound_over_memcpy\": %.3f}",
+        first ? "" : ",", static_cast<long long>(bytes), bytes / s.memcpy / 1e9, bytes / s.pattern / 1e9,
+        s.memcpy / s.pattern);
     first = false;
   }
   std::printf("\n]}\n");

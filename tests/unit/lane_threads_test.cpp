@@ -27,8 +27,8 @@ constexpr int64_t kSlot = 4096;
 constexpr auto kTimeout = std::chrono::milliseconds(20000);
 
 void* new_region() {
-  void* r = mmap(nullptr, shm::Lane::region_bytes(kRanks, kSlot), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                 -1, 0);
+  void* r =
+      mmap(nullptr, shm::Lane::region_bytes(kRanks, kSlot), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (r == MAP_FAILED) std::abort();
   shm::Lane::format(r, kRanks, kSlot);
   return r;

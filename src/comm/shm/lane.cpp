@@ -17,8 +17,8 @@ namespace zero::comm::shm {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x7a65726f2d73686dULL;  // "zero-shm"
-constexpr auto kSpin = std::chrono::microseconds(50);   // polling before sleeping in the kernel (spin_budget)
+constexpr uint64_t kMagic = 0x7a65726f2d73686dULL;     // "zero-shm"
+constexpr auto kSpin = std::chrono::microseconds(50);  // polling before sleeping in the kernel (spin_budget)
 constexpr auto kSleepSlice = std::chrono::milliseconds(10);
 constexpr auto kLivenessEvery = std::chrono::milliseconds(100);
 
@@ -49,8 +49,6 @@ std::chrono::microseconds spin_budget(int group_size) {
 }
 
 inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
-
-
 
 void futex_wait(uint32_t* word, uint32_t expected, std::chrono::milliseconds slice) {
   timespec ts{0, static_cast<long>(std::chrono::nanoseconds(slice).count())};
@@ -89,10 +87,10 @@ struct LaneQueue {
   std::mutex mu;
   std::condition_variable cv;  // work queued, a run ended, or stopping
   std::deque<std::pair<std::shared_ptr<Job>, Body>> items;
-  bool running = false;      // a thread is running the front item
-  int waiting_callers = 0;   // callers asleep on cv until the runner is done
+  bool running = false;     // a thread is running the front item
+  int waiting_callers = 0;  // callers asleep on cv until the runner is done
   std::atomic<bool> stop{false};
-  Lane* lane;                // runs items only while !stop, and ~Lane waits for !running
+  Lane* lane;  // runs items only while !stop, and ~Lane waits for !running
 
   bool runnable() const { return !running && !items.empty() && !stop; }
 
