@@ -230,7 +230,13 @@ void Lane::worker_loop() {
   for (;;) {
     q.cv.wait(lock, [&] { return q.stop || q.runnable(); });
     if (q.stop) return;
-    q.run_front(lock);
+    // Woken by a submit: on a busy CPU the wake-up may have preempted the
+    // submitting thread, which is about to wait and would run the
+    // collective itself. Let it; an unwaited collective starts a moment later.
+    lock.unlock();
+    sched_yield();
+    lock.lock();
+    if (q.runnable()) q.run_front(lock);
   }
 }
 
