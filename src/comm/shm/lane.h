@@ -72,7 +72,6 @@ class Job {
 
  private:
   friend class Lane;
-  friend struct LaneQueue;
   void finish(std::optional<std::string> error, bool mismatch = false);
   void wait_finished();
   std::shared_ptr<LaneQueue> queue_;  // outlives the lane while a job waits on it
