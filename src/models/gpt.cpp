@@ -55,7 +55,8 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
   auto qkv = attn_qkv(ln1(x)).view({B, T, 3, n_head_, hd});
   auto q = qkv.select(2, 0).transpose(1, 2), k = qkv.select(2, 1).transpose(1, 2), v = qkv.select(2, 2).transpose(1, 2);
   auto att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-  auto mask = at::ones({T, T}, at::TensorOptions().dtype(at::kBool)).triu(1);
+  // On the activations' device: a CUDA masked_fill refuses a mask on the host.
+  auto mask = at::ones({T, T}, x.options().dtype(at::kBool)).triu(1);
   att = at::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
   auto y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C});
   auto h = x + attn_proj(y);
