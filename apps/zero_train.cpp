@@ -33,11 +33,8 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
-#include <torch/cuda.h>
-#ifdef ZERO_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
 
+#include "memory/device_memory.h"
 #include "train/gpt_trainer.h"
 
 namespace {
@@ -165,16 +162,8 @@ int64_t pss_bytes() {
   return 0;
 }
 
-// Peak bytes libtorch's caching allocator handed out on `device` (0 on the CPU).
-int64_t peak_device_bytes(at::Device device) {
-#ifdef ZERO_WITH_CUDA
-  if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
-  }
-#endif
-  return 0;
-}
+// Peak bytes the device's caching allocator handed out (0 on the CPU).
+int64_t peak_device_bytes(at::Device device) { return zero::memory::device_peak_allocated_bytes(device).value_or(0); }
 
 json comm_json(const zero::comm::OpCounts& counts) {
   json j = json::object();
@@ -203,13 +192,13 @@ int main(int argc, char** argv) {
     std::shared_ptr<zero::comm::Group> dp = world->split(world->size(), "dp");
     at::Device device = at::kCPU;
     if (args.device == "cuda") {
-      // GPU LOCAL_RANK mod the GPUs visible: more local ranks than GPUs share
-      // them through the CUDA IPC transport (NCCL refuses two ranks on one GPU).
-      if (!torch::cuda::is_available())
+      // The rank's device, set by init_distributed: GPU LOCAL_RANK mod the
+      // GPUs visible (more local ranks than GPUs share them through the CUDA
+      // IPC transport; NCCL refuses two ranks on one GPU).
+      device = world->device();
+      if (!device.is_cuda())
         throw std::invalid_argument("--device cuda: no CUDA device is visible (CUDA_VISIBLE_DEVICES?), or this "
                                     "build of libtorch has no CUDA");
-      const auto gpus = static_cast<int>(torch::cuda::device_count());
-      device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world->env().local_rank % gpus));
     }
     const auto build_start = std::chrono::steady_clock::now();
     zero::train::GptTrainer trainer(args.model, config, corpus, args.seed, world->comm(), dp, true, device);
@@ -323,6 +312,7 @@ int main(int argc, char** argv) {
           {"backward_chunks", args.backward_chunks},
           {"coalesce", args.coalesce},
           {"last_step_comm", comm_json(last_comm)}});
+    world->shutdown();  // communicators go while CUDA is up (the World's destructor would too)
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero-train: %s\n", e.what());

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -62,6 +63,8 @@ class Group {
   int rank() const { return rank_; }
   const std::vector<int>& global_ranks() const { return global_ranks_; }
   std::string describe() const;  // "dp0 (ranks 0,1)"
+  // Its world was shut down (World::shutdown()): every collective is refused.
+  bool shut_down() const;
   Impl& impl() const { return *impl_; }
 
  private:
@@ -89,6 +92,12 @@ class Transport {
   virtual ~Transport() = default;
   virtual std::string name() const = 0;
   virtual bool supports(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel) const = 0;
+  // An accelerator's fast paths are asked this instead, with the tensors'
+  // device (CUDA IPC decides per group from where its ranks' GPUs are).
+  virtual bool supports_on(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel,
+                           at::Device device) const {
+    return supports(g, op, dtype, numel);
+  }
   // Bytes this rank sends for the op under this transport's algorithm.
   virtual int64_t wire_bytes(const Group& g, CollectiveOp op, at::ScalarType dtype,
                              int64_t numel) const = 0;
@@ -114,10 +123,17 @@ class Comm {
 
   // Fast paths are asked in registration order (CPU tensors).
   void add_fast_path(std::shared_ptr<Transport> t);
-  // What serves CUDA tensors (NCCL when built with CUDA; comm/nccl_transport.h),
-  // and the fast paths asked first (CUDA IPC between ranks of one host).
-  void set_device_transport(std::shared_ptr<Transport> t) { device_ = std::move(t); }
-  void add_device_fast_path(std::shared_ptr<Transport> t) { device_fast_paths_.push_back(std::move(t)); }
+  // What serves tensors on an accelerator of `type` (CUDA: NCCL when built
+  // with CUDA, comm/nccl_transport.h), and the fast paths asked first (CUDA
+  // IPC between ranks sharing a GPU).
+  void set_device_transport(c10::DeviceType type, std::shared_ptr<Transport> t);
+  void add_device_fast_path(c10::DeviceType type, std::shared_ptr<Transport> t);
+  // A device whose memory the host addresses directly (the tests' CPU-backed
+  // device, tests/support/test_device.h): its tensors travel through the CPU
+  // transports as host views of the same memory, no copy.
+  void serve_as_host_memory(c10::DeviceType type);
+  // Whether collectives on tensors of `type` have a transport here.
+  bool serves(c10::DeviceType type) const;
   // The transport a collective on `device` would go to, by name, or the
   // reason none can serve it (for logs and tests).
   std::string route_name(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel, at::Device device);
@@ -143,6 +159,9 @@ class Comm {
   CommCounters& counters() { return counters_; }
 
  private:
+  bool serves_as_host(c10::DeviceType type) const;
+  // A host-memory device's tensor as a CPU tensor over the same bytes; others as they are.
+  at::Tensor host_view(const at::Tensor& t) const;
   Transport& route(const Group& g, CollectiveOp op, const at::Tensor& t);
   Transport& route(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel, at::Device device);
   WorkHandle count(const Group& g, CollectiveOp op, Transport& t, const at::Tensor& full, WorkHandle w);
@@ -151,8 +170,12 @@ class Comm {
 
   std::shared_ptr<Transport> backend_;
   std::vector<std::shared_ptr<Transport>> fast_paths_;
-  std::shared_ptr<Transport> device_;
-  std::vector<std::shared_ptr<Transport>> device_fast_paths_;
+  struct DeviceTransports {
+    std::shared_ptr<Transport> backend;
+    std::vector<std::shared_ptr<Transport>> fast_paths;
+  };
+  std::vector<std::pair<c10::DeviceType, DeviceTransports>> devices_;
+  std::vector<c10::DeviceType> host_memory_devices_;
   bool fast_paths_enabled_ = true;
   CommCounters counters_;
 };
@@ -162,6 +185,10 @@ struct DistributedOptions {
   // (seconds), else 300 s each.
   std::chrono::milliseconds rendezvous_timeout{0};
   std::chrono::milliseconds collective_timeout{0};
+  // The device this rank computes on; default: the accelerator's (CUDA's)
+  // device LOCAL_RANK mod the devices visible, else the CPU. It is made the
+  // current device, as torchrun scripts call torch.cuda.set_device(local_rank).
+  std::optional<at::Device> device;
 };
 
 class World {
@@ -173,6 +200,9 @@ class World {
   int rank() const;
   int size() const;
   const LaunchEnv& env() const;
+  // Where this rank computes (DistributedOptions::device): a CUDA device
+  // when there is one, made current by init_distributed, else the CPU.
+  at::Device device() const;
   // All ranks of the world.
   const Group& group() const;
   Comm& comm();
@@ -184,6 +214,17 @@ class World {
   // Partitions the world into groups of `group_size` consecutive ranks
   // (world 4, size 2: {0,1}, {2,3}) and returns the one holding this rank.
   std::shared_ptr<Group> split(int group_size, const std::string& name_prefix);
+
+  // Destroys every group's communicators -- NCCL's, Gloo's, the shared-memory
+  // lanes, CUDA IPC buffers -- while the CUDA runtime is still up; a
+  // collective on any of its groups afterwards is a CommError. Call it at
+  // the end of training, on every rank (torch.distributed's
+  // destroy_process_group). Idempotent. A program that forgets it is covered:
+  // the destructor calls it, and so does an exit handler that
+  // init_distributed installs after the device is set (so it runs before
+  // CUDA's own teardown), for a World kept in a static or never freed.
+  void shutdown();
+  bool is_shut_down() const;
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -60,6 +60,8 @@ WorkHandle completed_work() { return std::make_shared<CompletedWork>(); }
 Group::Group(std::string name, std::vector<int> global_ranks, int rank, std::shared_ptr<Impl> impl)
     : name_(std::move(name)), global_ranks_(std::move(global_ranks)), rank_(rank), impl_(std::move(impl)) {}
 
+bool Group::shut_down() const { return impl_ && impl_->closed(); }
+
 std::string Group::describe() const {
   std::ostringstream os;
   os << "group '" << name_ << "' (ranks ";
@@ -109,21 +111,66 @@ Comm::Comm(std::shared_ptr<Transport> backend) : backend_(std::move(backend)) {}
 
 void Comm::add_fast_path(std::shared_ptr<Transport> t) { fast_paths_.push_back(std::move(t)); }
 
+void Comm::set_device_transport(c10::DeviceType type, std::shared_ptr<Transport> t) {
+  for (auto& [dt, d] : devices_)
+    if (dt == type) {
+      d.backend = std::move(t);
+      return;
+    }
+  devices_.push_back({type, DeviceTransports{std::move(t), {}}});
+}
+
+void Comm::add_device_fast_path(c10::DeviceType type, std::shared_ptr<Transport> t) {
+  for (auto& [dt, d] : devices_)
+    if (dt == type) {
+      d.fast_paths.push_back(std::move(t));
+      return;
+    }
+  devices_.push_back({type, DeviceTransports{nullptr, {std::move(t)}}});
+}
+
+void Comm::serve_as_host_memory(c10::DeviceType type) {
+  if (!serves_as_host(type)) host_memory_devices_.push_back(type);
+}
+
+bool Comm::serves_as_host(c10::DeviceType type) const {
+  return std::find(host_memory_devices_.begin(), host_memory_devices_.end(), type) != host_memory_devices_.end();
+}
+
+bool Comm::serves(c10::DeviceType type) const {
+  if (type == c10::DeviceType::CPU || serves_as_host(type)) return true;
+  for (const auto& [dt, d] : devices_)
+    if (dt == type && d.backend) return true;
+  return false;
+}
+
+at::Tensor Comm::host_view(const at::Tensor& t) const {
+  if (!t.defined() || t.is_cpu() || !serves_as_host(t.device().type())) return t;
+  // The same bytes seen as a CPU tensor; the view keeps the storage alive
+  // for as long as an asynchronous collective holds it.
+  c10::Storage keep = t.storage();
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(at::kCPU));
+}
+
 Transport& Comm::route(const Group& g, CollectiveOp op, const at::Tensor& t) {
   return route(g, op, t.scalar_type(), t.numel(), t.device());
 }
 
 Transport& Comm::route(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel, at::Device device) {
-  if (device.is_cuda()) {
-    if (!device_)
+  if (g.shut_down()) bad_args(op, g, "the world was shut down (World::shutdown(), or the program is exiting)");
+  if (!device.is_cpu() && !serves_as_host(device.type())) {
+    for (auto& [type, d] : devices_) {
+      if (type != device.type() || !d.backend) continue;
+      if (fast_paths_enabled_)
+        for (auto& fp : d.fast_paths)
+          if (fp->supports_on(g, op, dtype, numel, device)) return *fp;
+      return *d.backend;
+    }
+    if (device.is_cuda())
       bad_args(op, g, "a CUDA tensor, but this zero-cpp was built without CUDA (ZERO_CUDA: nvcc and a CUDA "
                       "libtorch at configure time)");
-    if (fast_paths_enabled_)
-      for (auto& fp : device_fast_paths_)
-        if (fp->supports(g, op, dtype, numel)) return *fp;
-    return *device_;
+    bad_args(op, g, "tensors on " + device.str() + " are not supported (CPU or CUDA)");
   }
-  if (!device.is_cpu()) bad_args(op, g, "tensors on " + device.str() + " are not supported (CPU or CUDA)");
   if (fast_paths_enabled_)
     for (auto& fp : fast_paths_)
       if (fp->supports(g, op, dtype, numel)) return *fp;
@@ -172,7 +219,7 @@ WorkHandle Comm::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_s
   // Counted and signed in the dtype that travels (the input's).
   const auto sent = std::make_pair(in_shard.scalar_type(), out_flat.numel());
   return count(g, op, t, sent.first, sent.second,
-               t.all_gather(g, out_flat.view(-1), in_shard.view(-1), signature(op, sent, label)));
+               t.all_gather(g, host_view(out_flat).view(-1), host_view(in_shard).view(-1), signature(op, sent, label)));
 }
 
 WorkHandle Comm::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp rop,
@@ -192,7 +239,8 @@ WorkHandle Comm::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor
   const std::string extra = std::string(rop == ReduceOp::Avg ? " (avg)" : " (sum)") +
                             (widening ? std::string(" into ") + c10::toString(out_shard.scalar_type()) : "");
   return count(g, op, t, in_flat,
-               t.reduce_scatter(g, out_shard.view(-1), in_flat.view(-1), rop, signature(op, in_flat, label, extra)));
+               t.reduce_scatter(g, host_view(out_shard).view(-1), host_view(in_flat).view(-1), rop,
+                                signature(op, in_flat, label, extra)));
 }
 
 WorkHandle Comm::all_reduce(const Group& g, at::Tensor tensor, ReduceOp rop, std::string_view label) {
@@ -200,7 +248,8 @@ WorkHandle Comm::all_reduce(const Group& g, at::Tensor tensor, ReduceOp rop, std
   check_dense(op, g, tensor, "tensor");
   Transport& t = route(g, op, tensor);
   return count(g, op, t, tensor,
-               t.all_reduce(g, tensor, rop, signature(op, tensor, label, rop == ReduceOp::Avg ? " (avg)" : " (sum)")));
+               t.all_reduce(g, host_view(tensor), rop,
+                            signature(op, tensor, label, rop == ReduceOp::Avg ? " (avg)" : " (sum)")));
 }
 
 WorkHandle Comm::broadcast(const Group& g, at::Tensor tensor, int root, std::string_view label) {
@@ -211,10 +260,13 @@ WorkHandle Comm::broadcast(const Group& g, at::Tensor tensor, int root, std::str
                         std::to_string(g.size() - 1) + ")");
   Transport& t = route(g, op, tensor);
   return count(g, op, t, tensor,
-               t.broadcast(g, tensor, root, signature(op, tensor, label, " from rank " + std::to_string(root))));
+               t.broadcast(g, host_view(tensor), root,
+                           signature(op, tensor, label, " from rank " + std::to_string(root))));
 }
 
 WorkHandle Comm::barrier(const Group& g) {
+  if (g.shut_down())
+    bad_args(CollectiveOp::Barrier, g, "the world was shut down (World::shutdown(), or the program is exiting)");
   Transport& t = *backend_;
   return count(g, CollectiveOp::Barrier, t, at::Tensor(), t.barrier(g, signature(CollectiveOp::Barrier, std::nullopt, {})));
 }

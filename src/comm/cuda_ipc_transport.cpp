@@ -2,15 +2,18 @@
 #include "comm/cuda_ipc_transport.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
 #include "comm/cuda/peer_sum.h"
+#include "comm/device_placement.h"
 #include "comm/group_impl.h"
 #include "comm/shm/lane.h"
 #include "comm/shm_transport.h"
@@ -23,13 +26,18 @@ namespace zero::comm {
 struct CudaIpcGroup {
   c10::Device device{c10::kCUDA, 0};
   int64_t bytes = 0;                // per rank
-  void* own = nullptr;              // cudaMalloc'd
-  std::vector<char*> staging;       // by group rank; own at this rank
+  // This rank's buffer: a block of the caching allocator (its stats count
+  // it, and an allocation that finds the device full frees cached blocks
+  // first), or raw cudaMalloc memory where such a block cannot be exported
+  // (expandable segments).
+  at::Tensor own_block;
+  void* own_raw = nullptr;
+  std::vector<char*> staging;       // by group rank; this rank's own buffer at its rank
+  std::vector<void*> mapped;        // peers' allocations opened here, to close
   c10::cuda::CUDAStream stream = c10::cuda::getDefaultCUDAStream();
   ~CudaIpcGroup() {
-    for (size_t q = 0; q < staging.size(); ++q)
-      if (staging[q] && staging[q] != own) cudaIpcCloseMemHandle(staging[q]);
-    if (own) cudaFree(own);
+    for (void* p : mapped) cudaIpcCloseMemHandle(p);
+    if (own_raw) cudaFree(own_raw);
   }
 };
 
@@ -45,6 +53,39 @@ int64_t staging_bytes() {
   return std::max<int64_t>(v, 1 << 16) & ~int64_t{255};
 }
 
+// What a peer needs to map a buffer: the IPC handle of the allocation it
+// lies in, and its offset there (a caching-allocator block is part of a
+// larger cudaMalloc'd segment).
+struct Exported {
+  cudaIpcMemHandle_t handle{};
+  uint64_t offset = 0;
+};
+
+// This rank's staging buffer (its address into `own`) and its export; an
+// error message if either failed.
+std::string allocate_and_export(CudaIpcGroup& ipc, Exported& out, char*& own) {
+  try {
+    ipc.own_block = at::empty({ipc.bytes}, at::TensorOptions().dtype(at::kByte).device(ipc.device));
+    void* ptr = ipc.own_block.data_ptr();
+    size_t segment = 0;
+    void* base = c10::cuda::CUDACachingAllocator::getBaseAllocation(ptr, &segment);
+    if (base && cudaIpcGetMemHandle(&out.handle, base) == cudaSuccess) {
+      out.offset = static_cast<uint64_t>(static_cast<char*>(ptr) - static_cast<char*>(base));
+      own = static_cast<char*>(ptr);
+      return {};
+    }
+    (void)cudaGetLastError();  // clear the failed export
+    ipc.own_block = at::Tensor();
+    check(cudaMalloc(&ipc.own_raw, static_cast<size_t>(ipc.bytes)), "cudaMalloc of the staging buffer");
+    check(cudaIpcGetMemHandle(&out.handle, ipc.own_raw), "cudaIpcGetMemHandle");
+    out.offset = 0;
+    own = static_cast<char*>(ipc.own_raw);
+    return {};
+  } catch (const std::exception& e) {
+    return first_line(e.what());
+  }
+}
+
 // Collective over the group through its store: every rank allocates and
 // publishes its buffer, opens its peers', and all agree it worked (so a
 // failure is an error on every rank, not a hang on some).
@@ -55,30 +96,27 @@ std::shared_ptr<CudaIpcGroup> make_ipc_group(const Group& g, c10::Device device,
   ipc->staging.assign(static_cast<size_t>(g.size()), nullptr);
   c10::cuda::CUDAGuard guard(device);
   c10d::Store& store = *g.impl().store;
-  std::string error;
-  cudaIpcMemHandle_t handle{};
-  try {
-    check(cudaMalloc(&ipc->own, static_cast<size_t>(ipc->bytes)), "cudaMalloc of the staging buffer");
-    check(cudaIpcGetMemHandle(&handle, ipc->own), "cudaIpcGetMemHandle");
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  const auto* raw = reinterpret_cast<const uint8_t*>(&handle);
+  Exported mine;
+  std::string error = allocate_and_export(*ipc, mine, ipc->staging[g.rank()]);
+  const auto* raw = reinterpret_cast<const uint8_t*>(&mine);
   const std::string key = "ipc_" + lane + "_";
-  store.set(key + "handle_" + std::to_string(g.rank()), std::vector<uint8_t>(raw, raw + sizeof handle));
-  ipc->staging[g.rank()] = static_cast<char*>(ipc->own);
+  store.set(key + "handle_" + std::to_string(g.rank()), std::vector<uint8_t>(raw, raw + sizeof mine));
   for (int q = 0; q < g.size() && error.empty(); ++q) {
     if (q == g.rank()) continue;
     const auto bytes = store.get(key + "handle_" + std::to_string(q));
-    cudaIpcMemHandle_t peer{};
+    Exported peer;
     std::memcpy(&peer, bytes.data(), std::min(bytes.size(), sizeof peer));
-    void* mapped = nullptr;
-    const cudaError_t err = cudaIpcOpenMemHandle(&mapped, peer, cudaIpcMemLazyEnablePeerAccess);
-    if (err != cudaSuccess) error = "cudaIpcOpenMemHandle of rank " + std::to_string(q) + "'s buffer: " + cudaGetErrorString(err);
-    ipc->staging[q] = static_cast<char*>(mapped);
+    void* base = nullptr;
+    const cudaError_t err = cudaIpcOpenMemHandle(&base, peer.handle, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      error = "cudaIpcOpenMemHandle of rank " + std::to_string(q) + "'s buffer: " + cudaGetErrorString(err);
+      break;
+    }
+    ipc->mapped.push_back(base);
+    ipc->staging[q] = static_cast<char*>(base) + peer.offset;
   }
-  const std::string mine = error.empty() ? "ok" : error;
-  store.set(key + "ok_" + std::to_string(g.rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+  const std::string verdict = error.empty() ? "ok" : error;
+  store.set(key + "ok_" + std::to_string(g.rank()), std::vector<uint8_t>(verdict.begin(), verdict.end()));
   for (int q = 0; q < g.size(); ++q) {
     const auto v = store.get(key + "ok_" + std::to_string(q));
     const std::string s(v.begin(), v.end());
@@ -90,9 +128,56 @@ std::shared_ptr<CudaIpcGroup> make_ipc_group(const Group& g, c10::Device device,
   return ipc;
 }
 
+// This rank's GPU, named so that every process sees the same name (a UUID).
+std::string gpu_uuid(c10::Device device) {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device.index()), "cudaGetDeviceProperties on " + device.str());
+  const cudaUUID_t& uuid = prop.uuid;
+  static const char* hex = "0123456789abcdef";
+  std::string s = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    const auto b = static_cast<unsigned char>(uuid.bytes[i]);
+    s += hex[b >> 4];
+    s += hex[b & 15];
+    if (i == 3 || i == 5 || i == 7 || i == 9) s += '-';
+  }
+  return s;
+}
+
+// Whether the group's CUDA collectives go through CUDA IPC, decided at its
+// first one (comm/device_placement.h) from every rank's host and GPU, and
+// said once, by the group's rank 0. Collective over the group (store
+// rounds); the caller holds impl.device_backend_mu.
+bool decide_cuda_ipc(const Group& g, Group::Impl& impl, c10::Device device) {
+  c10d::Store& store = *impl.store;
+  const std::string mine = host_identity() + "\n" + gpu_uuid(device);
+  store.set("cuda_route_" + std::to_string(g.rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<RankGpu> ranks;
+  for (int q = 0; q < g.size(); ++q) {
+    const auto v = store.get("cuda_route_" + std::to_string(q));
+    const std::string s(v.begin(), v.end());
+    const auto cut = s.rfind('\n');
+    ranks.push_back({s.substr(0, cut), s.substr(cut + 1)});
+  }
+  const CudaRoute route = choose_cuda_route(ranks, cuda_ipc_allowed_by_env());
+  if (route.via == CudaRoute::Via::Neither) throw CommError(g.describe() + ": " + route.why);
+  if (g.rank() == 0) std::fprintf(stderr, "[zero-cpp] %s: CUDA collectives through %s\n", g.describe().c_str(), route.why.c_str());
+  return route.via == CudaRoute::Via::CudaIpc;
+}
+
 class CudaIpcTransport : public Transport {
  public:
   std::string name() const override { return "cuda_ipc"; }
+
+  // Ranks sharing a GPU only (comm/device_placement.h); each with its own: NCCL.
+  bool supports_on(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t numel,
+                   at::Device device) const override {
+    if (!supports(g, op, dtype, numel)) return false;
+    Group::Impl& impl = g.impl();
+    std::lock_guard<std::mutex> lock(impl.device_backend_mu);
+    if (!impl.cuda_ipc_chosen) impl.cuda_ipc_chosen = decide_cuda_ipc(g, impl, device);
+    return *impl.cuda_ipc_chosen;
+  }
 
   bool supports(const Group& g, CollectiveOp op, at::ScalarType dtype, int64_t) const override {
     if (!shm_lane(g, op) || !cuda_ipc_allowed_by_env()) return false;

@@ -53,11 +53,11 @@ class LaneWork : public Work {
       if (job_->error) throw CommError(*job_->error);
       work = job_->work;
     }
-    work->wait();
+    if (work) work->wait();  // none for a signature check alone
   }
   bool is_completed() override {
     std::lock_guard<std::mutex> lock(job_->mu);
-    return job_->settled && (job_->error || job_->work->is_completed());
+    return job_->settled && (job_->error || !job_->work || job_->work->is_completed());
   }
 
  private:
@@ -77,6 +77,10 @@ GlooLane::~GlooLane() {
   cv_.notify_all();
   thread_.join();
   for (auto& job : queue_) job->settle(nullptr, job->what + " failed: its group was destroyed");
+}
+
+WorkHandle GlooLane::check(const Group& g, const char* op, const Signature& sig) {
+  return submit(g, op, sig, nullptr, nullptr);
 }
 
 WorkHandle GlooLane::submit(const Group& g, const char* op, const Signature& sig, Launch launch,
@@ -129,6 +133,10 @@ void GlooLane::run() {
     }
     try {
       check_signatures(*job);
+      if (!job->launch) {  // check()
+        job->settle(nullptr, std::nullopt);
+        continue;
+      }
       auto work = std::make_shared<BackendWork>(job->launch(*backend_), std::move(job->finish), job->what, timeout_);
       job->settle(std::move(work), std::nullopt);
     } catch (const CollectiveMismatch& e) {

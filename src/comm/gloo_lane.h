@@ -42,6 +42,10 @@ class GlooLane {
   // `finish` runs once after the collective completes (e.g. a local sum).
   WorkHandle submit(const Group& g, const char* op, const Signature& sig, Launch launch,
                     std::function<void()> finish);
+  // The signature exchange alone, in the lane's order: a collective that
+  // another transport runs (NCCL, in debug mode) checked first. One host
+  // round trip among the group's ranks.
+  WorkHandle check(const Group& g, const char* op, const Signature& sig);
 
   struct Job;  // a submitted collective (gloo_lane.cpp)
 

@@ -122,4 +122,9 @@ WorkHandle GlooTransport::barrier(const Group& g, const Signature& sig) {
                                nullptr);
 }
 
+void check_signature_on_host(const Group& g, CollectiveOp op, const Signature& sig) {
+  GlooLane& lane = op == CollectiveOp::ReduceScatter ? *g.impl().reduce_lane : *g.impl().lane;
+  lane.check(g, to_string(op), sig)->wait();
+}
+
 }  // namespace zero::comm

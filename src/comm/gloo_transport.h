@@ -37,4 +37,11 @@ class GlooTransport : public Transport {
   WorkHandle barrier(const Group& g, const Signature& sig) override;
 };
 
+// The signature exchange alone, on the group's Gloo lane that would carry
+// `op` (reduce-scatters on theirs): how a transport without a check of its
+// own (NCCL, in debug mode) has its collectives compared, in the order the
+// CPU path would see them. Blocks until every rank agreed; throws
+// CollectiveMismatch on every rank if they do not.
+void check_signature_on_host(const Group& g, CollectiveOp op, const Signature& sig);
+
 }  // namespace zero::comm

@@ -1,8 +1,10 @@
 // What a Group holds for the transports: its backend communicator.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
+#include <optional>
 
 #include <c10/util/intrusive_ptr.h>
 
@@ -38,13 +40,29 @@ struct Group::Impl {
   std::shared_ptr<HierGroup> hier;
   // This group's part of the world's store, for backends made later.
   c10::intrusive_ptr<c10d::Store> store;
-  // The CUDA backend (comm/nccl_transport.h), made on the group's first CUDA
-  // collective; autograd's device thread may issue that one, hence the lock.
+  // The CUDA backends (comm/nccl_transport.h), made on the group's first
+  // CUDA collective of each lane -- reduce-scatters on a communicator of
+  // their own, for the reason the Gloo lanes are two; autograd's device
+  // thread may make one, hence the lock.
   std::mutex device_backend_mu;
   c10::intrusive_ptr<c10d::Backend> device_backend;
+  c10::intrusive_ptr<c10d::Backend> device_reduce_backend;
   // The CUDA IPC fast path's staging buffers, made on first use: one set
   // per lane (reduce-scatters run beside the rest, as on the CPU).
   std::shared_ptr<CudaIpcGroup> cuda_ipc, cuda_ipc_reduce;
+  // How this group's CUDA collectives travel, decided at its first one from
+  // where its ranks' GPUs are (comm/device_placement.h); guarded by
+  // device_backend_mu.
+  std::optional<bool> cuda_ipc_chosen;
+
+  // World::shutdown(): the lanes stop (failing what is queued), then the
+  // communicators go -- NCCL's before CUDA's own teardown. Every collective
+  // on the group is refused from then on (Comm checks closed()).
+  void shutdown();
+  bool closed() const { return shut_down_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<bool> shut_down_{false};
 };
 
 }  // namespace zero::comm

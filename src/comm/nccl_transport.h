@@ -1,7 +1,9 @@
-// The CUDA backend: c10d's ProcessGroupNCCL, one per group, made on the
-// group's first CUDA collective (NCCL then builds its communicator for the
-// tensor's device). The dispatcher (Comm) routes every CUDA tensor here and
-// CPU tensors to the shared-memory fast path or Gloo, as before.
+// The CUDA backend: c10d's ProcessGroupNCCL, two per group -- one for
+// reduce-scatters, one for the rest, as the Gloo lanes are two: hook-driven
+// reductions must never interleave with unit gathers in a rank-dependent
+// order on one communicator -- each made on its lane's first CUDA
+// collective. The dispatcher (Comm) routes CUDA tensors here unless ranks
+// share a GPU (CUDA IPC, comm/device_placement.h).
 //
 // Stream semantics are NCCL's through c10d, FSDP2's pattern: a collective
 // runs on NCCL's own stream after waiting for the caller's current stream
@@ -11,9 +13,19 @@
 // recordStream, so the caching allocator cannot hand a buffer that a
 // collective still reads to another stream (pytorch #147168).
 //
-// Exactness as the CPU transports: a 16-bit reduction (reduce-scatter into
-// fp32, or an all-reduce) runs in fp32 and rounds once; a widening
-// all-gather gathers the 16 bits that travel and converts on the stream.
+// 16-bit reductions run in 16 bits, NCCL's way and DeepSpeed's: no fp32
+// copy of the bucket (a reduce-scatter into an fp32 shard reduces in 16
+// bits into a 16-bit shard, then widens that). The host transports and CUDA
+// IPC accumulate in fp32 instead; communication_data_type "fp32" makes the
+// engine widen the grads before they travel, on every transport.
+//
+// Signatures: NCCL has no check that the ranks run the same collective; a
+// disagreement hangs until the watchdog's timeout. With
+// TORCH_DISTRIBUTED_DEBUG=DETAIL (or ZERO_CHECK_DEVICE_COLLECTIVES=on) each
+// one's signature is first compared on the group's Gloo lane of the same
+// kind (comm/gloo_lane.h: check()), so ranks that disagree fail on every
+// rank naming both sides. It costs one host round trip per collective and
+// ties the host to its peers, so it is a debug mode (README, "GPU").
 //
 // Built with ZERO_CUDA only (make_nccl_transport() is null otherwise).
 // STATUS: compiled and linked in CI; not yet run on a GPU (README, "GPU").

@@ -23,6 +23,11 @@ static_assert(sizeof(SignatureRecord) == 128, "a record is two cache lines' half
 
 SignatureRecord make_signature_record(const std::string& text);
 
+// Whether collectives of transports that check nothing themselves (NCCL)
+// are compared on the host first: TORCH_DISTRIBUTED_DEBUG=DETAIL, or
+// ZERO_CHECK_DEVICE_COLLECTIVES=on (comm/nccl_transport.h says what it costs).
+bool device_signature_check_enabled();
+
 // The message when the ranks' records differ -- the first rank whose record
 // differs from rank 0's, so every rank reports the same pair -- or "" when
 // they all agree. `records` holds one record per group rank; `rank_name(q)`

@@ -1,7 +1,12 @@
-// Rendezvous (c10d TCPStore) and process-group construction.
+// Rendezvous (c10d TCPStore), the rank's device, process-group
+// construction, and the world's shutdown.
 #include <cstdlib>
 #include <iostream>
+#include <mutex>
 #include <thread>
+
+#include <ATen/DeviceAccelerator.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -59,16 +64,105 @@ void wait_for_all_ranks(c10d::Store& store, int world_size, std::chrono::millise
   }
 }
 
+// The device a rank computes on, made current: the accelerator's device
+// LOCAL_RANK mod the devices visible (several ranks on one GPU then share it
+// through CUDA IPC), else the CPU. Every later allocation and launch that
+// does not name its device lands there, as it does for a torchrun script
+// that called torch.cuda.set_device(local_rank).
+at::Device rank_device(const LaunchEnv& env, const std::optional<at::Device>& given) {
+  if (given) {
+    if (!given->is_cpu()) {
+      const at::Device d = given->has_index() ? *given : at::Device(given->type(), 0);
+      c10::impl::VirtualGuardImpl(d.type()).setDevice(d);
+      return d;
+    }
+    return *given;
+  }
+  const auto accelerator = at::accelerator::getAccelerator(false);
+  if (!accelerator) return at::kCPU;
+  const c10::DeviceIndex count = at::accelerator::deviceCount();
+  if (count <= 0) return at::kCPU;  // a CUDA build on a machine without a GPU
+  const auto index = static_cast<c10::DeviceIndex>(env.local_rank % count);
+  at::accelerator::setDeviceIndex(index);
+  return at::Device(*accelerator, index);
+}
+
+}  // namespace
+
+// Group::Impl::shutdown (comm/group_impl.h): what runs on the group's
+// threads stops first, then the communicators those threads used.
+void Group::Impl::shutdown() {
+  if (shut_down_.exchange(true, std::memory_order_acq_rel)) return;
+  hier.reset();  // its executors' threads; its sub-groups are the world's groups too, shut down on their own
+  shm.reset();   // the lanes finish or fail what is queued (CUDA IPC's jobs run there), the segment goes
+  cuda_ipc.reset();
+  cuda_ipc_reduce.reset();
+  lane.reset();  // Gloo's lane threads, before their backends
+  reduce_lane.reset();
+  {
+    std::lock_guard<std::mutex> lock(device_backend_mu);
+    for (auto* b : {&device_backend, &device_reduce_backend}) {
+      if (*b) (*b)->shutdown();  // NCCL's communicators, while CUDA is still up
+      b->reset();
+    }
+  }
+  backend.reset();
+  reduce_backend.reset();
+}
+
+namespace {
+
+// The worlds alive in this process, shut down by an exit handler if the
+// program never does it: a World in a static, or never freed, would
+// otherwise outlive CUDA's teardown (NCCL's destructors then hang or crash).
+// Never destroyed: the handler may run after other statics are gone.
+struct LiveWorlds {
+  std::mutex mu;
+  std::vector<World*> worlds;
+};
+LiveWorlds& live_worlds() {
+  static auto* w = new LiveWorlds;
+  return *w;
+}
+
+void shutdown_live_worlds() {
+  std::vector<World*> worlds;
+  {
+    std::lock_guard<std::mutex> lock(live_worlds().mu);
+    worlds = live_worlds().worlds;
+  }
+  for (auto it = worlds.rbegin(); it != worlds.rend(); ++it) (*it)->shutdown();
+}
+
+// Handlers run in the reverse order of their registration, CUDA's own among
+// them: registered once the device is set (CUDA initialised), ours runs first.
+void install_exit_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(shutdown_live_worlds); });
+}
+
 }  // namespace
 
 struct World::Impl {
   LaunchEnv env;
+  at::Device compute_device{at::kCPU};
   std::chrono::milliseconds collective_timeout;
   c10::intrusive_ptr<c10d::Store> store;
   std::shared_ptr<::gloo::transport::Device> device;
   std::shared_ptr<Group> world_group;
   Comm comm{std::make_shared<GlooTransport>()};
   int next_group_id = 0;
+  // Every group made here (sub-groups of hierarchical ones too), in order.
+  std::vector<std::shared_ptr<Group::Impl>> groups;
+  std::mutex shutdown_mu;
+  bool shut_down = false;
+
+  void shutdown() {
+    std::lock_guard<std::mutex> lock(shutdown_mu);
+    if (shut_down) return;
+    shut_down = true;
+    for (auto it = groups.rbegin(); it != groups.rend(); ++it) (*it)->shutdown();  // sub-groups before their parent
+  }
 
   std::string host_of(int rank) {
     auto v = store->get("zero_host_" + std::to_string(rank));
@@ -92,6 +186,7 @@ struct World::Impl {
       return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, group_rank, static_cast<int>(ranks.size()), opts);
     };
     auto impl = std::make_shared<Group::Impl>();
+    groups.push_back(impl);
     try {
       impl->backend = lane("");
       impl->reduce_backend = lane("_reduce");
@@ -139,12 +234,28 @@ struct World::Impl {
   }
 };
 
-World::World(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-World::~World() = default;
+World::World(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
+  std::lock_guard<std::mutex> lock(live_worlds().mu);
+  live_worlds().worlds.push_back(this);
+}
+
+World::~World() {
+  shutdown();
+  std::lock_guard<std::mutex> lock(live_worlds().mu);
+  auto& w = live_worlds().worlds;
+  w.erase(std::remove(w.begin(), w.end(), this), w.end());
+}
+
+void World::shutdown() { impl_->shutdown(); }
+bool World::is_shut_down() const {
+  std::lock_guard<std::mutex> lock(impl_->shutdown_mu);
+  return impl_->shut_down;
+}
 
 int World::rank() const { return impl_->env.rank; }
 int World::size() const { return impl_->env.world_size; }
 const LaunchEnv& World::env() const { return impl_->env; }
+at::Device World::device() const { return impl_->compute_device; }
 const Group& World::group() const { return *impl_->world_group; }
 Comm& World::comm() { return impl_->comm; }
 
@@ -176,6 +287,8 @@ std::shared_ptr<World> init_distributed(const DistributedOptions& opts) {
   auto impl = std::make_unique<World::Impl>();
   impl->env = read_launch_env();
   const LaunchEnv& env = impl->env;
+  impl->compute_device = rank_device(env, opts.device);
+  install_exit_handler();  // after the device is set: see install_exit_handler
   const auto rendezvous_timeout = env_seconds("ZERO_RENDEZVOUS_TIMEOUT_S", opts.rendezvous_timeout);
   impl->collective_timeout = env_seconds("ZERO_COLLECTIVE_TIMEOUT_S", opts.collective_timeout);
 
@@ -214,9 +327,9 @@ std::shared_ptr<World> init_distributed(const DistributedOptions& opts) {
   // Groups spanning hosts: inside each host, then across (comm/hierarchical_transport.h).
   impl->comm.add_fast_path(std::make_shared<HierarchicalTransport>());
   // CUDA tensors: NCCL, when built with CUDA (comm/nccl_transport.h).
-  if (auto nccl = make_nccl_transport()) impl->comm.set_device_transport(std::move(nccl));
-  // Ranks of one host (several on one GPU too): CUDA IPC (comm/cuda_ipc_transport.h).
-  if (auto ipc = make_cuda_ipc_transport()) impl->comm.add_device_fast_path(std::move(ipc));
+  if (auto nccl = make_nccl_transport()) impl->comm.set_device_transport(c10::DeviceType::CUDA, std::move(nccl));
+  // Ranks sharing a GPU on one host: CUDA IPC (comm/cuda_ipc_transport.h).
+  if (auto ipc = make_cuda_ipc_transport()) impl->comm.add_device_fast_path(c10::DeviceType::CUDA, std::move(ipc));
   impl->device = make_gloo_device(env);
   std::vector<int> all(env.world_size);
   for (int r = 0; r < env.world_size; ++r) all[r] = r;

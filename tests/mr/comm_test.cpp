@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "comm/gloo_transport.h"
 #include "comm/shm/lane.h"
 #include "comm/shm_transport.h"
 #include "memory/page_buffer.h"
@@ -56,21 +57,16 @@ at::Tensor rank_data(int rank, int64_t n, at::ScalarType dt, int salt = 0) {
 }
 
 // Routing by device: CPU tensors to the shared-memory path or Gloo; CUDA
-// tensors, when the build has CUDA, to CUDA IPC between ranks of one host
-// (all of them here) and to NCCL otherwise -- both make their state on the
-// first CUDA collective, so this needs no GPU; anything else named.
+// tensors, when the build has CUDA, to NCCL, or to CUDA IPC where ranks of
+// one host share a GPU -- decided at a group's first CUDA collective from
+// where its ranks' GPUs are (comm/device_placement.h, unit-tested; the GPU
+// suite checks the choice on a GPU); anything else named.
 TEST(Routing, ByDevice) {
   auto& comm = world().comm();
   const Group& g = world().group();
   const auto op = zero::comm::CollectiveOp::AllGather;
-  const auto rs = zero::comm::CollectiveOp::ReduceScatter;
   const at::Device gpu(at::kCUDA, 0);
   EXPECT_EQ(comm.route_name(g, op, at::kFloat, 64, at::kCPU), "shm");
-#ifdef ZERO_TEST_WITH_CUDA
-  EXPECT_EQ(comm.route_name(g, op, at::kBFloat16, 64, gpu), "cuda_ipc");
-  EXPECT_EQ(comm.route_name(g, rs, at::kBFloat16, 64, gpu), "cuda_ipc");
-  EXPECT_EQ(comm.route_name(g, rs, at::kInt, 64, gpu), "nccl") << "no integer sums on the IPC path";
-#endif
   comm.set_fast_paths_enabled(false);
   EXPECT_EQ(comm.route_name(g, op, at::kFloat, 64, at::kCPU), "gloo");
 #ifdef ZERO_TEST_WITH_CUDA
@@ -515,6 +511,46 @@ TEST(Disagreement, IsAnErrorOnEveryRankNamingBothSides) {
       EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
       w.comm().set_fast_paths_enabled(true);
     }
+  w.comm().barrier(w.group())->wait();
+}
+
+// NCCL checks nothing itself: in debug mode (TORCH_DISTRIBUTED_DEBUG=DETAIL)
+// each of its collectives is first compared on the group's Gloo lane of
+// the same kind. That check, here on its own: ranks that agree pass; ranks
+// that disagree fail on every rank at once, naming both sides; a
+// reduce-scatter's check rides the reduce lane, so it neither waits for nor
+// pairs with the main lane's.
+TEST(DeviceSignatureCheck, RanksThatDisagreeFailOnEveryRankNamingBoth) {
+  auto& w = world();
+  std::vector<int> all(w.size());
+  for (int r = 0; r < w.size(); ++r) all[r] = r;
+  auto g = w.new_group(all, "device_signatures");
+  const auto ag = zero::comm::CollectiveOp::AllGather, rs = zero::comm::CollectiveOp::ReduceScatter;
+  zero::comm::check_signature_on_host(*g, ag, {"allgather of 64 BFloat16 [params of unit 'h0']"});
+  // Different orders on the two lanes: rank 0 checks the reduce-scatter
+  // first, the others the allgather; each lane still pairs its own.
+  auto both = [&](bool reduce_first) {
+    std::thread other([&] {
+      zero::comm::check_signature_on_host(*g, reduce_first ? ag : rs,
+                                          {reduce_first ? "allgather of 8 Float" : "reduce_scatter of 8 Float"});
+    });
+    zero::comm::check_signature_on_host(*g, reduce_first ? rs : ag,
+                                        {reduce_first ? "reduce_scatter of 8 Float" : "allgather of 8 Float"});
+    other.join();
+  };
+  both(w.rank() == 0);
+  const bool odd = w.rank() == w.size() - 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    zero::comm::check_signature_on_host(*g, ag, {odd ? "allgather of 100 Float" : "allgather of 200 Float"});
+    ADD_FAILURE() << "no error";
+  } catch (const zero::comm::CollectiveMismatch& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("of 100 Float"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("of 200 Float"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(g->describe()), std::string::npos) << msg;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
   w.comm().barrier(w.group())->wait();
 }
 

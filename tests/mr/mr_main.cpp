@@ -1,3 +1,7 @@
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
 #include <gtest/gtest.h>
 
 #include "mr.h"
@@ -6,16 +10,45 @@ namespace zero::test {
 
 namespace {
 std::shared_ptr<World> g_world;
+World* g_leaked = nullptr;
 }
 
-World& world() { return *g_world; }
+World& world() { return g_leaked ? *g_leaked : *g_world; }
 
 }  // namespace zero::test
 
+// ZERO_TEST_SHUTDOWN says how the program ends its world (the shutdown
+// test, tests/scripts/shutdown_test.sh, runs each):
+//   explicit (default)  World::shutdown() after the tests, then a collective,
+//                       which must be refused naming the shutdown;
+//   static              forgotten: the World stays in a static until exit;
+//   leak                forgotten: the World is never destroyed at all.
+// Either forgotten way the exit handler init_distributed installs must end
+// the world cleanly (exit 0, no thread left running, nothing in /dev/shm).
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
-  zero::test::g_world = zero::init_distributed();
+  const char* mode_env = std::getenv("ZERO_TEST_SHUTDOWN");
+  const std::string mode = mode_env ? mode_env : "explicit";
+  if (mode == "leak") {
+    zero::test::g_leaked = (new std::shared_ptr<zero::World>(zero::init_distributed()))->get();  // never freed
+  } else {
+    zero::test::g_world = zero::init_distributed();
+  }
   int rc = RUN_ALL_TESTS();
+  if (mode == "explicit") {
+    zero::World& w = zero::test::world();
+    w.shutdown();
+    try {
+      w.comm().barrier(w.group())->wait();
+      std::fprintf(stderr, "a collective after World::shutdown() was not refused\n");
+      rc = rc ? rc : 3;
+    } catch (const zero::comm::CommError& e) {
+      if (std::string(e.what()).find("shut down") == std::string::npos) {
+        std::fprintf(stderr, "a collective after World::shutdown() failed without naming it: %s\n", e.what());
+        rc = rc ? rc : 3;
+      }
+    }
+  }
   // A failed rank must not leave its peers waiting in a later collective:
   // exiting non-zero makes zero-run stop the others.
   return rc;
