@@ -95,9 +95,9 @@ void use_param_groups(const std::vector<ParamGroup>& param_groups, const std::ve
 
 int64_t resident(const at::Tensor& t) { return memory::resident_bytes(t); }
 
-// The one device the model's params and buffers are on (CUDA needs a build
-// with CUDA).
-at::Device model_device(const torch::nn::Module& m, const Config& c) {
+// The one device the model's params and buffers are on: the CPU, or a
+// device the collectives can serve (CUDA needs a build with CUDA).
+at::Device model_device(const torch::nn::Module& m, const comm::Comm& comm) {
   std::optional<at::Device> device;
   std::string first;
   auto visit = [&](const std::string& name, const at::Tensor& t) {
@@ -113,14 +113,11 @@ at::Device model_device(const torch::nn::Module& m, const Config& c) {
   for (const auto& p : m.named_parameters()) visit(p.key(), p.value());
   for (const auto& b : m.named_buffers()) visit(b.key(), b.value());
   const at::Device d = device.value_or(at::Device(at::kCPU));
-  if (d.is_cuda()) {
-#ifndef ZERO_WITH_CUDA
+  if (d.is_cuda() && !comm.serves(d.type()))
     throw std::invalid_argument("zero::Engine: the model is on " + d.str() +
                                 " but this zero-cpp was built without CUDA (ZERO_CUDA)");
-#endif
-  } else if (!d.is_cpu()) {
+  if (!comm.serves(d.type()))
     throw std::invalid_argument("zero::Engine: the model is on " + d.str() + "; zero-cpp trains on CPU or CUDA");
-  }
   return d;
 }
 
@@ -135,7 +132,8 @@ bool same_storage(const at::Tensor& a, const at::Tensor& b) {
 Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::shared_ptr<comm::Group> owner,
                    const comm::Group& group, const std::vector<ParamGroup>& param_groups)
     : config(c), comm(cm), dp_owner(std::move(owner)), dp(group), policy(StagePolicy::for_stage(c.zero.stage)),
-      precision((validate(c), resolve_precision(c, cm, group, model_device(m, c)))),
+      device((validate(c), model_device(m, cm))), on_device_while_building(std::in_place, guard_device(device)),
+      precision(resolve_precision(c, cm, group, device)),
       training_log(c, group.rank() == 0, [this](const std::string& line) { log(line); }),
       optimizer(config, policy, cm, group, [this](const std::string& line) { log(line); }),
       groups(model.groups) {
@@ -149,8 +147,8 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
   cast_replicated_to_compute(replicated, precision);
   model = group_params(m, GroupingContext{config, policy, precision, optimizer, comm, dp});
   use_param_groups(param_groups, groups, config, optimizer);
-  ReducerOptions ro{policy, config.zero.overlap_comm(), config.zero.contiguous_gradients, precision.grad, nullptr,
-                    [this] { return implicit_backward(); }};
+  ReducerOptions ro{policy, config.zero.overlap_comm(), config.zero.contiguous_gradients, precision.grad,
+                    precision.wire, nullptr, [this] { return implicit_backward(); }};
   if (policy.shard_params) {
     const auto& z = config.zero;
     Stage3Options so{z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance,
@@ -166,6 +164,7 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
   }
   reducer = std::make_shared<GradReducer>(groups, comm, dp, ro);
   reducer->install_hooks();
+  on_device_while_building.reset();
 }
 
 Engine::Impl::~Impl() {
@@ -365,12 +364,14 @@ Engine::~Engine() = default;
 // ---- forward --------------------------------------------------------------------
 
 void Engine::begin_forward() {
+  const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   impl_->check_usable();
   impl_->forward_started = std::chrono::steady_clock::now();
   if (impl_->stage3) impl_->stage3->begin_root_forward();
 }
 
 at::Tensor Engine::end_forward(const at::Tensor& out) {
+  const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   at::Tensor result = impl_->stage3 ? impl_->stage3->end_root_forward(out) : out;
   impl_->training_log.add_time(TrainingLog::Forward, std::chrono::duration<double, std::milli>(
                                                          std::chrono::steady_clock::now() - impl_->forward_started)
@@ -379,6 +380,7 @@ at::Tensor Engine::end_forward(const at::Tensor& out) {
 }
 
 void Engine::forward_failed() {
+  const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   if (impl_->stage3) impl_->stage3->root_forward_failed();
 }
 
@@ -388,6 +390,7 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
   if (!loss.requires_grad())
     throw std::invalid_argument("zero::Engine::backward: the loss does not require grad (computed under no_grad?)");
   auto& m = *impl_;
+  const c10::OptionalDeviceGuard on_device(guard_device(m.device));
   m.check_usable();
   m.check_no_gathered_scope("backward()");
   m.recover_if_backward_failed();
@@ -414,6 +417,7 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
 }
 
 bool Engine::step() {
+  const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;
   m.check_usable();
   m.check_no_gathered_scope("step()");
@@ -459,6 +463,7 @@ Engine::CoalesceGradReduction::CoalesceGradReduction(Engine& e)
 }
 
 void Engine::CoalesceGradReduction::finish() {
+  const c10::OptionalDeviceGuard on_device(guard_device(engine_.impl_->device));
   if (finished_) return;
   finished_ = true;
   auto& m = *engine_.impl_;
@@ -486,6 +491,7 @@ Engine::CoalesceGradReduction::~CoalesceGradReduction() {
 }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& client_state) {
+  const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;
   m.check_usable();
   if (m.coalescing || m.no_sync)
@@ -498,6 +504,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
 }
 
 nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;
   if (m.coalescing || m.no_sync)
     throw std::logic_error("load_checkpoint: not inside coalesce_grad_reduction() or no_sync()");
@@ -506,13 +513,17 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string
 }
 
 void Engine::load_weights(const std::string& path) {
+  const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;
   if (m.coalescing || m.no_sync) throw std::logic_error("load_weights: not inside coalesce_grad_reduction() or no_sync()");
   auto target = m.checkpoint_target();
   zero::load_weights(target, path);
 }
 
-void Engine::zero_grad() { impl_->reducer->zero_grads(); }
+void Engine::zero_grad() {
+  const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
+  impl_->reducer->zero_grads();
+}
 bool Engine::is_gradient_accumulation_boundary() const { return impl_->boundary(); }
 int64_t Engine::global_steps() const { return impl_->optimizer.global_steps(); }
 int64_t Engine::skipped_steps() const { return impl_->optimizer.skipped_steps(); }
@@ -541,6 +552,7 @@ void Engine::reset_peak_live_params() {
 }
 
 std::map<std::string, at::Tensor> Engine::full_parameters() {
+  const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;
   std::map<std::string, at::Tensor> out;
   for (size_t gi = 0; gi < m.groups.size(); ++gi) {

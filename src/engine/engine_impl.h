@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/DeviceGuard.h>
+
+#include "common/guard_device.h"
 #include "engine/checkpoint.h"
 #include "engine/flat_optimizer.h"
 #include "engine/grouping.h"
@@ -41,6 +44,11 @@ struct Engine::Impl {
   std::shared_ptr<comm::Group> dp_owner;
   const comm::Group& dp;
   StagePolicy policy;
+  // Where the model's params and buffers live, and everything the engine
+  // allocates for them. Each public entry holds a guard for it
+  // (common/guard_device.h): the caller's current device may be another.
+  at::Device device;
+  std::optional<c10::OptionalDeviceGuard> on_device_while_building;  // construction only (reset at its end)
   Precision precision;  // storage, compute and grad dtypes (engine/precision.h)
   TrainingLog training_log;  // progress lines, timers, csv_monitor (engine/training_log.h)
   std::chrono::steady_clock::time_point forward_started;

@@ -4,12 +4,16 @@
 #include <limits>
 #include <stdexcept>
 
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include "common/guard_device.h"
 #include "optim/kernels.h"
 #include "optim/lr_schedule.h"
 
 #ifdef ZERO_WITH_CUDA
-#include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "optim/cuda/kernels.h"
@@ -20,25 +24,26 @@ namespace zero {
 namespace {
 
 // The fused update over a CUDA master: the same kernels' device twins, on
-// the current stream (so they follow the reduction that produced the grads).
+// the master's device's current stream (so they follow the reduction that
+// produced the grads). The caller holds a guard for that device.
 // STATUS: compiled in CI, not yet run on a GPU.
-void device_adam(float* p, const float* g, float* m, float* v, int64_t n, const optim::AdamHyper& h, float scale,
-                 void* out16, optim::Out16 kind) {
+void device_adam(c10::Device device, float* p, const float* g, float* m, float* v, int64_t n,
+                 const optim::AdamHyper& h, float scale, void* out16, optim::Out16 kind) {
 #ifdef ZERO_WITH_CUDA
-  optim::cuda::adam_update(p, g, m, v, n, h, scale, out16, kind, c10::cuda::getCurrentCUDAStream().stream());
+  optim::cuda::adam_update(p, g, m, v, n, h, scale, out16, kind, c10::cuda::getCurrentCUDAStream(device.index()).stream());
   optim::cuda::check_launch("fused AdamW update");
 #else
-  throw std::logic_error("a CUDA master, but zero-cpp was built without CUDA");
+  throw std::logic_error("a CUDA master on " + device.str() + ", but zero-cpp was built without CUDA");
 #endif
 }
 
-void device_sgd(float* p, const float* g, float* buf, int64_t n, const optim::SgdHyper& h, float scale, void* out16,
-                optim::Out16 kind) {
+void device_sgd(c10::Device device, float* p, const float* g, float* buf, int64_t n, const optim::SgdHyper& h,
+                float scale, void* out16, optim::Out16 kind) {
 #ifdef ZERO_WITH_CUDA
-  optim::cuda::sgd_update(p, g, buf, n, h, scale, out16, kind, c10::cuda::getCurrentCUDAStream().stream());
+  optim::cuda::sgd_update(p, g, buf, n, h, scale, out16, kind, c10::cuda::getCurrentCUDAStream(device.index()).stream());
   optim::cuda::check_launch("fused SGD update");
 #else
-  throw std::logic_error("a CUDA master, but zero-cpp was built without CUDA");
+  throw std::logic_error("a CUDA master on " + device.str() + ", but zero-cpp was built without CUDA");
 #endif
 }
 
@@ -110,12 +115,22 @@ at::Tensor FlatOptimizer::grads_of(const partition::FlatGroup& g) const {
 }
 
 double FlatOptimizer::global_sumsq(const std::vector<at::Tensor>& grads) {
-  auto acc = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
-  // Per-group norms in fp32 (no double copy of the grads), squared and summed in fp64.
-  for (const auto& gr : grads) acc += at::norm(gr).to(at::kCPU, at::kDouble).pow(2);
+  // Per-group norms in fp32 where the grads are (no double copy of them),
+  // brought to the host together: one device-to-host sync per step, not
+  // one per group. Squared and summed in fp64, in group order.
+  std::vector<at::Tensor> norms;
+  for (const auto& gr : grads) norms.push_back(at::norm(gr).reshape({1}));
+  const at::Tensor host_norms = at::cat(norms).to(at::kCPU);
+  double sumsq = 0.0;
+  const float* norm = host_norms.data_ptr<float>();
+  for (int64_t i = 0; i < host_norms.numel(); ++i) sumsq += static_cast<double>(norm[i]) * static_cast<double>(norm[i]);
   // Full grads are already identical on every rank; shards are summed.
-  if (policy_.shard_optimizer_state) comm_.all_reduce(dp_, acc, comm::ReduceOp::Sum, "grad norm")->wait();
-  return acc.item<double>();
+  if (policy_.shard_optimizer_state) {
+    at::Tensor acc = at::full({1}, sumsq, at::kDouble);
+    comm_.all_reduce(dp_, acc, comm::ReduceOp::Sum, "grad norm")->wait();
+    sumsq = acc.item<double>();
+  }
+  return sumsq;
 }
 
 bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
@@ -144,7 +159,8 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
   }
   const double rate = lr();
   ++optimizer_steps_;
-  for (size_t i = 0; i < groups.size(); ++i) update_group(groups[i], grads[i], rate, grad_scale);
+  if (offload_staging_.size() != groups.size()) offload_staging_.resize(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) update_group(i, groups[i], grads[i], rate, grad_scale);
   return true;
 }
 
@@ -154,8 +170,11 @@ void FlatOptimizer::commit() {
   ++global_steps_;
 }
 
-void FlatOptimizer::update_group(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale) {
-  if (g.master.is_cpu() && !grad.is_cpu()) return update_offloaded(g, grad, lr, grad_scale);
+void FlatOptimizer::update_group(size_t index, partition::FlatGroup& g, const at::Tensor& grad, double lr,
+                                 float grad_scale) {
+  // The grads' device: where the kernels run and the offload's streams are.
+  const c10::OptionalDeviceGuard on_device(guard_device(grad));
+  if (g.master.is_cpu() && !grad.is_cpu()) return update_offloaded(offload_staging_[index], g, grad, lr, grad_scale);
   const at::Tensor dest = policy_.update_destination(g, dp_.rank());
   if (dest.device() != g.master.device()) {
     // offload_param without offload_optimizer: the update writes the new
@@ -176,51 +195,62 @@ void FlatOptimizer::update_group(partition::FlatGroup& g, const at::Tensor& grad
   for (const Span& s : spans_of(g)) update_span(g, grad, s, lr, grad_scale, out16, kind);
 }
 
-// ZeRO-Offload (offload_optimizer device cpu, a CUDA model): the reduced
-// grads come to the host, the fused CPU kernel updates the host master and
-// moments (writing the params' 16-bit values into a pinned staging buffer in
-// the same pass), and the params go back to the device in their dtype.
-// Pipelined per chunk (engine/update_chunks.h), as DeepSpeed's offload
-// overlaps per bucket: all chunks' grads are queued down on one side stream,
-// chunk k is updated once its grads have landed, and its params are queued
-// up on another while chunk k+1 is updated. The downloads wait for the
-// caller's stream (the reduction that made the grads); the caller's stream
-// waits for the uploads (what reads the params next), the host does not.
-// Pinned buffers freed here are not reused before the copies that read them
-// are done (torch's pinned-memory allocator records their streams).
-// STATUS: compiled in CI, not yet run on a GPU.
-void FlatOptimizer::update_offloaded(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale) {
-#ifdef ZERO_WITH_CUDA
-  const auto pinned = [&](const at::Tensor& like) {
-    return at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type()).pinned_memory(true));
+// ZeRO-Offload (offload_optimizer device cpu, a model on a device): the
+// reduced grads come to the host, the fused CPU kernel updates the host
+// master and moments (writing the params' 16-bit values into a pinned
+// staging buffer in the same pass), and the params go back to the device in
+// their dtype. Pipelined per chunk (engine/update_chunks.h), as DeepSpeed's
+// offload overlaps per bucket: all chunks' grads are queued down on one side
+// stream, chunk k is updated once its grads have landed, and its params are
+// queued up on another while chunk k+1 is updated. The downloads wait for
+// the caller's stream (the reduction that made the grads); the caller's
+// stream waits for the uploads (what reads the params next), the host does
+// not. Written against c10's device-generic streams and events, so the
+// tests' CPU-backed device runs it too.
+//
+// The pinned buffers are the group's own, kept across steps (pinning is
+// slow: a cudaHostAlloc each). Reusing them is safe without a host wait:
+// this step's first write into them follows the host's wait for this
+// step's grads, which the caller's stream made after it waited for the
+// previous step's uploads.
+// STATUS: the CUDA side is not yet run on a GPU.
+void FlatOptimizer::update_offloaded(OffloadStaging& staging, partition::FlatGroup& g, const at::Tensor& grad,
+                                     double lr, float grad_scale) {
+  const auto pinned_like = [&](at::Tensor& buffer, const at::Tensor& like) -> at::Tensor& {
+    if (!buffer.defined() || buffer.sizes() != like.sizes() || buffer.scalar_type() != like.scalar_type())
+      buffer = at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type()).pinned_memory(true));
+    return buffer;
   };
   const at::Tensor dest = policy_.update_destination(g, dp_.rank());
   optim::Out16 kind = optim::Out16::None;
   at::Tensor staged;  // the params' new values in their dtype, when not the master's fp32 itself
   if (g.storage_dtype != at::kFloat) {
-    staged = dest.is_cpu() ? dest : pinned(dest);  // offload_param: written in place on the host
+    staged = dest.is_cpu() ? dest : pinned_like(staging.params, dest);  // offload_param: written in place on the host
     kind = out_kind(staged, g);
   }
   const at::Tensor& updated = staged.defined() ? staged : g.master;
   const bool send_up = !updated.is_same(dest);
 
-  const auto index = grad.device().index();
-  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(index);
-  const c10::cuda::CUDAStream down = c10::cuda::getStreamFromPool(false, index);
-  const c10::cuda::CUDAStream up = c10::cuda::getStreamFromPool(false, index);
+  const c10::Device device = grad.device();
+  const c10::impl::VirtualGuardImpl streams(device.type());
+  const c10::Stream caller = streams.getStream(device);
+  const c10::Stream down = streams.getStreamFromGlobalPool(device);
+  const c10::Stream up = streams.getStreamFromGlobalPool(device);
   const auto chunks = cut_into_chunks(spans_of(g), g.master.numel(), kOffloadChunkElements);
-  at::Tensor host_grad = pinned(grad);
-  std::vector<at::cuda::CUDAEvent> landed(chunks.size());
+  at::Tensor& host_grad = pinned_like(staging.grads, grad);
+  std::vector<c10::Event> landed;
+  landed.reserve(chunks.size());
   {
-    at::cuda::CUDAEvent grads_ready;
+    c10::Event grads_ready(device.type());
     grads_ready.record(caller);
     grads_ready.block(down);
     if (send_up) grads_ready.block(up);  // the params' readers queued so far come before their overwrite
-    c10::cuda::CUDAStreamGuard on_down(down);
-    for (size_t k = 0; k < chunks.size(); ++k) {
-      host_grad.narrow(0, chunks[k].begin, chunks[k].numel)
-          .copy_(grad.narrow(0, chunks[k].begin, chunks[k].numel), /*non_blocking=*/true);
-      landed[k].record(down);
+    const c10::StreamGuard on_down(down);
+    for (const auto& chunk : chunks) {
+      host_grad.narrow(0, chunk.begin, chunk.numel)
+          .copy_(grad.narrow(0, chunk.begin, chunk.numel), /*non_blocking=*/true);
+      landed.emplace_back(device.type());
+      landed.back().record(down);
     }
   }
   for (size_t k = 0; k < chunks.size(); ++k) {
@@ -228,20 +258,16 @@ void FlatOptimizer::update_offloaded(partition::FlatGroup& g, const at::Tensor& 
     for (const Span& piece : chunks[k].pieces)
       update_span(g, host_grad, piece, lr, grad_scale, staged.defined() ? staged.data_ptr() : nullptr, kind);
     if (send_up) {
-      c10::cuda::CUDAStreamGuard on_up(up);
+      const c10::StreamGuard on_up(up);
       dest.narrow(0, chunks[k].begin, chunks[k].numel)
           .copy_(updated.narrow(0, chunks[k].begin, chunks[k].numel), /*non_blocking=*/true);
     }
   }
   if (send_up) {
-    at::cuda::CUDAEvent sent;
+    c10::Event sent(device.type());
     sent.record(up);
     sent.block(caller);
   }
-#else
-  (void)g, (void)grad, (void)lr, (void)grad_scale;
-  throw std::logic_error("grads on a device, but zero-cpp was built without CUDA");
-#endif
 }
 
 void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad, const Span& s, double lr,
@@ -256,7 +282,7 @@ void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad,
     optim::SgdHyper h{rate, static_cast<float>(o.momentum), static_cast<float>(o.dampening), wd, o.nesterov,
                       optimizer_steps_ == 1};
     float* buf = g.exp_avg.defined() ? g.exp_avg.data_ptr<float>() + s.begin : nullptr;
-    if (g.master.is_cuda()) device_sgd(master, gr, buf, s.numel, h, grad_scale, out, kind);
+    if (g.master.is_cuda()) device_sgd(g.master.device(), master, gr, buf, s.numel, h, grad_scale, out, kind);
     else optim::sgd_update(master, gr, buf, s.numel, h, grad_scale, out, kind);
   } else {
     // OneCycle moves beta1 with the lr (bias correction then uses the
@@ -266,7 +292,7 @@ void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad,
                        wd, optimizer_steps_, o.adam_w_mode, true};
     float* m = g.exp_avg.data_ptr<float>() + s.begin;
     float* v = g.exp_avg_sq.data_ptr<float>() + s.begin;
-    if (g.master.is_cuda()) device_adam(master, gr, m, v, s.numel, h, grad_scale, out, kind);
+    if (g.master.is_cuda()) device_adam(g.master.device(), master, gr, m, v, s.numel, h, grad_scale, out, kind);
     else optim::adam_update(master, gr, m, v, s.numel, h, grad_scale, out, kind);
   }
 }

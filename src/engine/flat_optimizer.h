@@ -63,8 +63,14 @@ class FlatOptimizer {
  private:
   at::Tensor grads_of(const partition::FlatGroup& g) const;  // fp32: a shard, or all of it
   double global_sumsq(const std::vector<at::Tensor>& grads);
-  void update_group(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale);
-  void update_offloaded(partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale);
+  // ZeRO-Offload's pinned host buffers for one group, kept across steps.
+  struct OffloadStaging {
+    at::Tensor grads;   // the reduced grads, brought down
+    at::Tensor params;  // the params' new 16-bit values, sent up
+  };
+  void update_group(size_t index, partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale);
+  void update_offloaded(OffloadStaging& staging, partition::FlatGroup& g, const at::Tensor& grad, double lr,
+                        float grad_scale);
   // Runs of the master (this rank's shard, or all of it) under one hyper.
   using Span = UpdateSpan;
   std::vector<Span> spans_of(const partition::FlatGroup& g) const;
@@ -85,6 +91,7 @@ class FlatOptimizer {
   int64_t optimizer_steps_ = 0;  // updates applied (bias correction / momentum start)
   int64_t scheduler_iter_ = -1;  // DeepSpeed's last_batch_iteration
   double last_grad_norm_ = 0.0;
+  std::vector<OffloadStaging> offload_staging_;  // by group, when the optimizer is offloaded
 };
 
 }  // namespace zero

@@ -36,6 +36,7 @@ Engine::GatheredParameters::GatheredParameters(Engine& e, std::vector<at::Tensor
                                                std::optional<int> modifier_rank)
     : engine_(e), modifier_rank_(modifier_rank), uncaught_at_entry_(std::uncaught_exceptions()) {
   auto& m = *e.impl_;
+  const c10::OptionalDeviceGuard on_device(guard_device(m.device));
   m.check_usable();
   if (modifier_rank && (*modifier_rank < 0 || *modifier_rank >= m.dp.size()))
     throw std::invalid_argument("gathered_parameters: modifier_rank " + std::to_string(*modifier_rank) +
@@ -78,6 +79,7 @@ void Engine::GatheredParameters::finish() {
   if (finished_) return;
   finished_ = true;
   auto& m = *engine_.impl_;
+  const c10::OptionalDeviceGuard on_device(guard_device(m.device));
   --m.gathered_scopes;
   struct Unpin {  // whatever happens below, the units go back to the schedule
     Engine::Impl& m;
@@ -117,6 +119,7 @@ Engine::GatheredParameters::~GatheredParameters() {
 }
 
 std::map<std::string, at::Tensor> Engine::state_dict(bool rank0_only) {
+  const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;
   m.check_usable();
   const bool keep = !rank0_only || m.dp.rank() == 0;
@@ -142,6 +145,7 @@ std::map<std::string, at::Tensor> Engine::state_dict(bool rank0_only) {
 }
 
 void Engine::save_weights(const std::string& path) {
+  const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;
   // Tied params once, under their first name (as the checkpoints name them).
   std::unordered_map<std::string, bool> alias;

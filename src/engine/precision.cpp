@@ -88,12 +88,13 @@ Precision resolve_precision(const Config& config, comm::Comm& comm, const comm::
   // compute accumulates and communicates them in fp32.
   p.grad = p.widened() ? at::kFloat : to_scalar_type(config.grad_accum_dtype.value_or(config.param_dtype()));
   const at::ScalarType wire = config.communication_data_type ? to_scalar_type(*config.communication_data_type) : p.grad;
-  if (wire != p.grad)
+  p.wire = wire;
+  if (wire != p.grad && !(wire == at::kFloat && p.grad != at::kFloat))
     throw ConfigError(std::string("ds_config: communication_data_type = ") + to_string(*config.communication_data_type) +
                       " differs from the grad dtype (" + c10::toString(p.grad) + ")" +
                       (p.widened() ? ": params compute in fp32, so grads arrive and travel in fp32; set "
                                      "zero_cpp.compute_dtype to the 16-bit dtype for 16-bit grads"
-                                   : "; zero-cpp communicates grads in their accumulation dtype"));
+                                   : "; zero-cpp communicates grads in their accumulation dtype, or in fp32"));
   return p;
 }
 

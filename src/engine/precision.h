@@ -19,7 +19,8 @@ namespace zero {
 struct Precision {
   at::ScalarType storage = at::kFloat;  // params at rest and on the wire (the config's dtype)
   at::ScalarType compute = at::kFloat;  // the module's params in forward/backward: storage or fp32
-  at::ScalarType grad = at::kFloat;     // grads as autograd accumulates them, and on the wire
+  at::ScalarType grad = at::kFloat;     // grads as autograd accumulates them
+  at::ScalarType wire = at::kFloat;     // grads on the wire: `grad`, or fp32 (communication_data_type)
   std::string why;                      // how `compute` was chosen, for describe()
 
   // 16-bit at rest, fp32 in the module.
@@ -29,7 +30,9 @@ struct Precision {
 // Resolves the config's precision. With bf16/fp16 and compute_dtype "auto",
 // rank 0 of `dp` times the GEMMs (once per process) and every rank takes its
 // answer (one broadcast), so all ranks compute alike. Throws ConfigError for
-// a communication_data_type the resolved grads cannot travel in.
+// a communication_data_type the resolved grads cannot travel in (fp32 for
+// 16-bit grads is taken: they are widened for the reduction, as DeepSpeed
+// does; a 16-bit wire for fp32 grads, or the other 16-bit dtype, is not).
 // On a CUDA device "auto" is the 16-bit dtype (tensor cores), unmeasured.
 Precision resolve_precision(const Config& config, comm::Comm& comm, const comm::Group& dp,
                             at::Device device = at::kCPU);

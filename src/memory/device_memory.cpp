@@ -1,26 +1,53 @@
 #include "memory/device_memory.h"
 
-#include <stdexcept>
-#include <string>
-
-#ifdef ZERO_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <cuda_runtime_api.h>
-#endif
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/util/Exception.h>
 
 namespace zero::memory {
 
+namespace {
+
+c10::DeviceAllocator* allocator_of(c10::Device device) {
+  if (device.is_cpu()) return nullptr;
+  return dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(device.type()));
+}
+
+c10::DeviceIndex index_of(c10::Device device) { return device.has_index() ? device.index() : 0; }
+
+}  // namespace
+
 std::optional<int64_t> device_free_bytes(c10::Device device) {
-#ifdef ZERO_WITH_CUDA
-  if (device.is_cuda()) {
-    c10::cuda::CUDAGuard guard(device);
-    size_t free = 0, total = 0;
-    if (cudaMemGetInfo(&free, &total) != cudaSuccess)
-      throw std::runtime_error("zero-cpp: cudaMemGetInfo on " + device.str() + " failed");
-    return static_cast<int64_t>(free);
+  auto* a = allocator_of(device);
+  if (!a) return std::nullopt;
+  try {
+    const auto [free, total] = a->getMemoryInfo(index_of(device));
+    const auto stats = a->getDeviceStats(index_of(device));
+    constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    const int64_t cached_unused = stats.reserved_bytes[all].current - stats.allocated_bytes[all].current;
+    return static_cast<int64_t>(free) + (cached_unused > 0 ? cached_unused : 0);
+  } catch (const c10::Error&) {
+    return std::nullopt;  // an allocator that does not say
   }
-#endif
-  return std::nullopt;
+}
+
+std::optional<int64_t> device_peak_allocated_bytes(c10::Device device) {
+  auto* a = allocator_of(device);
+  if (!a) return std::nullopt;
+  try {
+    constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    return a->getDeviceStats(index_of(device)).allocated_bytes[all].peak;
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  }
+}
+
+void reset_device_peak(c10::Device device) {
+  if (auto* a = allocator_of(device)) {
+    try {
+      a->resetPeakStats(index_of(device));
+    } catch (const c10::Error&) {
+    }
+  }
 }
 
 }  // namespace zero::memory

@@ -1,6 +1,11 @@
 #include "memory/storage_release.h"
 
+#include <optional>
 #include <stdexcept>
+
+#include <c10/core/DeviceGuard.h>
+
+#include "common/guard_device.h"
 
 namespace zero::memory {
 
@@ -23,11 +28,21 @@ void restore_storage(const at::Tensor& flat) {
   c10::StorageImpl* s = flat.storage().unsafeGetStorageImpl();
   if (s->nbytes() != 0) return;
   const size_t bytes = extent_bytes(flat);
+  const c10::OptionalDeviceGuard on_its_device(guard_device(flat));
   s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
   s->set_nbytes(bytes);
-  flat.zero_();  // as the host path: padding is zero, and nothing stale is read
 }
 
 bool storage_released(const at::Tensor& flat) { return flat.numel() > 0 && flat.storage().nbytes() == 0; }
+
+at::Tensor released_flat(int64_t numel, at::ScalarType dtype, c10::Device device) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, c10::GetAllocator(device.type()), /*resizable=*/true);
+  // The data pointer names the device (an empty DataPtr from the allocator would be the current one's).
+  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(nullptr, device));
+  at::Tensor flat = at::empty({0}, at::TensorOptions().dtype(dtype).device(device));
+  flat.set_(storage, 0, {0}, {1});
+  flat.unsafeGetTensorImpl()->set_sizes_contiguous({numel});  // the extent a restore allocates
+  return flat;
+}
 
 }  // namespace zero::memory

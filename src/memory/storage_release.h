@@ -3,7 +3,8 @@
 // params: the storage keeps its identity (the params, and the tensors
 // autograd saved, are views of it and see whatever it holds when read) but
 // hands its block back to its allocator (the CUDA caching allocator; size
-// 0, no data), and takes a fresh zero-filled block before a gather fills it.
+// 0, no data), and takes a fresh block before a gather fills it: left
+// unwritten, since the gather overwrites every element (padding included).
 //
 // Unlike the page-backed host path (memory/page_buffer.h) the address
 // changes across a release, and a kernel that reads a released buffer reads
@@ -12,7 +13,13 @@
 // order, and by another only after the collectives that used it (c10d
 // records them) have finished.
 //
-// Works for any device's storage (the tests use host tensors).
+// The fresh block is taken on the buffer's own device, whatever the
+// thread's current device is (the caching allocator allocates on the
+// current one: a rank whose current device was never set would get device
+// 0's memory under a cuda:1 tensor).
+//
+// Works for any device's storage (the tests use host tensors and the CPU-backed
+// test device, tests/support/test_device.h).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -20,8 +27,13 @@
 namespace zero::memory {
 
 void release_storage(const at::Tensor& flat);
-// Restores `flat`'s whole extent (it must start its storage), zero-filled.
+// Restores `flat`'s whole extent (it must start its storage), its contents
+// undefined: the caller overwrites all of it.
 void restore_storage(const at::Tensor& flat);
 bool storage_released(const at::Tensor& flat);
+// A flat buffer of `numel` elements on `device` that holds no memory yet,
+// as if just released: for a buffer a gather fills later (zero::Init's
+// units that had no room on the device never take the whole unit there).
+at::Tensor released_flat(int64_t numel, at::ScalarType dtype, c10::Device device);
 
 }  // namespace zero::memory

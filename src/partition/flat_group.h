@@ -73,7 +73,8 @@ void flatten_from_rank0(FlatGroup& g, comm::Comm& comm, const comm::Group& dp,
 void view_params_in(FlatGroup& g, at::Tensor flat);
 
 // Stage 3: frees the full param buffer's memory at rest, and makes it usable
-// again (zero-filled) before a gather fills it. The buffer keeps its address
+// again before a gather fills it (host pages arrive zero-filled; a device
+// block is left unwritten, since the gather overwrites all of it). The buffer keeps its address
 // and storage throughout, so the params (views of it) and the tensors
 // autograd saved see the regathered data, and no version counter moves.
 // While released, an access to it stops the process with a message naming

@@ -7,6 +7,9 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <c10/core/DeviceGuard.h>
+
+#include "common/guard_device.h"
 #include "memory/page_buffer.h"
 
 namespace zero {
@@ -24,6 +27,8 @@ struct BeforeAccumulate : torch::autograd::FunctionPreHook {
   variable_list operator()(const variable_list& grads) override {
     auto r = reducer.lock();
     if (!r || grads.empty() || !grads[0].defined()) return grads;
+    // Autograd's thread for the grad's device; the guard says so whatever it set.
+    const c10::OptionalDeviceGuard on_device(guard_device(grads[0]));
     return {r->on_grad_about_to_accumulate(group, grads[0])};
   }
   std::weak_ptr<GradReducer> reducer;
@@ -35,7 +40,10 @@ struct AfterAccumulate : torch::autograd::FunctionPostHook {
   AfterAccumulate(std::weak_ptr<GradReducer> r, size_t group, size_t param)
       : reducer(std::move(r)), group(group), param(param) {}
   variable_list operator()(const variable_list& outputs, const variable_list&) override {
-    if (auto r = reducer.lock()) r->on_grad_accumulated(group, param);
+    if (auto r = reducer.lock()) {
+      const c10::OptionalDeviceGuard on_device(r->guard_device_of_group(group));
+      r->on_grad_accumulated(group, param);  // may launch the group's reduction
+    }
     return outputs;
   }
   std::weak_ptr<GradReducer> reducer;
@@ -64,6 +72,10 @@ GradReducer::GradReducer(std::vector<partition::FlatGroup>& groups, comm::Comm& 
   }
 }
 
+std::optional<c10::Device> GradReducer::guard_device_of_group(size_t group) const {
+  return guard_device(groups_[group].param_flat);
+}
+
 void GradReducer::install_hooks() {
   std::weak_ptr<GradReducer> self = shared_from_this();
   for (size_t gi = 0; gi < groups_.size(); ++gi)
@@ -89,7 +101,7 @@ void GradReducer::begin_backward(bool reduce, bool implicit) {
     for (int n : expected_[i]) s.pending += n;
     s.launched = s.late = false;
     s.work = nullptr;
-    s.partial = at::Tensor();
+    s.partial = s.wide = at::Tensor();
     std::fill(arrived_[i].begin(), arrived_[i].end(), 0);
   }
   if (opts_.policy.keeps_full_grads())  // re-point .grad at the buffers in case user code cleared them
@@ -180,13 +192,15 @@ void GradReducer::launch(size_t i) {
   auto& s = state_[i];
   s.launched = true;
   if (!opts_.policy.shard_optimizer_state) {
-    s.work = comm_.all_reduce(dp_, g.grad_flat, comm::ReduceOp::Avg, "grads");
+    if (opts_.wire_dtype != g.grad_flat.scalar_type()) s.wide = g.grad_flat.to(opts_.wire_dtype);
+    s.work = comm_.all_reduce(dp_, s.wide.defined() ? s.wide : g.grad_flat, comm::ReduceOp::Avg, "grads");
   } else {
     ensure_grad_buffer(g);  // sharded grads: a group none of whose params got a grad still takes part
     // A later reduction in the same step lands apart and is added in finish().
     if (!s.shard_fresh) s.partial = at::empty_like(g.grad_shard);
     at::Tensor out = s.shard_fresh ? g.grad_shard : s.partial;
-    s.work = comm_.reduce_scatter(dp_, out, g.grad_flat, comm::ReduceOp::Avg, "grads");
+    if (opts_.wire_dtype != g.grad_flat.scalar_type()) s.wide = g.grad_flat.to(opts_.wire_dtype);
+    s.work = comm_.reduce_scatter(dp_, out, s.wide.defined() ? s.wide : g.grad_flat, comm::ReduceOp::Avg, "grads");
     s.shard_fresh = false;
   }
   in_flight_.push_back(i);
@@ -197,6 +211,8 @@ void GradReducer::finish(size_t i) {
   auto& s = state_[i];
   s.work->wait();
   s.work = nullptr;
+  if (s.wide.defined() && !opts_.policy.shard_optimizer_state) g.grad_flat.copy_(s.wide);  // the all-reduced sums, rounded once
+  s.wide = at::Tensor();
   if (s.partial.defined()) g.grad_shard.add_(s.partial);
   s.partial = at::Tensor();
   if (opts_.policy.shard_grads) {

@@ -39,6 +39,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "partition/flat_group.h"
@@ -56,6 +57,10 @@ struct ReducerOptions {
   bool overlap_comm = false;          // launch groups during backward, not after it
   bool contiguous_gradients = true;   // stage 2: grads land directly in the group buffer
   at::ScalarType grad_dtype = at::kFloat;
+  // What the grads travel in: grad_dtype, or fp32 for 16-bit grads
+  // (communication_data_type "fp32": a widened copy is reduced, as DeepSpeed
+  // does; NCCL otherwise sums 16-bit grads in 16 bits).
+  at::ScalarType wire_dtype = at::kFloat;
   // Stage 3: called when all of a group's grads are accumulated in this
   // backward (its params are no longer needed for it); called again if
   // more arrive later.
@@ -106,6 +111,8 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   // Hook entry points. The first returns the grad to accumulate.
   at::Tensor on_grad_about_to_accumulate(size_t group, const at::Tensor& grad);
   void on_grad_accumulated(size_t group, size_t param);
+  // Where the group's buffers live (for the hooks' device guard); none on the host.
+  std::optional<c10::Device> guard_device_of_group(size_t group) const;
 
  private:
   void ensure_grad_buffer(partition::FlatGroup& g);
@@ -143,6 +150,7 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
     bool shard_fresh = true;  // grad_shard holds nothing since the last step (reduce straight into it)
     comm::WorkHandle work;
     at::Tensor partial;  // a later reduction's shard, to add into grad_shard
+    at::Tensor wide;     // the fp32 copy that travels (wire_dtype fp32 for 16-bit grads), until its wait
   };
   std::vector<GroupState> state_;
   std::vector<std::vector<int>> expected_;  // per group and param: arrivals per backward (learned)

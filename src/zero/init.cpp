@@ -5,6 +5,10 @@
 #include <unordered_set>
 
 #include <ATen/core/grad_mode.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include "common/guard_device.h"
 
 #include "memory/device_memory.h"
 #include "memory/page_buffer.h"
@@ -36,8 +40,11 @@ Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> dp, const Config& conf
 Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> owner, const comm::Group& dp, const Config& config,
            at::Device device)
     : comm_(comm), dp_owner_(std::move(owner)), dp_(dp), previous_(g_active), device_(device) {
-  if (!device_.is_cpu() && !device_.is_cuda())
-    throw std::invalid_argument("zero::Init: units go to the CPU or a CUDA device, not " + device_.str());
+  if (!comm_.serves(device_.type()))
+    throw std::invalid_argument("zero::Init: units go to the CPU or a CUDA device, not " + device_.str() +
+                                (device_.is_cuda() ? " (this zero-cpp was built without CUDA)" : ""));
+  if (!device_.is_cpu() && !device_.has_index())  // "cuda": the current one, named now so every use agrees
+    device_ = at::Device(device_.type(), c10::impl::VirtualGuardImpl(device_.type()).getDevice().index());
   // Below stage 3 params are whole on every rank anyway: the model is built
   // as without the scope (the engine syncs it from rank 0), so one program
   // switches stages by config alone.
@@ -63,13 +70,20 @@ void Init::flatten_onto_device(partition::FlatGroup& g) {
     const char* v = std::getenv("ZERO_INIT_DEVICE_FLATTEN");
     return !(v && std::string(v) == "off");
   }();
-  const bool room = device_flatten && free && *free > bytes + bytes / 8;  // headroom for the allocator's rounding
+  const bool room_here = device_flatten && free && *free > bytes + bytes / 8;  // headroom for the allocator's rounding
+  // The ranks decide together: the flatten's broadcast runs on the device
+  // or on the host, and a rank on the other side would pair it with nothing.
+  // Any rank without room sends every rank through the host.
+  at::Tensor without_room = at::full({1}, room_here ? 0 : 1, at::kInt);
+  comm_.all_reduce(dp_, without_room, comm::ReduceOp::Sum, "zero::Init: units with no room on the device")->wait();
+  const bool room = without_room.item<int>() == 0;
   partition::flatten_from_rank0(g, comm_, dp_, room ? device_ : at::Device(at::kCPU), /*pinned=*/!room);
   g.param_shard = memory::flat_copy_of(g.own_slot(g.param_flat, dp_.rank()).to(device_));
   if (!room) {
-    // The params view a device buffer (released below; gathers fill it);
-    // the pinned host one goes with its last view.
-    partition::view_params_in(g, memory::zeros_flat(g.layout.padded_numel, at::kFloat, device_));
+    // The params view a device buffer that holds nothing yet (gathers fill
+    // it): the whole unit never goes to the device. The pinned host one
+    // goes with its last view.
+    partition::view_params_in(g, memory::released_flat(g.layout.padded_numel, at::kFloat, device_));
   }
   ++(room ? units_flattened_on_device_ : units_flattened_on_host_);
 }
@@ -82,6 +96,7 @@ Init::~Init() {
 
 void Init::shard(UnitBase& unit) {
   at::NoGradGuard no_grad;
+  const c10::OptionalDeviceGuard on_device(guard_device(device_));
   // Frozen params and buffers stay whole (replicated); all ranks take rank 0's.
   std::vector<at::Tensor> replicated;
   for (const auto& p : unit.parameters(/*recurse=*/true))

@@ -5,8 +5,10 @@
 #include <utility>
 
 #include <ATen/core/grad_mode.h>
+#include <c10/core/DeviceGuard.h>
 
 #include "comm/hierarchical_transport.h"
+#include "common/guard_device.h"
 #include "memory/page_buffer.h"
 #include "zero/config.h"
 
@@ -86,11 +88,13 @@ Stage3Runtime::Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vec
       // shards): private pages, which fault in faster at each regather
       // than a shared memfd's. It holds nothing yet, released.
       auto& g = groups_[i];
-      if (memory::shared_backed(g.param_flat)) {
+      if (memory::shared_backed(g.param_flat))
         partition::view_params_in(g, memory::zeros_flat(g.param_flat.numel(), g.param_flat.scalar_type(),
                                                         g.param_flat.device(), /*shared=*/false));
-        partition::release_params(g);
-      }
+      // Released from the start, whatever built it (zero::Init releases its
+      // units; grouping leaves the rest whole): a device buffer kept until
+      // the unit's first use would hold the whole model at once.
+      if (!partition::params_released(g)) partition::release_params(g);
       name_released_contents(i);
     }
   }
@@ -143,6 +147,9 @@ void Stage3Runtime::naming_divergence(size_t unit, Phase phase, F&& gathers) {
 void Stage3Runtime::start_gather(size_t i) {
   auto& g = groups_[i];
   auto& s = state_[i];
+  // On the unit's device: this runs on the caller's thread or, in backward,
+  // on autograd's, and what it allocates and queues belongs there.
+  const c10::OptionalDeviceGuard on_device(guard_device(g.param_flat));
   partition::restore_params(g);
   // hpZ: a backward gather reads the secondary shards of this host's ranks.
   s.from_secondary = in_backward_ && s.secondary_valid;
