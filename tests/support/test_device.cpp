@@ -142,9 +142,15 @@ namespace detail {
 
 void count_transfer(Transfer kind, bool host_waits) {
   switch (kind) {
-    case Transfer::DeviceToHost: ++g_counters.device_to_host; break;
-    case Transfer::HostToDevice: ++g_counters.host_to_device; break;
-    case Transfer::DeviceToDevice: ++g_counters.device_to_device; break;
+    case Transfer::DeviceToHost:
+      ++g_counters.device_to_host;
+      break;
+    case Transfer::HostToDevice:
+      ++g_counters.host_to_device;
+      break;
+    case Transfer::DeviceToDevice:
+      ++g_counters.device_to_device;
+      break;
   }
   if (host_waits) ++g_counters.host_waits;
 }

@@ -68,8 +68,8 @@ c10::DataPtr DeviceMemory::allocate(size_t bytes) {
                        ". Device ", static_cast<int>(index), " has a total capacity of ", format_bytes(d.capacity),
                        " of which ", format_bytes(free), " is free.");
     }
-    for (auto* stat : {&d.stats.allocated_bytes, &d.stats.reserved_bytes, &d.stats.active_bytes,
-                       &d.stats.requested_bytes}) {
+    for (auto* stat :
+         {&d.stats.allocated_bytes, &d.stats.reserved_bytes, &d.stats.active_bytes, &d.stats.requested_bytes}) {
       (*stat)[kAggregate].increase(bytes);
     }
     for (auto* stat : {&d.stats.allocation, &d.stats.segment, &d.stats.active}) (*stat)[kAggregate].increase(1);
@@ -89,8 +89,8 @@ void DeviceMemory::free_block(void* ctx) {
   Device& d = block->owner->devices_[block->device];
   {
     std::lock_guard<std::mutex> lock(d.mutex);
-    for (auto* stat : {&d.stats.allocated_bytes, &d.stats.reserved_bytes, &d.stats.active_bytes,
-                       &d.stats.requested_bytes}) {
+    for (auto* stat :
+         {&d.stats.allocated_bytes, &d.stats.reserved_bytes, &d.stats.active_bytes, &d.stats.requested_bytes}) {
       (*stat)[kAggregate].decrease(block->bytes);
     }
     for (auto* stat : {&d.stats.allocation, &d.stats.segment, &d.stats.active}) (*stat)[kAggregate].decrease(1);

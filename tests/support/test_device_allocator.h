@@ -28,7 +28,7 @@ class DeviceMemory final : public c10::DeviceAllocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 
   bool initialized() override { return true; }
-  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {}  // nothing is cached
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {}                        // nothing is cached
   void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}  // streams are in order
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
   void resetAccumulatedStats(c10::DeviceIndex device) override;

@@ -34,9 +34,15 @@ namespace {
 // with a boolean mask is one too: see masked_index below.)
 bool host_waits_for_data(const c10::OperatorName& name) {
   static const std::unordered_set<std::string> ops = {
-      "aten::nonzero",           "aten::masked_select",          "aten::_unique",
-      "aten::_unique2",          "aten::unique_dim",             "aten::unique_consecutive",
-      "aten::unique_dim_consecutive", "aten::repeat_interleave", "aten::equal",
+      "aten::nonzero",
+      "aten::masked_select",
+      "aten::_unique",
+      "aten::_unique2",
+      "aten::unique_dim",
+      "aten::unique_consecutive",
+      "aten::unique_dim_consecutive",
+      "aten::repeat_interleave",
+      "aten::equal",
       "aten::bincount",
   };
   return ops.count(name.name) > 0;
@@ -61,7 +67,8 @@ bool is_index_list(const c10::Argument& argument, const c10::IValue& value) {
 bool masked_index(const c10::Argument& argument, const c10::IValue& value) {
   if (!is_index_list(argument, value)) return false;
   for (const c10::IValue& index : value.toListRef()) {
-    if (index.isTensor() && (index.toTensor().scalar_type() == at::kBool || index.toTensor().scalar_type() == at::kByte))
+    if (index.isTensor() &&
+        (index.toTensor().scalar_type() == at::kBool || index.toTensor().scalar_type() == at::kByte))
       return true;
   }
   return false;
@@ -89,7 +96,6 @@ class DeviceCheck {
       check_memory(t, op_, argument.name());
       if (!device_) {
         device_ = t.device();
-        first_arg_ = argument.name();
       } else if (t.device() != *device_) {
         mismatch(*device_, t.device(), argument.name());
       }
@@ -104,20 +110,24 @@ class DeviceCheck {
   }
 
   c10::Device device() const {
-    const c10::Device d = device_ ? *device_ : requested_ ? *requested_ : c10::Device(c10::kPrivateUse1, current_device());
+    c10::Device d(c10::kPrivateUse1, current_device());  // a factory's, as on CUDA
+    if (device_) {
+      d = *device_;
+    } else if (requested_) {
+      d = *requested_;
+    }
     if (stray_) mismatch(d, stray_->first, stray_->second);
     return d;
   }
 
  private:
   void mismatch(const c10::Device& a, const c10::Device& b, const std::string& arg) const {
-    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", a,
-                " and ", b, "! (when checking argument '", arg, "' of ", op_, ")");
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", a, " and ", b,
+                "! (when checking argument '", arg, "' of ", op_, ")");
   }
 
   std::string op_;
   std::optional<c10::Device> device_, requested_;
-  std::string first_arg_;
   std::optional<std::pair<c10::Device, std::string>> stray_;
 };
 
@@ -166,9 +176,8 @@ class ResultMapper {
     if (same != by_host_impl_.end()) return same->second;
     // A view of an argument's memory.
     if (const HostAliases::Entry* entry = aliases_.by_host(r.storage().unsafeGetStorageImpl())) {
-      at::Tensor v = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(entry->device),
-                                                              c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                              r.dtype());
+      at::Tensor v = at::detail::make_tensor<c10::TensorImpl>(
+          c10::Storage(entry->device), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), r.dtype());
       v.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes(), r.strides(), r.storage_offset());
       if (r.is_conj()) v._set_conj(true);
       if (r.is_neg()) v._set_neg(true);

@@ -17,7 +17,12 @@
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
-#include <torch/torch.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/optim/adamw.h>
 
 #include "support/test_device.h"
 
@@ -90,7 +95,8 @@ struct TinyLmImpl : torch::nn::Module {
     torch::Tensor h = norm(x);
     torch::Tensor scores = torch::matmul(h, h.transpose(1, 2)) / std::sqrt(static_cast<double>(h.size(-1)));
     // The mask made on the tokens' device (the bundled GPT makes it on the CPU).
-    const torch::Tensor future = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+    const torch::Tensor future =
+        torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
     scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
     x = x + torch::matmul(torch::softmax(scores, -1), h);
     x = x + down(torch::gelu(up(norm(x))));
@@ -110,7 +116,7 @@ struct TrainingRun {
 
 TrainingRun train(c10::Device device, at::ScalarType dtype) {
   constexpr int64_t kVocab = 32, kDim = 16;
-  torch::manual_seed(0);
+  at::manual_seed(0);  // the CPU's generator and every accelerator device's
   TinyLm model(kVocab, kDim);
   model->to(dtype);
   model->to(device);  // from the CPU, so every run starts from the same weights
@@ -259,6 +265,16 @@ TEST_F(TestDevice, ViewsAliasTheirBaseAndInPlaceOpsKeepTheirStorage) {
   EXPECT_TRUE(torch::equal(grown.cpu(), out.cpu()));
   EXPECT_TRUE(torch::equal(torch::arange(5, on(1)).cpu(), torch::arange(5, torch::kFloat)));
 
+  // set_ onto another tensor's storage, and onto none
+  torch::Tensor row = torch::empty({0}, on(1));
+  row.set_(base.storage(), /*storage_offset=*/4, /*size=*/{4}, /*stride=*/{1});
+  EXPECT_TRUE(torch::equal(row.cpu(), expected[1]));
+  EXPECT_TRUE(row.is_set_to(base.select(0, 1)));
+  row.set_();
+  EXPECT_EQ(row.numel(), 0);
+  EXPECT_EQ(row.device(), dev(1));
+  EXPECT_EQ(row.storage().device(), dev(1));
+
   // set_data, as Module::to does
   torch::Tensor p = torch::zeros({3}, on(0)).requires_grad_();
   p.set_data(torch::ones({3}, on(1)));
@@ -281,7 +297,9 @@ TEST_F(TestDevice, CountsTransfersAndTheOnesTheHostWaitsFor) {
 
   std::ignore = host.to(dev(1));
   std::ignore = x.to(dev(1));
-  std::ignore = x.clone();  // on the device: no transfer
+  // On the device: no transfer.
+  std::ignore = x.clone();
+  EXPECT_EQ(x.to(at::kHalf).device(), dev(0));
   c = zt::transfer_counts();
   EXPECT_EQ(c.host_to_device, 1);
   EXPECT_EQ(c.device_to_device, 1);
