@@ -250,14 +250,20 @@ int main(int argc, char** argv) {
     if (!resumed_record.is_null()) emit(resumed_record);
 
     const auto start = std::chrono::steady_clock::now();
-    std::vector<double> step_ms;
+    std::vector<double> step_ms, wall_ms;
     int64_t peak_pss = 0;
     double last_loss = 0.0;
     zero::comm::OpCounts last_comm;
     const int64_t print_every = config.steps_per_print;  // >= 1 (the parser checks), as DeepSpeed's
     const int64_t first_step = trainer.steps_done() + 1;  // > 1 after --resume
     for (int64_t s = first_step; s <= args.steps; ++s) {
+      const auto step_start = std::chrono::steady_clock::now();
       auto r = trainer.train_step();
+      // step_ms stops when the engine's step returns: on a GPU its last
+      // kernels may still run. train_step ends by reading the loss back
+      // (a device sync), so this wall time holds the whole step.
+      const double wall =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count();
       const int64_t pss = pss_bytes();
       peak_pss = std::max(peak_pss, pss);
       emit({{"event", "step"},
@@ -268,6 +274,7 @@ int main(int argc, char** argv) {
             {"skipped", !r.stepped},
             {"grad_norm", engine.last_grad_norm()},
             {"step_ms", r.step_ms},
+            {"wall_ms", wall},
             {"tokens_per_s", r.tokens_per_s},
             {"peak_rss_bytes", peak_rss_bytes()},
             {"pss_bytes", pss},
@@ -283,6 +290,7 @@ int main(int argc, char** argv) {
         emit({{"event", "checkpoint"}, {"step", s}, {"save_ms", ms}, {"bytes", bytes}});
       }
       step_ms.push_back(r.step_ms);
+      wall_ms.push_back(wall);
       last_loss = r.loss;
       last_comm = r.comm;
       if (lead && (s % print_every == 0 || s == 1 || s == args.steps)) {
@@ -295,14 +303,18 @@ int main(int argc, char** argv) {
     }
     // One closing record for scripts and benchmarks: the median step time
     // leaves out the first two steps (allocation and warm-up).
-    std::vector<double> steady(step_ms.begin() + std::min<size_t>(2, step_ms.size() / 2), step_ms.end());
-    std::sort(steady.begin(), steady.end());
-    const double median_ms = steady.empty() ? 0.0 : steady[steady.size() / 2];
+    auto steady_median = [](const std::vector<double>& ms) {
+      std::vector<double> steady(ms.begin() + std::min<size_t>(2, ms.size() / 2), ms.end());
+      std::sort(steady.begin(), steady.end());
+      return steady.empty() ? 0.0 : steady[steady.size() / 2];
+    };
+    const double median_ms = steady_median(step_ms);
     const auto& b = engine.batch();
     emit({{"event", "summary"},
           {"steps", args.steps},
           {"final_loss", last_loss},
           {"median_step_ms", median_ms},
+          {"median_wall_ms", steady_median(wall_ms)},  // the same over "wall_ms": device-synchronized
           {"tokens_per_s", median_ms > 0 ? b.train_batch_size * args.model.seq_len / (median_ms / 1000.0) : 0.0},
           {"peak_rss_bytes", peak_rss_bytes()},
           {"peak_pss_bytes", peak_pss},  // the largest step-end sample

@@ -1,78 +1,218 @@
 #!/usr/bin/env bash
-# The GPU benchmark (./run gpu-bench on a GPU machine): the bundled GPT at a
-# size that fills much of one GPU, one rank, side by side in one run --
-# zero-cpp stages 0-3 (bf16, the model on cuda:0) against PyTorch DDP and
-# FSDP2 on the same torch (ZERO_PEER_DEVICE=cuda in peer_gpt.py), the same
-# initial weights, batches, optimizer and clipping. Step time, tokens/s and
-# peak GPU memory per run; prints one JSON object.
+# The GPU benchmark (./run gpu-bench on a GPU machine): the bundled GPT on
+# one GPU, one rank, side by side in one run -- zero-cpp stages 0-3 (bf16,
+# the model on cuda:0) against PyTorch DDP (autocast bf16) and FSDP2 (bf16
+# params) on the same torch and DeepSpeed's stages 0, 2 and 3 (bf16; carried
+# as wheels, bench/peer_wheels.sh), all from the same initial weights and
+# batches (bench_export_gpt), with the same optimizer, clipping and
+# ds_config; then the seeds' ratios, each from runs taken here (000: fused
+# vs unfused stage-3 gather at 2 ranks through CUDA IPC; 001: CUDA IPC vs
+# NCCL collectives; 002: four backward passes per step, coalesced or not;
+# 003: zero::Init flattening on the device vs in host memory). Step time
+# (median of the timed steps, the first two left out), tokens/s, peak GPU
+# memory and the losses per run; prints one JSON object on stdout.
+# bench/gpu_report.py turns it into one markdown table.
 #   bench/gpu.sh BUILD_DIR PYTHON [STEPS]
+# Environment (defaults in brackets):
+#   ZERO_GPU_BENCH_MODEL   zero-train's model args [--layers 12 --d-model 2048 --heads 16 --seq 1024]
+#   ZERO_GPU_BENCH_MICRO   micro-batch = global batch (1 rank) [8]
+#   ZERO_GPU_BENCH_DEVICE  cuda | cpu (the plumbing check without a GPU) [cuda]
+#   ZERO_GPU_BENCH_LOGS    a folder for every run's log; emptied first [bench/results/gpu-logs]
+#   ZERO_GPU_BENCH_BUDGET  seconds for the whole bench; runs that would start
+#                          after it are recorded as skipped [300]
+#   ZERO_GPU_BENCH_RUN_TIMEOUT  seconds one run may take before it is stopped [150]
+#   ZERO_PEER_DS_ADAM      DeepSpeed's AdamW: torch (torch.optim.AdamW, as the
+#                          other peers; nothing to compile) | fused (FusedAdam, JIT) [torch]
+# A run that fails or times out is recorded with its error and the others go
+# on; the console gets one line per run, the logs stay in ZERO_GPU_BENCH_LOGS.
 # STATUS: written without a GPU to run it on; only its plumbing has run (on
 # the CPU: ZERO_GPU_BENCH_DEVICE=cpu with a tiny ZERO_GPU_BENCH_MODEL).
 set -euo pipefail
 B=${1:-build-gpu}
 PY=${2:-python3}
-STEPS=${3:-8}
+STEPS=${3:-10}
 . "$(dirname "$0")/lib.sh"
 here=$(cd "$(dirname "$0")" && pwd)
 
-# ~1.2B params (12 L d^2): bf16 params + fp32 master and moments ~ 20 GB at
-# stage 0, activations for micro-batch 8 x 1024 tokens on top.
-read -r -a MODEL <<< "${ZERO_GPU_BENCH_MODEL:---layers 24 --d-model 2048 --heads 16 --seq 1024}"
+# ~604M params (12 L d^2 + embeddings): at stage 0 bf16 params + fp32 master
+# and moments ~10 GB, activations for 8 x 1024 tokens ~15 GB on top (the
+# naive attention keeps B x heads x T x T scores). Small enough that DDP's
+# autocast (fp32 params, fp32 softmax) and seed 000's two ranks sharing the
+# GPU fit an H100, and that ~16 runs fit the bench's time budget.
+read -r -a MODEL <<< "${ZERO_GPU_BENCH_MODEL:---layers 12 --d-model 2048 --heads 16 --seq 1024}"
 MICRO=${ZERO_GPU_BENCH_MICRO:-8}
 DEVICE=${ZERO_GPU_BENCH_DEVICE:-cuda}
+LOGS=${ZERO_GPU_BENCH_LOGS:-bench/results/gpu-logs}
+BUDGET=${ZERO_GPU_BENCH_BUDGET:-300}
+RUN_TIMEOUT=${ZERO_GPU_BENCH_RUN_TIMEOUT:-150}
+export ZERO_PEER_DS_ADAM=${ZERO_PEER_DS_ADAM:-torch}
 L=${MODEL[1]} D=${MODEL[3]} H=${MODEL[5]} S=${MODEL[7]}
-"$B/bench/bench_export_gpt" "$tmp" "$L" "$D" "$H" "$S" "$MICRO" "$STEPS"
+mkdir -p "$LOGS"
+rm -f "$LOGS"/*.log "$LOGS"/*.jsonl "$LOGS"/*.json
+records=$tmp/records.jsonl
+: > "$records"
+start=$SECONDS
 
-echo '{"bench": "gpu", "ranks": 1, "device": "'"$( { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "$DEVICE"; } | head -1)"'",'
-echo ' "date": "'"$(date -u +%F)"'", "model": "'"${MODEL[*]}"'", "micro_batch": '"$MICRO"', "runs": ['
-first=1
+say() { echo "gpu.sh: $*" >&2; }
+json_str() { python3 -c 'import json, sys; print(json.dumps(sys.stdin.read().strip()))'; }
+compact() { python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$1"; }  # one line
+
+# attempt FIELDS NAME STDOUT CMD...: runs CMD with a timeout, its stderr (and
+# its stdout when STDOUT is -) into $LOGS/NAME.log. On failure, a timeout or a
+# spent budget, appends a record {FIELDS, "error" or "skipped": ...} and
+# returns 1; the caller appends the record of a success.
+attempt() {
+  local fields=$1 name=$2 out=$3; shift 3
+  local left=$((BUDGET - (SECONDS - start)))
+  if ((left < 15)); then
+    echo "{$fields, \"skipped\": \"the bench's time budget (ZERO_GPU_BENCH_BUDGET=$BUDGET s) was spent\"}" >> "$records"
+    say "$name skipped (budget spent)"
+    return 1
+  fi
+  local t=$((left < RUN_TIMEOUT ? left : RUN_TIMEOUT)) rc=0 t0=$SECONDS
+  if [ "$out" = - ]; then
+    timeout -k 10 "$t" "$@" > "$LOGS/$name.log" 2>&1 || rc=$?
+  else
+    timeout -k 10 "$t" "$@" > "$out" 2> "$LOGS/$name.log" || rc=$?
+  fi
+  if ((rc != 0)); then
+    local why="exit $rc"
+    ((rc == 124 || rc == 137)) && why="stopped after $t s (ZERO_GPU_BENCH_RUN_TIMEOUT=$RUN_TIMEOUT, budget left $left s)"
+    local last
+    # The last line that is not the launcher's own (zero-run names the rank
+    # that stopped; the rank's own last words say why).
+    last=$( { grep -v -e '^[[:space:]]*$' -e '^zero-run:' "$LOGS/$name.log" || true; } | tail -n 1 | cut -c1-400 | json_str)
+    echo "{$fields, \"error\": $(echo "$why" | json_str), \"last_line\": $last, \"log\": \"$name.log\"}" >> "$records"
+    say "$name FAILED ($why; $LOGS/$name.log)"
+    return 1
+  fi
+  say "$name ok ($((SECONDS - t0)) s)"
+}
+
+# zero_train FIELDS NAME RANKS [ENV=VALUE...] -- ZERO-TRAIN ARGS...: zero-train
+# on RANKS local ranks (sharing the GPU) with $tmp/c.json; rank 0's JSON log is
+# $LOGS/NAME.jsonl.
+zero_train() {
+  local fields=$1 name=$2 ranks=$3; shift 3
+  local envs=()
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  attempt "$fields" "$name" - env "${envs[@]}" "$B/zero-run" -n "$ranks" -- "$B/zero-train" --config "$tmp/c.json" \
+    --device "$DEVICE" "${MODEL[@]}" --log-json "$LOGS/$name.jsonl" "$@"
+}
+record_of() { grep "\"event\":\"$2\"" "$LOGS/$1.jsonl" | tail -n 1; }
+losses_of() {
+  echo "[$(grep '"event":"step"' "$LOGS/$1.jsonl" | grep -o '"loss":[^,]*' | cut -d: -f2 | paste -sd, -)]"
+}
+
+# What this machine has: the GPU, torch, DeepSpeed (an import, offline).
+gpu_name=$( { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "$DEVICE"; } | head -1)
+torch_version=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo "not importable")
+ds_import=$tmp/ds_import.txt
+if DS_ACCELERATOR=$DEVICE "$PY" -c 'import deepspeed; print(deepspeed.__version__)' > "$ds_import" 2>&1; then
+  ds_version=$(tail -n 1 "$ds_import")
+  ds_error=""
+else
+  ds_version=""
+  ds_error=$(grep -v '^[[:space:]]*$' "$ds_import" | tail -n 1)
+  cp "$ds_import" "$LOGS/deepspeed-import.log"
+  say "deepspeed does not import with $PY ($ds_error): its runs are skipped (bench/peer_wheels.sh install DIR, then PYTHONPATH)"
+fi
+
+# 1. The weights and batches every run starts from.
+export_ok=1
+attempt '"run": "export"' export - "$B/bench/bench_export_gpt" "$tmp" "$L" "$D" "$H" "$S" "$MICRO" "$STEPS" || export_ok=0
+
+# 2. zero-cpp, stages 0-3.
 for stage in 0 1 2 3; do
   bench_config "$stage" bf16 "$MICRO"
-  "$B/zero-run" -n 1 -- "$B/zero-train" --config "$tmp/c.json" --device "$DEVICE" --steps "$STEPS" "${MODEL[@]}" \
-    --log-json "$tmp/log.jsonl" > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
-  [ $first = 1 ] || echo ','
-  first=0
-  printf '  {"run": "zero-cpp", "stage": %s, "dtype": "bf16", "losses": %s, "summary": %s}' \
-    "$stage" "$(last_losses)" "$(grep '"event":"summary"' "$tmp/log.jsonl")"
+  f="\"run\": \"zero-cpp\", \"stage\": $stage, \"dtype\": \"bf16\""
+  if zero_train "$f" "zero-stage$stage" 1 -- --steps "$STEPS"; then
+    echo "{$f, \"log\": \"zero-stage$stage.log\", \"losses\": $(losses_of "zero-stage$stage"), \
+\"summary\": $(record_of "zero-stage$stage" summary)}" >> "$records"
+  fi
 done
-# The seeds' own ratios that this build can measure:
-# seed 002, four backward passes per step with and without
-# coalesce_grad_reduction (stage 2); seed 003, the stage-3 model built under
-# zero::Init flattening each unit on the device vs in pinned host memory
-# (ZERO_INIT_DEVICE_FLATTEN=off).
+
+# 3. The peers, same dtype, same weights and batches (the export).
+for c in "ddp 0" "fsdp2 3" "deepspeed 0" "deepspeed 2" "deepspeed 3"; do
+  read -r peer stage <<< "$c"
+  f="\"run\": \"$peer\", \"stage\": $stage, \"dtype\": \"bf16\""
+  name="$peer-stage$stage"
+  if [ $export_ok = 0 ]; then
+    echo "{$f, \"skipped\": \"the export failed\"}" >> "$records"
+    continue
+  fi
+  if [ "$peer" = deepspeed ] && [ -n "$ds_error" ]; then
+    echo "{$f, \"skipped\": $(echo "deepspeed does not import: $ds_error" | json_str)}" >> "$records"
+    continue
+  fi
+  bench_config "$stage" bf16 "$MICRO"
+  if attempt "$f" "$name" - env ZERO_PEER_DEVICE="$DEVICE" DS_ACCELERATOR="$DEVICE" "$B/zero-run" -n 1 -- \
+      "$PY" "$here/peer_gpt.py" "$peer" "$tmp" "$L" "$D" "$H" "$S" "$STEPS" "$tmp/c.json" "$LOGS/$name.json"; then
+    echo "{$f, \"log\": \"$name.log\", \"result\": $(compact "$LOGS/$name.json")}" >> "$records"
+  fi
+done
+
+# 4. The seeds, cheapest first (003, 001, 002, then 000 at two ranks of the
+# full model).
+# Seed 003: the stage-3 model built under zero::Init, each unit flattened on
+# the device vs in pinned host memory (ZERO_INIT_DEVICE_FLATTEN=off); one
+# step each, the setup record's build_ms compared.
+bench_config 3 bf16 "$MICRO"
+for flatten in device host; do
+  envs=(); [ $flatten = host ] && envs=(ZERO_INIT_DEVICE_FLATTEN=off)
+  f="\"run\": \"zero-cpp seed 003\", \"stage\": 3, \"init_flatten\": \"$flatten\""
+  if zero_train "$f" "seed003-$flatten" 1 "${envs[@]}" -- --steps 1; then
+    echo "{$f, \"log\": \"seed003-$flatten.log\", \"setup\": $(record_of "seed003-$flatten" setup)}" >> "$records"
+  fi
+done
+# Seed 001: allgather, reduce-scatter and all-reduce through CUDA IPC and
+# NCCL at 2 ranks, against the device-to-device copy rate. NCCL refuses two
+# ranks on one GPU: on a one-GPU machine only CUDA IPC is measured.
+f='"run": "zero-cpp seed 001", "ranks": 2'
+if [ "$DEVICE" != cuda ]; then
+  echo "{$f, \"skipped\": \"CUDA collectives need a GPU (ZERO_GPU_BENCH_DEVICE=$DEVICE)\"}" >> "$records"
+elif [ ! -x "$B/bench/bench_cuda_comm" ]; then
+  echo "{$f, \"skipped\": \"$B/bench/bench_cuda_comm was not built (ZERO_CUDA off)\"}" >> "$records"
+elif attempt "$f" seed001 - "$B/zero-run" -n 2 -- "$B/bench/bench_cuda_comm" 1024; then
+  grep '^\[rank 0\]' "$LOGS/seed001.log" | sed 's/^\[rank 0\] //' > "$LOGS/seed001.json"
+  echo "{$f, \"log\": \"seed001.log\", \"result\": $(compact "$LOGS/seed001.json")}" >> "$records"
+fi
+
+# Seed 002: four backward passes per step at stage 2, one reduction each or
+# one for all (coalesce_grad_reduction); 2 ranks, as seed 000 (at 1 rank
+# there is no reduction to save).
 bench_config 2 bf16 "$MICRO"
 for mode in separate coalesce; do
   flag=(); [ $mode = coalesce ] && flag=(--coalesce)
-  "$B/zero-run" -n 1 -- "$B/zero-train" --config "$tmp/c.json" --device "$DEVICE" --steps "$STEPS" "${MODEL[@]}" \
-    --backward-chunks 4 "${flag[@]}" --log-json "$tmp/log.jsonl" > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
-  printf ',\n  {"run": "zero-cpp seed 002", "stage": 2, "backward_chunks": 4, "reduction": "%s", "summary": %s}' \
-    "$mode" "$(grep '"event":"summary"' "$tmp/log.jsonl")"
+  f="\"run\": \"zero-cpp seed 002\", \"stage\": 2, \"ranks\": 2, \"backward_chunks\": 4, \"reduction\": \"$mode\""
+  if zero_train "$f" "seed002-$mode" 2 -- --steps "$STEPS" --backward-chunks 4 "${flag[@]}"; then
+    echo "{$f, \"log\": \"seed002-$mode.log\", \"losses\": $(losses_of "seed002-$mode"), \
+\"summary\": $(record_of "seed002-$mode" summary)}" >> "$records"
+  fi
 done
-bench_config 3 bf16 "$MICRO"
-for flatten in device host; do
-  env_flag=(); [ $flatten = host ] && env_flag=(ZERO_INIT_DEVICE_FLATTEN=off)
-  env "${env_flag[@]}" "$B/zero-run" -n 1 -- "$B/zero-train" --config "$tmp/c.json" --device "$DEVICE" --steps 1 \
-    "${MODEL[@]}" --log-json "$tmp/log.jsonl" > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
-  printf ',\n  {"run": "zero-cpp seed 003", "stage": 3, "init_flatten": "%s", "setup": %s}' \
-    "$flatten" "$(grep '"event":"setup"' "$tmp/log.jsonl")"
-done
-# seed 000, stage 3 at 2 ranks (through CUDA IPC on one GPU): the fused
-# 16-bit gather against the fp32 master gathered and cast (bench/gather_fusion.sh).
-ZERO_GATHER_FUSION_MODEL="${MODEL[*]}" ZERO_GATHER_FUSION_MICRO=$MICRO \
-  "$here/gather_fusion.sh" "$B" "$DEVICE" "$STEPS" 1 > "$tmp/gf.json"
-printf ',\n  {"run": "zero-cpp seed 000", "result": %s}' "$(cat "$tmp/gf.json")"
-# seed 001: CUDA IPC vs NCCL collectives vs the device-to-device copy rate,
-# 2 ranks (on one GPU when there is one; NCCL then is left out).
-if [ "$DEVICE" = cuda ]; then
-  "$B/zero-run" -n 2 -- "$B/bench/bench_cuda_comm" 1024 2>&1 | grep '^\[rank 0\]' | sed 's/^\[rank 0\] //' > "$tmp/cc.json"
-  printf ',\n  {"run": "zero-cpp seed 001", "result": %s}' "$(cat "$tmp/cc.json")"
+# Seed 000: stage 3 at 2 ranks (on one GPU: they share it through CUDA IPC),
+# the fused 16-bit gather against the fp32 master gathered and cast, one run
+# of each (bench/gather_fusion.sh).
+f='"run": "zero-cpp seed 000", "ranks": 2'
+if attempt "$f" seed000 "$LOGS/seed000.json" env ZERO_GATHER_FUSION_MODEL="${MODEL[*]}" \
+    ZERO_GATHER_FUSION_MICRO="$MICRO" "$here/gather_fusion.sh" "$B" "$DEVICE" "$STEPS" 1; then
+  echo "{$f, \"log\": \"seed000.log\", \"result\": $(compact "$LOGS/seed000.json")}" >> "$records"
 fi
-for c in "ddp 0 fp32" "fsdp2 3 bf16"; do
-  read -r peer stage dtype <<< "$c"
-  bench_config "$stage" "$dtype" "$MICRO"
-  ZERO_PEER_DEVICE=$DEVICE "$B/zero-run" -n 1 -- "$PY" "$here/peer_gpt.py" "$peer" "$tmp" "$L" "$D" "$H" "$S" "$STEPS" \
-    "$tmp/c.json" "$tmp/peer.json" > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
-  printf ',\n  {"run": "%s", "stage": %s, "dtype": "%s", "result": %s}' "$peer" "$stage" "$dtype" "$(cat "$tmp/peer.json")"
-done
-echo
-echo ']}'
+# One JSON object: the machine, the settings, every run's record in order.
+python3 - "$records" <<PY
+import json, sys
+runs = []
+for line in open(sys.argv[1]):  # one record a line
+    if line.strip():
+        try:
+            runs.append(json.loads(line))
+        except ValueError as e:  # a run that wrote no summary, say: kept, marked
+            runs.append({"run": "?", "error": f"malformed record ({e})", "text": line[:400]})
+print(json.dumps({
+    "bench": "gpu", "ranks": 1, "device": "$gpu_name", "torch": "$torch_version",
+    "deepspeed": "$ds_version" or None, "date": "$(date -u +%F)", "model": "${MODEL[*]}",
+    "micro_batch": $MICRO, "steps": $STEPS, "timed_steps": "steps 3-$STEPS (the first two left out)",
+    "ds_adam": "$ZERO_PEER_DS_ADAM", "budget_s": $BUDGET, "run_timeout_s": $RUN_TIMEOUT,
+    "elapsed_s": $((SECONDS - start)), "logs": "$LOGS", "runs": runs}, indent=1))
+PY

@@ -1,6 +1,7 @@
 """The peers for the benchmark report: the bundled GPT trained with PyTorch's
 DistributedDataParallel, PyTorch's FSDP2 (fully_shard per block, then the
-root) or DeepSpeed (its ZeRO stages, CPU accelerator, Gloo), from the same
+root) or DeepSpeed (its ZeRO stages; on the CPU accelerator with Gloo, or
+with ZERO_PEER_DEVICE=cuda on GPU LOCAL_RANK with NCCL), from the same
 initial weights and the same batches as zero-train (both exported by
 bench_export_gpt), with the same AdamW, clipping (1.0), thread count and --
 for FSDP2 and DeepSpeed -- the same ds_config zero-train reads. Launch it
@@ -12,6 +13,19 @@ PEER is ddp, fsdp2 or deepspeed. Rank 0 writes OUT.json: per-step loss
 (global-batch mean), step time, peak RSS, and the model-state bytes this
 rank holds (params, grads and optimizer state, counted from the tensors);
 the median step time leaves out the first two steps, as zero-train's.
+
+Precision follows the config's "bf16": {"enabled": true}: FSDP2 computes
+with bf16 params (MixedPrecisionPolicy, fp32 reduction), DeepSpeed converts
+the model to bf16 and keeps an fp32 master, and DDP -- which has no such
+mode -- runs its forward under torch.autocast(bf16) with fp32 params, grads
+and AdamW state (PyTorch's usual recipe; its activations and memory are
+not those of a bf16 model).
+
+Environment: ZERO_PEER_DEVICE (cpu | cuda), ZERO_PEER_DS_ADAM (DeepSpeed's
+AdamW: "torch" adds "torch_adam": true to the optimizer's params, i.e.
+torch.optim.AdamW as the other peers use, nothing to compile; "fused" or
+unset leaves DeepSpeed's default, FusedAdam, a JIT-built op: a C++ one on
+the CPU accelerator, a CUDA one -- ninja and nvcc -- on a GPU).
 """
 import json
 import math
@@ -21,25 +35,31 @@ import struct
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 
 def read_safetensors(path):
+    """{name: CPU tensor}, views of one buffer the file is read into once (a
+    1.2B-param GPT's init is ~5 GB: no second or third copy)."""
+    size = os.path.getsize(path)
+    blob = bytearray(size)
     with open(path, "rb") as f:
-        blob = f.read()
+        if f.readinto(blob) != size:
+            raise IOError(f"{path}: short read")
     (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8 : 8 + n])
-    data = blob[8 + n :]
-    kinds = {"F32": np.float32, "I64": np.int64}
+    header = json.loads(bytes(blob[8 : 8 + n]))
+    kinds = {"F32": torch.float32, "I64": torch.int64}
     out = {}
     for name, e in header.items():
         if name == "__metadata__":
             continue
         b, end = e["data_offsets"]
-        out[name] = torch.from_numpy(np.frombuffer(data[b:end], dtype=kinds[e["dtype"]]).reshape(e["shape"]).copy())
+        dtype = kinds[e["dtype"]]
+        count = (end - b) // dtype.itemsize
+        t = torch.frombuffer(blob, dtype=dtype, count=count, offset=8 + n + b) if count else torch.empty(0, dtype=dtype)
+        out[name] = t.reshape(e["shape"])
     return out
 
 
@@ -63,7 +83,9 @@ class Block(torch.nn.Module):
         qkv = self.attn_qkv(self.ln1(x)).view(B, T, 3, self.n_head, hd)
         q, k, v = (qkv.select(2, i).transpose(1, 2) for i in range(3))
         att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        # On the activations' device: masked_fill refuses a CPU mask for a CUDA
+        # tensor (zero-cpp's models/gpt.cpp had the same bug).
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         att = torch.softmax(att.masked_fill(mask, float("-inf")), -1)
         y = torch.matmul(att, v).transpose(1, 2).reshape(B, T, C)
         h = x + self.attn_proj(y)
@@ -110,13 +132,18 @@ def optimizer_tensors(opt):
         yield from (v for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
 
 
-def torch_training(model, forward, lr, wd):
+def torch_training(model, forward, lr, wd, autocast=None):
     """A step and a state count for a model trained with torch.optim.AdamW
-    (DDP's and FSDP2's loop; `forward` is the wrapped model)."""
+    (DDP's and FSDP2's loop; `forward` is the wrapped model; `autocast`, a
+    device type, runs the forward under torch.autocast(bf16))."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
 
     def step(x, y):
-        logits = forward(x)
+        if autocast:
+            with torch.autocast(device_type=autocast, dtype=torch.bfloat16):
+                logits = forward(x)
+        else:
+            logits = forward(x)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
         opt.zero_grad()  # set_to_none, torch 2.x default
         loss.backward()
@@ -128,15 +155,23 @@ def torch_training(model, forward, lr, wd):
         ps = list(model.parameters())
         return state_bytes(ps + [p.grad for p in ps] + list(optimizer_tensors(opt)))
 
-    return step, held
+    return step, held, opt
 
 
-def build_ddp(model, cfg, lr, wd):
+def qualname(obj):
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def build_ddp(model, cfg, lr, wd, device):
+    bf16 = cfg.get("bf16", {}).get("enabled", False)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    return (*torch_training(model, ddp, lr, wd), f"torch DistributedDataParallel ({dist.get_backend()})")
+    step, held, opt = torch_training(model, ddp, lr, wd, autocast=device.type if bf16 else None)
+    name = f"torch DistributedDataParallel ({dist.get_backend()})"
+    precision = "autocast bf16 (fp32 params, grads and AdamW state)" if bf16 else "fp32"
+    return step, held, name, {"precision": precision, "optimizer": qualname(opt)}
 
 
-def build_fsdp2(model, cfg, lr, wd):
+def build_fsdp2(model, cfg, lr, wd, device):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     bf16 = cfg.get("bf16", {}).get("enabled", False)
@@ -145,12 +180,19 @@ def build_fsdp2(model, cfg, lr, wd):
         fully_shard(getattr(model, f"h{i}"), mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     name = f"torch FSDP2 fully_shard ({dist.get_backend()})" + (", bf16 params" if bf16 else "")
-    return (*torch_training(model, model, lr, wd), name)
+    step, held, opt = torch_training(model, model, lr, wd)
+    precision = "bf16 params for compute, fp32 sharded params, grads and AdamW state" if bf16 else "fp32"
+    return step, held, name, {"precision": precision, "optimizer": qualname(opt)}
 
 
-def build_deepspeed(model, cfg, lr, wd):
+def build_deepspeed(model, cfg, lr, wd, device):
     import deepspeed
 
+    adam = os.environ.get("ZERO_PEER_DS_ADAM", "")
+    if adam == "torch":
+        cfg["optimizer"]["params"]["torch_adam"] = True
+    elif adam not in ("", "fused"):
+        raise ValueError(f"ZERO_PEER_DS_ADAM={adam}: torch or fused")
     engine, opt, _, _ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters())
 
     def step(x, y):
@@ -179,7 +221,13 @@ def build_deepspeed(model, cfg, lr, wd):
         return state_bytes(ts)
 
     stage = cfg.get("zero_optimization", {}).get("stage", 0)
-    return step, held, f"DeepSpeed {deepspeed.__version__} ZeRO stage {stage} (cpu, {dist.get_backend()})"
+    accel = deepspeed.get_accelerator().device_name()
+    inner = getattr(opt, "optimizer", opt)
+    bf16 = cfg.get("bf16", {}).get("enabled", False)
+    extra = {"precision": "bf16 model, fp32 master and AdamW state" if bf16 else "fp32",
+             "optimizer": qualname(inner), "wrapper": qualname(opt), "deepspeed": deepspeed.__version__,
+             "ds_accelerator": accel, "torch_adam": adam == "torch"}
+    return step, held, f"DeepSpeed {deepspeed.__version__} ZeRO stage {stage} ({accel}, {dist.get_backend()})", extra
 
 
 def main():
@@ -195,20 +243,25 @@ def main():
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    backend = "nccl" if cuda else "gloo"
     if peer != "deepspeed":  # DeepSpeed sets up its own process group
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group(backend)
     else:
         import deepspeed
 
-        deepspeed.init_distributed(dist_backend="gloo")
+        deepspeed.init_distributed(dist_backend=backend)
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    model = GPT(layers, d, heads, seq)
+    # Built on its device (a GPU initializes a 1B-param model in no time, one
+    # CPU thread takes seconds), then the exported weights copied in.
+    with device:
+        model = GPT(layers, d, heads, seq)
     init = read_safetensors(f"{export}/init.safetensors")
     model.load_state_dict(init, strict=True)
-    model.to(device)
-    step, held, name = {"ddp": build_ddp, "fsdp2": build_fsdp2, "deepspeed": build_deepspeed}[peer](model, cfg, lr, wd)
-    tokens = read_safetensors(f"{export}/tokens.safetensors")["tokens"]
+    del init
+    build = {"ddp": build_ddp, "fsdp2": build_fsdp2, "deepspeed": build_deepspeed}[peer]
+    step, held, name, extra = build(model, cfg, lr, wd, device)
+    tokens = read_safetensors(f"{export}/tokens.safetensors")["tokens"].clone()
     micro = tokens.shape[1] // world
 
     losses, times = [], []
@@ -223,11 +276,14 @@ def main():
         dist.all_reduce(mean)
         losses.append(mean.item() / world)
     steady = sorted(times[min(2, len(times) // 2) :])
+    median_ms = steady[len(steady) // 2]
     model_state = held()
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"peer": name, "torch": torch.__version__, "threads": torch.get_num_threads(),
-                       "losses": losses, "median_step_ms": steady[len(steady) // 2],
+            json.dump({"peer": name, "torch": torch.__version__, "device": str(device),
+                       "threads": torch.get_num_threads(), **extra,
+                       "losses": losses, "step_ms": times, "median_step_ms": median_ms,
+                       "tokens_per_s": tokens.shape[1] * seq / (median_ms / 1000),
                        "model_state_bytes": model_state,
                        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                        "peak_gpu_bytes": torch.cuda.max_memory_allocated(device) if cuda else 0}, f)
