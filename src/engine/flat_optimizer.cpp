@@ -1,6 +1,7 @@
 #include "engine/flat_optimizer.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <stdexcept>
 
@@ -49,8 +50,16 @@ void device_sgd(c10::Device device, float* p, const float* g, float* buf, int64_
 
 // ZeRO-Offload's pipeline chunk: 4 Mi elements (16 MiB of fp32 grads), so
 // a 1B-param shard crosses ~240 chunks and the first and last copies, which
-// nothing overlaps, are a small part of the step.
-constexpr int64_t kOffloadChunkElements = int64_t{1} << 22;
+// nothing overlaps, are a small part of the step. ZERO_OFFLOAD_CHUNK_ELEMENTS
+// sets another (the tests cut small models into several).
+int64_t offload_chunk_elements() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("ZERO_OFFLOAD_CHUNK_ELEMENTS");
+    const int64_t given = v && *v ? std::atoll(v) : 0;
+    return given > 0 ? given : int64_t{1} << 22;
+  }();
+  return n;
+}
 
 // How the update writes the params beside the master: not at all when the
 // master is the params (fp32), 16-bit, or 16-bit values in an fp32 buffer.
@@ -236,7 +245,7 @@ void FlatOptimizer::update_offloaded(OffloadStaging& staging, partition::FlatGro
   const c10::Stream caller = streams.getStream(device);
   const c10::Stream down = streams.getStreamFromGlobalPool(device);
   const c10::Stream up = streams.getStreamFromGlobalPool(device);
-  const auto chunks = cut_into_chunks(spans_of(g), g.master.numel(), kOffloadChunkElements);
+  const auto chunks = cut_into_chunks(spans_of(g), g.master.numel(), offload_chunk_elements());
   at::Tensor& host_grad = pinned_like(staging.grads, grad);
   std::vector<c10::Event> landed;
   landed.reserve(chunks.size());

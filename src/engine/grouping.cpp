@@ -9,6 +9,7 @@
 
 #include "engine/flat_optimizer.h"
 #include "memory/page_buffer.h"
+#include "memory/storage_release.h"
 #include "zero/stage3.h"
 #include "zero/unit_runtime.h"
 
@@ -34,8 +35,6 @@ Params trainable_params(torch::nn::Module& model, ModelGroups& out) {
     if (t.scalar_type() != at::kFloat)
       throw std::invalid_argument("zero::Engine: param " + item.key() + " is " + c10::toString(t.scalar_type()) +
                                   "; build the model in fp32 (the engine casts to bf16/fp16 as configured)");
-    if (!t.is_cpu())
-      throw std::invalid_argument("zero::Engine: param " + item.key() + " is not on the CPU; this build runs on CPU");
     p.index_of[t.unsafeGetTensorImpl()] = static_cast<int64_t>(p.tensors.size());
     p.tensors.push_back(t);
     p.names.push_back(item.key());
@@ -187,8 +186,14 @@ void adopt(partition::FlatGroup& g, const std::string& unit, const Params& p, co
   if (pr.storage != at::kFloat) {
     g.param_shard = memory::flat_copy_of(g.master, pr.storage);
     if (!pr.widened()) {  // widened: the module keeps zero::Init's fp32 buffer (released)
-      partition::view_params_in(g, memory::zeros_flat(g.layout.padded_numel, pr.storage, g.param_flat.device()));
-      partition::release_params(g);
+      const at::Device device = g.param_flat.device();
+      if (device.is_cpu()) {  // page-backed: mapped, never touched, then released
+        partition::view_params_in(g, memory::zeros_flat(g.layout.padded_numel, pr.storage, device));
+        partition::release_params(g);
+      } else {  // a device buffer that never holds the whole unit
+        memory::released_flat(g.layout.padded_numel, pr.storage, device,
+                              [&](const at::Tensor& flat) { partition::view_params_in(g, flat); });
+      }
     }
   }
   place_offloaded(g, ctx);

@@ -30,6 +30,17 @@ std::optional<int64_t> device_free_bytes(c10::Device device) {
   }
 }
 
+std::optional<int64_t> device_allocated_bytes(c10::Device device) {
+  auto* a = allocator_of(device);
+  if (!a) return std::nullopt;
+  try {
+    constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    return a->getDeviceStats(index_of(device)).allocated_bytes[all].current;
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  }
+}
+
 std::optional<int64_t> device_peak_allocated_bytes(c10::Device device) {
   auto* a = allocator_of(device);
   if (!a) return std::nullopt;

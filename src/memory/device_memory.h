@@ -17,8 +17,10 @@ namespace zero::memory {
 // say.
 std::optional<int64_t> device_free_bytes(c10::Device device);
 
-// The allocator's peak of bytes handed out on `device` since the last
-// reset (torch.cuda.max_memory_allocated); nullopt where it keeps no stats.
+// Bytes the allocator has handed out on `device` now, and its peak since
+// the last reset (torch.cuda.memory_allocated / max_memory_allocated);
+// nullopt where it keeps no stats.
+std::optional<int64_t> device_allocated_bytes(c10::Device device);
 std::optional<int64_t> device_peak_allocated_bytes(c10::Device device);
 void reset_device_peak(c10::Device device);
 

@@ -35,13 +35,18 @@ void restore_storage(const at::Tensor& flat) {
 
 bool storage_released(const at::Tensor& flat) { return flat.numel() > 0 && flat.storage().nbytes() == 0; }
 
-at::Tensor released_flat(int64_t numel, at::ScalarType dtype, c10::Device device) {
+at::Tensor released_flat(int64_t numel, at::ScalarType dtype, c10::Device device,
+                         const std::function<void(const at::Tensor&)>& cut_views) {
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
   c10::Storage storage(c10::Storage::use_byte_size_t(), 0, c10::GetAllocator(device.type()), /*resizable=*/true);
-  // The data pointer names the device (an empty DataPtr from the allocator would be the current one's).
+  // No memory behind it (the data pointer names the device, not the
+  // current one), but the extent declared, so views can be cut.
   storage.unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(nullptr, device));
+  storage.unsafeGetStorageImpl()->set_nbytes(bytes);
   at::Tensor flat = at::empty({0}, at::TensorOptions().dtype(dtype).device(device));
-  flat.set_(storage, 0, {0}, {1});
-  flat.unsafeGetTensorImpl()->set_sizes_contiguous({numel});  // the extent a restore allocates
+  flat.set_(storage, 0, {numel}, {1});
+  cut_views(flat);
+  release_storage(flat);  // the extent goes; nothing was held
   return flat;
 }
 

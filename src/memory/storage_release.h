@@ -22,6 +22,8 @@
 // test device, tests/support/test_device.h).
 #pragma once
 
+#include <functional>
+
 #include <ATen/ATen.h>
 
 namespace zero::memory {
@@ -31,9 +33,12 @@ void release_storage(const at::Tensor& flat);
 // undefined: the caller overwrites all of it.
 void restore_storage(const at::Tensor& flat);
 bool storage_released(const at::Tensor& flat);
-// A flat buffer of `numel` elements on `device` that holds no memory yet,
-// as if just released: for a buffer a gather fills later (zero::Init's
-// units that had no room on the device never take the whole unit there).
-at::Tensor released_flat(int64_t numel, at::ScalarType dtype, c10::Device device);
+// A flat buffer of `numel` elements on `device` that never holds memory
+// until restored, as if just released: for a buffer a gather fills later
+// (zero::Init's units that had no room on the device never take the whole
+// unit there). `cut_views` runs while the storage still declares the whole
+// extent (views are bounds-checked against it), before the release.
+at::Tensor released_flat(int64_t numel, at::ScalarType dtype, c10::Device device,
+                         const std::function<void(const at::Tensor&)>& cut_views);
 
 }  // namespace zero::memory

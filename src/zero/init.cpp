@@ -78,12 +78,15 @@ void Init::flatten_onto_device(partition::FlatGroup& g) {
   comm_.all_reduce(dp_, without_room, comm::ReduceOp::Sum, "zero::Init: units with no room on the device")->wait();
   const bool room = without_room.item<int>() == 0;
   partition::flatten_from_rank0(g, comm_, dp_, room ? device_ : at::Device(at::kCPU), /*pinned=*/!room);
-  g.param_shard = memory::flat_copy_of(g.own_slot(g.param_flat, dp_.rank()).to(device_));
+  // The shard straight into its own device buffer (one copy, no temporary).
+  g.param_shard = at::empty({g.layout.shard_numel}, g.param_flat.options().device(device_).pinned_memory(false));
+  g.param_shard.copy_(g.own_slot(g.param_flat, dp_.rank()));
   if (!room) {
     // The params view a device buffer that holds nothing yet (gathers fill
     // it): the whole unit never goes to the device. The pinned host one
     // goes with its last view.
-    partition::view_params_in(g, memory::released_flat(g.layout.padded_numel, at::kFloat, device_));
+    memory::released_flat(g.layout.padded_numel, at::kFloat, device_,
+                          [&](const at::Tensor& flat) { partition::view_params_in(g, flat); });
   }
   ++(room ? units_flattened_on_device_ : units_flattened_on_host_);
 }

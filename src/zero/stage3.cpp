@@ -88,13 +88,11 @@ Stage3Runtime::Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vec
       // shards): private pages, which fault in faster at each regather
       // than a shared memfd's. It holds nothing yet, released.
       auto& g = groups_[i];
-      if (memory::shared_backed(g.param_flat))
+      if (memory::shared_backed(g.param_flat)) {
         partition::view_params_in(g, memory::zeros_flat(g.param_flat.numel(), g.param_flat.scalar_type(),
                                                         g.param_flat.device(), /*shared=*/false));
-      // Released from the start, whatever built it (zero::Init releases its
-      // units; grouping leaves the rest whole): a device buffer kept until
-      // the unit's first use would hold the whole model at once.
-      if (!partition::params_released(g)) partition::release_params(g);
+        partition::release_params(g);
+      }
       name_released_contents(i);
     }
   }

@@ -6,6 +6,10 @@
 
 #include "mr.h"
 
+#ifdef ZERO_TEST_DEVICE_SUPPORT
+#include "support/test_device.h"
+#endif
+
 namespace zero::test {
 
 namespace {
@@ -25,8 +29,22 @@ World& world() { return g_leaked ? *g_leaked : *g_world; }
 //   leak                forgotten: the World is never destroyed at all.
 // Either forgotten way the exit handler init_distributed installs must end
 // the world cleanly (exit 0, no thread left running, nothing in /dev/shm).
+//
+// ZERO_TEST_DEVICE=zdev (the device suite): the CPU-backed test device is
+// installed first, so init_distributed makes zdev:LOCAL_RANK%2 each rank's
+// device, and its tensors travel through the CPU transports.
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
+  const char* device_env = std::getenv("ZERO_TEST_DEVICE");
+  const bool zdev = device_env && std::string(device_env) == "zdev";
+#ifdef ZERO_TEST_DEVICE_SUPPORT
+  if (zdev) zero::test_device::install(2);
+#else
+  if (zdev) {
+    std::fprintf(stderr, "ZERO_TEST_DEVICE=zdev: this test binary is not linked with the test device\n");
+    return 2;
+  }
+#endif
   const char* mode_env = std::getenv("ZERO_TEST_SHUTDOWN");
   const std::string mode = mode_env ? mode_env : "explicit";
   if (mode == "leak") {
@@ -34,6 +52,7 @@ int main(int argc, char** argv) {
   } else {
     zero::test::g_world = zero::init_distributed();
   }
+  if (zdev) zero::test::world().comm().serve_as_host_memory(c10::DeviceType::PrivateUse1);
   int rc = RUN_ALL_TESTS();
   if (mode == "explicit") {
     zero::World& w = zero::test::world();
