@@ -98,6 +98,45 @@ TEST(MixedPrecision, Bf16AndFp16TrackFp32) {
     }
 }
 
+// communication_data_type "fp32" with 16-bit grads: a widened copy of each
+// bucket travels -- twice the grads' bytes on the wire -- and, since the
+// host transports already sum 16-bit grads in fp32 and round once, the run
+// is the same bit for bit (NCCL, which sums them in 16 bits otherwise, is
+// where it changes the sums).
+TEST(MixedPrecision, Fp32CommunicationOfSixteenBitGrads) {
+  for (int stage : {0, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    RunSpec s;
+    s.stage = stage;
+    s.dtype = "bf16";
+    std::vector<double> losses[2];
+    int64_t grad_bytes[2] = {};
+    const char* op = stage == 0 ? "all_reduce" : "reduce_scatter";
+    for (int wide = 0; wide <= 1; ++wide) {
+      Config c = make_config(s);
+      if (wide) c.communication_data_type = zero::DType::fp32;
+      GptTrainer t(small_gpt(), c, corpus(), 7, world().comm(), dp_group());
+      for (int i = 0; i < 4; ++i) {
+        const auto rec = t.train_step();
+        losses[wide].push_back(rec.loss);
+        grad_bytes[wide] = rec.comm.at(op).bytes;
+      }
+    }
+    EXPECT_EQ(losses[0], losses[1]);
+    // Twice the grads' bytes; the op's count also holds a scalar or two
+    // (the grad norm's all-reduce), the same in both runs.
+    EXPECT_NEAR(static_cast<double>(grad_bytes[1]), 2.0 * grad_bytes[0], 64) << op;
+    EXPECT_GT(grad_bytes[0], 100000) << op;
+  }
+  // A 16-bit wire for fp32 grads stays an error naming the key.
+  RunSpec f;
+  f.stage = 2;
+  Config c = make_config(f);
+  c.communication_data_type = zero::DType::bf16;
+  expect_error<zero::ConfigError>(
+      [&] { GptTrainer t(small_gpt(), c, corpus(), 7, world().comm(), dp_group()); }, "communication_data_type");
+}
+
 // Formulas in Ψ (unpadded params); padding to 16·N elements per group stays
 // well under the 1% tolerance.
 TEST(Memory, ModelStateBytesMatchTheStageFormula) {
