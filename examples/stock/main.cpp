@@ -11,11 +11,13 @@ int main(int argc, char** argv) {
   auto config = zero::Config::from_file(argc > 1 ? argv[1] : "ds_config.json");
   torch::manual_seed(0);                                  // the engine also broadcasts rank 0's weights
   torch::nn::Sequential model(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 1));
+  const torch::Device device = world->device();          // this rank's GPU (LOCAL_RANK), else the CPU
+  model->to(device);
   zero::Engine engine(*model, config, *world);            // flattens and shards per the stage
   const int64_t micro = engine.batch().micro_batch_per_gpu;
   for (int step = 0; step < 20; ++step) {
     torch::manual_seed(1 + step * world->size() + world->rank());  // this rank's micro-batch
-    auto x = torch::randn({micro, 16});
+    auto x = torch::randn({micro, 16}).to(device);
     auto y = x.sum(1, /*keepdim=*/true);                  // the function to learn
     auto out = engine.forward(model, x);                  // x cast to the params' compute dtype
     auto loss = (out.to(torch::kFloat) - y).pow(2).mean();
@@ -23,4 +25,5 @@ int main(int argc, char** argv) {
     engine.step();                                        // updates only at the accumulation boundary
     if (world->rank() == 0) std::printf("step %d loss %.4f\n", step, loss.item<double>());
   }
+  world->shutdown();                                      // communicators go while CUDA is up
 }
