@@ -5,6 +5,8 @@
 #include <mutex>
 #include <thread>
 
+#include <unistd.h>
+
 #include <ATen/DeviceAccelerator.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -119,6 +121,7 @@ namespace {
 struct LiveWorlds {
   std::mutex mu;
   std::vector<World*> worlds;
+  pid_t pid = getpid();  // a child forked from a rank has copies without their threads: it leaves them be
 };
 LiveWorlds& live_worlds() {
   static auto* w = new LiveWorlds;
@@ -129,6 +132,7 @@ void shutdown_live_worlds() {
   std::vector<World*> worlds;
   {
     std::lock_guard<std::mutex> lock(live_worlds().mu);
+    if (getpid() != live_worlds().pid) return;
     worlds = live_worlds().worlds;
   }
   for (auto it = worlds.rbegin(); it != worlds.rend(); ++it) (*it)->shutdown();
