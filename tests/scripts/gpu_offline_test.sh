@@ -9,19 +9,21 @@
 #  3. in new network and mount namespaces (`unshare -n -m`; only loopback, as
 #     there) an overlay on /usr whites out every file of the packages the GPU
 #     machine lacks (nlohmann-json, Gloo's headers, GoogleTest/GoogleMock with
-#     /usr/src/googletest, Google Benchmark: the paths come from `dpkg -L`),
-#     ccache (the machine has none; the build keeps its cache through
-#     CMAKE_<LANG>_COMPILER_LAUNCHER, so find_program and `command -v` see no
-#     ccache but the objects are still shared) and the system python's numpy;
-#     python3 is the torch wheel's virtual environment, first on PATH, as
-#     there (with numpy, which that machine's python3 has);
+#     /usr/src/googletest, Google Benchmark; make and procps, which it need
+#     not have: the paths come from `dpkg -L`), ccache (the machine has none;
+#     the build keeps its cache through CMAKE_<LANG>_COMPILER_LAUNCHER, so
+#     find_program and `command -v` see no ccache but compiles still hit)
+#     and the system python's numpy; python3 is the torch wheel's virtual
+#     environment, first on PATH, as there (with numpy, which that machine's
+#     python3 has);
 #  4. `./run gpu-test` runs there: it must exit 0, every case of the
 #     GPU-labelled tests must skip (no GPU here) and every other test pass.
 #
 # The full log goes to BUILD_DIR/gpu-rehearsal/gpu-test.log; its tail is
-# printed on failure. Skips (exit 77) when not root, when unshare or an
-# overlay mount is refused, outside a git checkout, and inside the
-# rehearsal's own ctest run (ZERO_GPU_REHEARSAL set).
+# printed on failure. Skips (exit 77) when not root, when unshare is missing
+# or refused, outside a git checkout or Debian, and inside the rehearsal's
+# own ctest run (ZERO_GPU_REHEARSAL set). A mount that fails inside fails
+# the test (the log says which).
 # Usage: gpu_offline_test.sh SOURCE_DIR BUILD_DIR TORCH_INSTALL_PREFIX
 set -u
 
@@ -108,7 +110,7 @@ stamp() { awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.0f s", b - a }'; }
 
 # 1. The carry, made by the tree under test.
 if ! (cd "$SRC" && ./run gpu-pack) > "$ws/gpu-pack.log" 2>&1; then
-  fail "./run gpu-pack"; tail -20 "$ws/gpu-pack.log"; finish
+  fail "./run gpu-pack"; tail -n 20 "$ws/gpu-pack.log"; finish
 fi
 pass "./run gpu-pack ($(tail -1 "$ws/gpu-pack.log" | grep -o '([^)]*)' | head -1))"
 
@@ -151,7 +153,7 @@ check "every other test passed ($(last_ctest))" grep -q "^100% tests passed" <<<
 not_run=$(grep -E '^\s+[0-9]+ - [^ ]+ \((Skipped|Not Run|Disabled)\)$' "$log" | awk '{ print $3 }' | sort -u)
 check "no other test skipped (did not run: $(echo $not_run))" [ "$not_run" = gpu_offline_rehearsal ]
 if [ -s "$ws/ccache-stats.log" ]; then
-    echo "rehearsal: compiler cache $(grep -c '^direct_cache_hit$' "$ws/ccache-stats.log") direct hits," \
+  echo "rehearsal: compiler cache $(grep -c '^direct_cache_hit$' "$ws/ccache-stats.log") direct hits," \
     "$(grep -c '^preprocessed_cache_hit$' "$ws/ccache-stats.log") preprocessed hits," \
     "$(grep -c '^cache_miss$' "$ws/ccache-stats.log") misses"
 fi
