@@ -8,7 +8,12 @@ set -u
 . "$(dirname "$0")/lib.sh"
 B=$1
 SRC=$2
-tmp=$(mktemp -d)
+# A fixed place in the build directory, not mktemp's: ccache makes paths
+# under its base directory relative, so the examples' compiles (torch
+# files, ~20 s each) hit the cache on the next run and in the GPU
+# rehearsal's copy of the tree.
+tmp=$B/install-test
+rm -rf "$tmp" && mkdir -p "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 
 cmake --install "$B" --prefix "$tmp/prefix" > "$tmp/install.txt" 2>&1
