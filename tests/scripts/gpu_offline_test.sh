@@ -21,8 +21,9 @@
 #
 # The full log goes to BUILD_DIR/gpu-rehearsal/gpu-test.log; its tail is
 # printed on failure. Skips (exit 77) when not root, when unshare is missing
-# or refused, outside a git checkout or Debian, and inside the rehearsal's
-# own ctest run (ZERO_GPU_REHEARSAL set). A mount that fails inside fails
+# or refused, outside a git checkout or Debian, inside the rehearsal's own
+# ctest run (ZERO_GPU_REHEARSAL set) and under any ./run gpu-test (ZERO_GPU_TEST
+# set: on a GPU machine there is nothing to rehearse, nor network to pack with). A mount that fails inside fails
 # the test (the log says which).
 # Usage: gpu_offline_test.sh SOURCE_DIR BUILD_DIR TORCH_INSTALL_PREFIX
 set -u
@@ -88,6 +89,7 @@ fi
 
 # ---- outside --------------------------------------------------------------------
 [ -z "${ZERO_GPU_REHEARSAL:-}" ] || skip "inside the GPU rehearsal's own test run (no recursion)"
+[ -z "${ZERO_GPU_TEST:-}" ] || skip "inside ./run gpu-test (on a GPU machine, or rehearsed): nothing to rehearse"
 [ $# -eq 3 ] || { echo "usage: $0 SOURCE_DIR BUILD_DIR TORCH_INSTALL_PREFIX"; exit 2; }
 . "$(dirname "$0")/lib.sh"
 SRC=$(cd "$1" && pwd)
