@@ -8,7 +8,12 @@ set -u
 ZR=$1
 ZT=$2
 ZC=$3
-PY=/usr/bin/python3
+# The reader needs numpy: python3 has it on the GPU machines (a plain
+# `python3` with torch), Debian's /usr/bin/python3 here (python3-numpy).
+PY=
+for p in python3 /usr/bin/python3; do
+  if "$p" -c 'import numpy' >/dev/null 2>&1; then PY=$p; break; fi
+done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 model=(--layers 2 --d-model 32 --heads 2 --seq 16)
@@ -46,7 +51,8 @@ check "info: describes the checkpoint" contains "$out" "saved by 2 ranks, ZeRO s
 check "info: checks the files" contains "$out" "rank_1.safetensors"
 "$ZC" consolidate "$tmp/ck" "$tmp/w.safetensors" >/dev/null 2>&1
 check "consolidate: writes the file" [ -s "$tmp/w.safetensors" ]
-out=$("$PY" "$(dirname "$0")/read_safetensors.py" "$tmp/ck/step4" "$tmp/w.safetensors" 2>&1)
+check "a python3 with numpy for the reader" [ -n "$PY" ]
+out=$("${PY:-python3}" "$(dirname "$0")/read_safetensors.py" "$tmp/ck/step4" "$tmp/w.safetensors" 2>&1)
 check "consolidate: an independent reader agrees ($out)" contains "$out" "ok:"
 "$ZC" consolidate "$tmp/ck" "$tmp/w16.safetensors" --dtype bf16 >/dev/null 2>&1
 check "consolidate --dtype bf16: half the bytes" \
@@ -71,7 +77,7 @@ for delay in 2.5 3.1 3.7; do
     --save-every 1 >/dev/null 2>&1 &
   zr=$!
   sleep "$delay"
-  kill -9 "$(pgrep -P $zr | tail -1)" 2>/dev/null
+  kill -9 "$(child_pids $zr | tail -1)" 2>/dev/null
   wait $zr
   if [ -s "$tmp/kill/latest" ]; then
     out=$("$ZC" info "$tmp/kill" 2>&1)

@@ -8,7 +8,12 @@ set -u
 . "$(dirname "$0")/lib.sh"
 B=$1
 SRC=$2
-tmp=$(mktemp -d)
+# A fixed place in the build directory, not mktemp's: ccache makes paths
+# under its base directory relative, so the examples' compiles (torch
+# files, ~20 s each) hit the cache on the next run and in the GPU
+# rehearsal's copy of the tree.
+tmp=$B/install-test
+rm -rf "$tmp" && mkdir -p "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 
 cmake --install "$B" --prefix "$tmp/prefix" > "$tmp/install.txt" 2>&1
@@ -18,17 +23,20 @@ for f in bin/zero-run bin/zero-train bin/zero-ckpt include/zero/engine.h lib/cma
 done
 check "private headers stay private" [ ! -e "$tmp/prefix/include/zero/grad_reducer.h" ]
 
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake_args=()
+command -v ccache >/dev/null && cmake_args=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# The build's own generator (Ninja; the GPU machines have no make).
+generator=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$B/CMakeCache.txt")
+cmake_args+=(-G "${generator:-Unix Makefiles}")
 cmake -S "$SRC/examples/minimal" -B "$tmp/ex" -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_BUILD_TYPE=Release \
-  "${launcher[@]}" > "$tmp/configure.txt" 2>&1
+  "${cmake_args[@]}" > "$tmp/configure.txt" 2>&1
 rc=$?
 check "the example configures with find_package(zero)" [ $rc -eq 0 ]
-[ $rc -eq 0 ] || tail -20 "$tmp/configure.txt"
+[ $rc -eq 0 ] || tail -n 20 "$tmp/configure.txt"
 cmake --build "$tmp/ex" > "$tmp/build.txt" 2>&1
 rc=$?
 check "the example builds against zero::zero" [ $rc -eq 0 ]
-[ $rc -eq 0 ] || tail -20 "$tmp/build.txt"
+[ $rc -eq 0 ] || tail -n 20 "$tmp/build.txt"
 out=$("$tmp/prefix/bin/zero-run" -n 2 --timeout 120 -- "$tmp/ex/minimal" "$SRC/examples/minimal/ds_config.json" 2>&1)
 rc=$?
 check "the example trains on 2 ranks (stage 3) and its loss falls" [ $rc -eq 0 ]
@@ -46,10 +54,10 @@ awk '/^## Training your model/ { in_section = 1 } in_section && /^```cpp$/ { cop
 check "README example extracted" grep -q "zero::Engine engine" "$tmp/readme/train.cpp"
 check "README example is examples/stock/main.cpp" diff -q "$tmp/readme/train.cpp" "$SRC/examples/stock/main.cpp"
 cmake -S "$SRC/examples/stock" -B "$tmp/readme/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_BUILD_TYPE=Release \
-  "${launcher[@]}" > "$tmp/readme/configure.txt" 2>&1 && cmake --build "$tmp/readme/build" > "$tmp/readme/build.txt" 2>&1
+  "${cmake_args[@]}" > "$tmp/readme/configure.txt" 2>&1 && cmake --build "$tmp/readme/build" > "$tmp/readme/build.txt" 2>&1
 rc=$?
 check "README example compiles against the installed package" [ $rc -eq 0 ]
-[ $rc -eq 0 ] || tail -20 "$tmp/readme/configure.txt" "$tmp/readme/build.txt"
+[ $rc -eq 0 ] || tail -n 20 "$tmp/readme/configure.txt" "$tmp/readme/build.txt"
 loss() { grep -o "\[rank 0\] step $1 loss [0-9.]*" <<<"$out" | awk '{ print $NF }'; }
 for cfg in ds_config.json ds_config_bf16_stage3.json; do
   out=$("$tmp/prefix/bin/zero-run" -n 2 --timeout 120 -- "$tmp/readme/build/train" "$SRC/examples/stock/$cfg" 2>&1)

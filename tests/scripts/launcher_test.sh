@@ -7,9 +7,8 @@ ZR=$1
 marker="zr_launcher_test_$$"
 tmp_out=$(mktemp)
 trap 'rm -f "$tmp_out" "$tmp_out.1"' EXIT
-# True when no process's command line holds the marker ("[z]r..." does not
-# match pgrep's own pattern).
-none_left() { sleep 0.2; ! pgrep -f "[${marker:0:1}]${marker:1}" >/dev/null; }
+# True when no process's command line holds the marker.
+none_left() { sleep 0.2; ! cmdline_running "$marker"; }
 
 # Every rank gets the torchrun variables; output lines carry the rank prefix.
 out=$("$ZR" -n 3 -- bash -c 'echo "env $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT"; echo err >&2' 2>&1)

@@ -90,7 +90,7 @@ zr=$!
 planted="/dev/shm/zero-zr${zr}_${port2}-g7-p1"
 sleep 3
 touch "$planted"
-victim=$(pgrep -P $zr | tail -1)
+victim=$(child_pids $zr | tail -1)
 kill -9 "$victim"
 t0=$(now)
 wait $zr; rc=$?
