@@ -65,6 +65,14 @@ class Group {
   std::string describe() const;  // "dp0 (ranks 0,1)"
   // Its world was shut down (World::shutdown()): every collective is refused.
   bool shut_down() const;
+  // The training step and micro-step the group's collectives belong to from
+  // now on; part of every collective's signature, so ranks whose loops fell
+  // out of step (one skipped a batch) fail at their first shifted collective,
+  // each naming its step, instead of pairing one step's grads with another's.
+  // The engine sets it; -1 (the default) leaves it out.
+  void set_step(int64_t step, int64_t micro) const;
+  // "step 3.2", or "" when unset.
+  std::string step_tag() const;
   Impl& impl() const { return *impl_; }
 
  private:

@@ -62,6 +62,19 @@ Group::Group(std::string name, std::vector<int> global_ranks, int rank, std::sha
 
 bool Group::shut_down() const { return impl_ && impl_->closed(); }
 
+void Group::set_step(int64_t step, int64_t micro) const {
+  if (!impl_) return;
+  impl_->micro.store(micro, std::memory_order_relaxed);
+  impl_->step.store(step, std::memory_order_release);
+}
+
+std::string Group::step_tag() const {
+  if (!impl_) return {};
+  const int64_t step = impl_->step.load(std::memory_order_acquire);
+  if (step < 0) return {};
+  return "step " + std::to_string(step) + "." + std::to_string(impl_->micro.load(std::memory_order_relaxed));
+}
+
 std::string Group::describe() const {
   std::ostringstream os;
   os << "group '" << name_ << "' (ranks ";
@@ -91,17 +104,23 @@ void check_same_device(CollectiveOp op, const Group& g, const at::Tensor& out, c
 
 // "reduce_scatter of 4096 BFloat16 into Float [grads of unit 'h3']": what the
 // ranks of the group must agree on (numel is the full buffer's).
-Signature signature(CollectiveOp op, std::optional<std::pair<at::ScalarType, int64_t>> payload,
+// The group's step tag leads (the record keeps only its first 120 bytes for
+// messages; the hash covers it all).
+Signature signature(const Group& g, CollectiveOp op, std::optional<std::pair<at::ScalarType, int64_t>> payload,
                     std::string_view label, const std::string& extra = {}) {
-  std::string s = to_string(op);
+  const std::string tag = g.step_tag();
+  std::string s = tag.empty() ? std::string() : "[" + tag + "] ";
+  s += to_string(op);
   if (payload) s += " of " + std::to_string(payload->second) + " " + c10::toString(payload->first);
   s += extra;
   if (!label.empty()) s.append(" [").append(label).append("]");
   return {s};
 }
 
-Signature signature(CollectiveOp op, const at::Tensor& full, std::string_view label, const std::string& extra = {}) {
-  return signature(op, full.defined() ? std::make_optional(std::make_pair(full.scalar_type(), full.numel())) : std::nullopt,
+Signature signature(const Group& g, CollectiveOp op, const at::Tensor& full, std::string_view label,
+                    const std::string& extra = {}) {
+  return signature(g, op,
+                   full.defined() ? std::make_optional(std::make_pair(full.scalar_type(), full.numel())) : std::nullopt,
                    label, extra);
 }
 
@@ -219,7 +238,7 @@ WorkHandle Comm::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_s
   // Counted and signed in the dtype that travels (the input's).
   const auto sent = std::make_pair(in_shard.scalar_type(), out_flat.numel());
   return count(g, op, t, sent.first, sent.second,
-               t.all_gather(g, host_view(out_flat).view(-1), host_view(in_shard).view(-1), signature(op, sent, label)));
+               t.all_gather(g, host_view(out_flat).view(-1), host_view(in_shard).view(-1), signature(g, op, sent, label)));
 }
 
 WorkHandle Comm::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp rop,
@@ -240,7 +259,7 @@ WorkHandle Comm::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor
                             (widening ? std::string(" into ") + c10::toString(out_shard.scalar_type()) : "");
   return count(g, op, t, in_flat,
                t.reduce_scatter(g, host_view(out_shard).view(-1), host_view(in_flat).view(-1), rop,
-                                signature(op, in_flat, label, extra)));
+                                signature(g, op, in_flat, label, extra)));
 }
 
 WorkHandle Comm::all_reduce(const Group& g, at::Tensor tensor, ReduceOp rop, std::string_view label) {
@@ -249,7 +268,7 @@ WorkHandle Comm::all_reduce(const Group& g, at::Tensor tensor, ReduceOp rop, std
   Transport& t = route(g, op, tensor);
   return count(g, op, t, tensor,
                t.all_reduce(g, host_view(tensor), rop,
-                            signature(op, tensor, label, rop == ReduceOp::Avg ? " (avg)" : " (sum)")));
+                            signature(g, op, tensor, label, rop == ReduceOp::Avg ? " (avg)" : " (sum)")));
 }
 
 WorkHandle Comm::broadcast(const Group& g, at::Tensor tensor, int root, std::string_view label) {
@@ -261,14 +280,14 @@ WorkHandle Comm::broadcast(const Group& g, at::Tensor tensor, int root, std::str
   Transport& t = route(g, op, tensor);
   return count(g, op, t, tensor,
                t.broadcast(g, host_view(tensor), root,
-                           signature(op, tensor, label, " from rank " + std::to_string(root))));
+                           signature(g, op, tensor, label, " from rank " + std::to_string(root))));
 }
 
 WorkHandle Comm::barrier(const Group& g) {
   if (g.shut_down())
     bad_args(CollectiveOp::Barrier, g, "the world was shut down (World::shutdown(), or the program is exiting)");
   Transport& t = *backend_;
-  return count(g, CollectiveOp::Barrier, t, at::Tensor(), t.barrier(g, signature(CollectiveOp::Barrier, std::nullopt, {})));
+  return count(g, CollectiveOp::Barrier, t, at::Tensor(), t.barrier(g, signature(g, CollectiveOp::Barrier, std::nullopt, {})));
 }
 
 void Comm::broadcast_coalesced(const Group& g, const std::vector<at::Tensor>& tensors, int root,

@@ -54,6 +54,8 @@ struct Group::Impl {
   // where its ranks' GPUs are (comm/device_placement.h); guarded by
   // device_backend_mu.
   std::optional<bool> cuda_ipc_chosen;
+  // Group::set_step(): read by any thread that issues a collective.
+  std::atomic<int64_t> step{-1}, micro{0};
 
   // World::shutdown(): the lanes stop (failing what is queued), then the
   // communicators go -- NCCL's before CUDA's own teardown. Every collective

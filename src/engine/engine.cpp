@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <unordered_set>
+#include <utility>
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
@@ -152,7 +153,7 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
   if (policy.shard_params) {
     const auto& z = config.zero;
     Stage3Options so{z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance,
-                     config.stage3_gather_fp32_master};
+                     config.stage3_gather_fp32_master, z.param_persistence_threshold};
     configure_hpz(so, z.hpz_partition_size, dp);
     stage3 = std::make_unique<Stage3Runtime>(groups, model.persistent, model.unit_to_group, model.unit_names,
                                              model.root_group, comm, dp, so);
@@ -164,11 +165,30 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
   }
   reducer = std::make_shared<GradReducer>(groups, comm, dp, ro);
   reducer->install_hooks();
+  tag_collectives();
   on_device_while_building.reset();
 }
 
 Engine::Impl::~Impl() {
   for (auto* u : model.units) detail::UnitAccess::attach(*u, nullptr, 0);  // the model may outlive the engine
+  dp.set_step(-1, 0);  // the group's collectives are no longer this engine's steps
+}
+
+void Engine::Impl::tag_collectives() {
+  dp.set_step(optimizer.global_steps() + optimizer.skipped_steps(), attempts);
+}
+
+// A forward (training: evaluation forwards, which ranks may run alone, do
+// not count) or a backward with no engine.forward() before it.
+void Engine::Impl::begin_attempt(bool from_forward) {
+  if (from_forward) {
+    if (!at::GradMode::is_enabled()) return;
+    forward_open = true;
+  } else if (std::exchange(forward_open, false)) {
+    return;  // its forward counted it
+  }
+  ++attempts;
+  tag_collectives();
 }
 
 void Engine::Impl::log(const std::string& line) const {
@@ -231,6 +251,7 @@ float Engine::Impl::implicit_backward() {
     }
     check_usable();
     check_no_gathered_scope("backward (a plain loss.backward())");
+    begin_attempt(/*from_forward=*/false);
     reducer->begin_backward(reduce_this_backward(), /*implicit=*/true);
     implicit = {};
   }
@@ -279,6 +300,8 @@ bool Engine::Impl::step() {
   sync_buffers();
   ++micro_steps;
   report_step(stepped);
+  attempts = 0;
+  tag_collectives();  // the next step's
   return stepped;
 }
 
@@ -367,7 +390,17 @@ void Engine::begin_forward() {
   const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   impl_->check_usable();
   impl_->forward_started = std::chrono::steady_clock::now();
-  if (impl_->stage3) impl_->stage3->begin_root_forward();
+  impl_->begin_attempt(/*from_forward=*/true);
+  if (!impl_->stage3) return;
+  const bool root_was_sharded = impl_->stage3->root_sharded();
+  impl_->stage3->begin_root_forward();
+  if (!root_was_sharded && impl_->stage3->root_sharded())
+    impl_->log("stage 3: the root's " + std::to_string(impl_->stage3->root_numel()) +
+               " params (those outside every zero::Unit; above stage3_param_persistence_threshold " +
+               std::to_string(impl_->config.zero.param_persistence_threshold) +
+               ") are a unit from this engine.forward(...) on: gathered around it and its backward, sharded "
+               "between them. Run every forward through engine.forward(...) -- under torch::NoGradGuard to "
+               "evaluate --; a direct call of the model would find them released.");
 }
 
 at::Tensor Engine::end_forward(const at::Tensor& out) {
@@ -381,6 +414,7 @@ at::Tensor Engine::end_forward(const at::Tensor& out) {
 
 void Engine::forward_failed() {
   const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
+  impl_->forward_open = false;  // its attempt stays counted: the batch is gone
   if (impl_->stage3) impl_->stage3->root_forward_failed();
 }
 
@@ -398,6 +432,7 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
   const at::Tensor value = loss.detach().reshape({}).to(at::kDouble);
   m.logged_loss_sum = m.logged_losses++ ? m.logged_loss_sum + value : value;
   TrainingLog::Timer timer(m.training_log, TrainingLog::Backward);
+  m.begin_attempt(/*from_forward=*/false);
   m.reducer->begin_backward(m.reduce_this_backward());
   try {
     torch::autograd::backward({loss * (m.optimizer.loss_scale() / gas)});
@@ -509,7 +544,11 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string
   if (m.coalescing || m.no_sync)
     throw std::logic_error("load_checkpoint: not inside coalesce_grad_reduction() or no_sync()");
   auto target = m.checkpoint_target();
-  return zero::load_checkpoint(target, dir, tag);
+  nlohmann::json client_state = zero::load_checkpoint(target, dir, tag);
+  m.attempts = 0;  // the loaded step's start, on every rank
+  m.forward_open = false;
+  m.tag_collectives();
+  return client_state;
 }
 
 void Engine::load_weights(const std::string& path) {

@@ -67,6 +67,14 @@ struct Engine::Impl {
 
   // The training loop's state.
   int64_t micro_steps = 0;
+  // The step tag of the dp group's collectives (comm Group::set_step):
+  // forwards and backwards begun since the last optimizer step, counting a
+  // forward abandoned by an exception (its batch is gone) -- so a rank whose
+  // loop skipped a batch carries another tag than its peers from then on.
+  int64_t attempts = 0;
+  bool forward_open = false;  // a training engine.forward() began; its backward has not
+  void tag_collectives();     // the dp group's tag: (steps taken, attempts)
+  void begin_attempt(bool from_forward);
   std::optional<bool> boundary_override;  // set_gradient_accumulation_boundary
   bool no_sync = false;
   bool coalescing = false;  // inside coalesce_grad_reduction()

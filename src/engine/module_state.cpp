@@ -48,7 +48,8 @@ uint64_t hash_of(const std::string& s) { return comm::make_signature_record(s).h
 
 }  // namespace
 
-void check_same_model_on_all_ranks(torch::nn::Module& model, comm::Comm& comm, const comm::Group& dp) {
+void check_same_model_on_all_ranks(torch::nn::Module& model, comm::Comm& comm, const comm::Group& dp,
+                                   const std::string& what) {
   if (dp.size() == 1) return;
   const auto entries = model_entries(model);
   const int n = dp.size();
@@ -91,8 +92,10 @@ void check_same_model_on_all_ranks(torch::nn::Module& model, comm::Comm& comm, c
   while (other < n && h[other][first].item<int64_t>() == h[0][first].item<int64_t>()) ++other;
   if (other == n) other = 1;
   throw std::invalid_argument(
-      "zero::Engine: the ranks of " + dp.describe() + " hold different models (every rank must build the same "
-      "one): entry #" + std::to_string(first + 1) + " of the model's params and buffers is " + text_of(0) +
+      (what.empty() ? "zero::Engine: the ranks of " + dp.describe() + " hold different models (every rank must build "
+                      "the same one)"
+                    : what) +
+      ": entry #" + std::to_string(first + 1) + " of the model's params and buffers is " + text_of(0) +
       " on rank " + std::to_string(dp.global_ranks()[0]) + " but " + text_of(other) + " on rank " +
       std::to_string(dp.global_ranks()[other]));
 }

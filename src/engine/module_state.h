@@ -33,6 +33,8 @@ std::vector<ReplicatedTensor> replicated_tensors(torch::nn::Module& model);
 // dtypes and trainability of all params and buffers are compared across the
 // group, and a difference is a std::invalid_argument on every rank naming
 // the first entry that differs and what each side holds.
-void check_same_model_on_all_ranks(torch::nn::Module& model, comm::Comm& comm, const comm::Group& dp);
+// `what` opens the message (default: the engine's words for a whole model).
+void check_same_model_on_all_ranks(torch::nn::Module& model, comm::Comm& comm, const comm::Group& dp,
+                                   const std::string& what = {});
 
 }  // namespace zero

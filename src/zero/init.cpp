@@ -9,6 +9,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "common/guard_device.h"
+#include "engine/module_state.h"
 
 #include "memory/device_memory.h"
 #include "memory/page_buffer.h"
@@ -100,6 +101,12 @@ Init::~Init() {
 void Init::shard(UnitBase& unit) {
   at::NoGradGuard no_grad;
   const c10::OptionalDeviceGuard on_device(guard_device(device_));
+  // Ranks that build different units are named here, param and shapes,
+  // not left to a flatten's broadcast of different sizes.
+  check_same_model_on_all_ranks(unit, comm_, dp_,
+                                "zero::Init: the ranks of " + dp_.describe() + " build different units (unit #" +
+                                    std::to_string(units_sharded_ + 1) + " built under zero::Init; every rank must "
+                                    "build the same model)");
   // Frozen params and buffers stay whole (replicated); all ranks take rank 0's.
   std::vector<at::Tensor> replicated;
   for (const auto& p : unit.parameters(/*recurse=*/true))

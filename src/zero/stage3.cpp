@@ -98,8 +98,22 @@ Stage3Runtime::Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vec
   }
 }
 
+int64_t Stage3Runtime::root_numel() const {
+  return root_unit_ == kNoUnit ? 0 : groups_[unit_to_group_[root_unit_]].layout.numel;
+}
+
 void Stage3Runtime::name_released_contents(size_t i) {
   const auto& g = groups_[i];
+  // The root's size decides whether it is sharded at all: say so, since the
+  // same code works on a model whose root stays under the threshold.
+  const bool root = root_unit_ != kNoUnit && i == unit_to_group_[root_unit_];
+  const std::string why_root =
+      root ? "The root's " + std::to_string(g.layout.numel) + " params are above stage3_param_persistence_threshold (" +
+                 std::to_string(opts_.param_persistence_threshold) +
+                 "), so since the first engine.forward(...) they are full only inside engine.forward(...) and its "
+                 "backward: call the model through engine.forward(...) (under torch::NoGradGuard to evaluate), or "
+                 "raise the threshold above their count to keep them gathered. "
+           : std::string();
   const size_t elem = g.param_flat.element_size();
   std::vector<memory::NamedRange> ranges;
   for (size_t p = 0; p < g.params.size(); ++p)
@@ -108,6 +122,7 @@ void Stage3Runtime::name_released_contents(size_t i) {
                       "stage 3: param '" + g.names[p] + "' (" + state_[i].label.substr(10) + ")"});
   memory::name_released_contents(
       g.param_flat, std::move(ranges),
+      why_root +
       "between uses only this rank's shard of it exists (the root unit's params, those outside every "
       "zero::Unit, are full only inside engine.forward(...) and its backward, once it is used). Read or "
       "change full params inside "
@@ -287,8 +302,12 @@ void Stage3Runtime::begin_root_forward() {
   if (root_unit_ == kNoUnit) return;
   if (!root_sharded_) {
     root_sharded_ = true;
-    state_[group_of(root_unit_)].persistent = false;
-    name_released_contents(group_of(root_unit_));
+    const size_t root = group_of(root_unit_);
+    state_[root].persistent = false;
+    // Gathered until now as a persistent group, which live_ leaves out: from
+    // here on it counts against stage3_max_live_parameters like any unit.
+    if (gathered(root)) live_ += groups_[root].layout.padded_numel;
+    name_released_contents(root);
     if (!schedule_.recording()) schedule_ = UnitSchedule{};  // re-learn the order with the root in it
   }
   before_forward(root_unit_);

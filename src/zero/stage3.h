@@ -51,6 +51,9 @@ struct Stage3Options {
   // zero_cpp.stage3_gather_fp32_master: gather the fp32 master and downcast
   // after (seed 000's unfused baseline) where the unit computes in 16 bits.
   bool gather_fp32_master = false;
+  // stage3_param_persistence_threshold: the root unit is sharded only above
+  // it, which messages about the root say.
+  int64_t param_persistence_threshold = 100'000;
   // ZeRO++ hpZ: the group of this host's data-parallel ranks and this
   // rank's index in it; null when off. Each unit's forward gather leaves a
   // secondary shard (1/L of the unit) on every rank, and that backward's
@@ -121,6 +124,10 @@ class Stage3Runtime : public detail::UnitRuntime {
   // begin_root_forward() shards it from then on (and starts the recorded
   // order afresh, so the root's uses are part of it).
   void set_shardable_root(size_t group);
+  // Whether engine.forward() has made the root a unit (it is sharded
+  // between forwards from then on), and its size.
+  bool root_sharded() const { return root_sharded_; }
+  int64_t root_numel() const;
   void begin_root_forward();
   at::Tensor end_root_forward(const at::Tensor& out);
   void root_forward_failed();

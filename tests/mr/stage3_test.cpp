@@ -3,11 +3,13 @@
 // (gathered scopes, the state dict, the message a released param stops the process with).
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <set>
 
 #include <gtest/gtest.h>
 
 #include "fixtures.h"
+#include "memory/page_buffer.h"
 
 namespace {
 
@@ -125,6 +127,98 @@ TEST(Stage3, ScheduleRespectsLimitsAndKeepsParity) {
       }
       EXPECT_EQ(max_abs_diff(t.engine().full_parameters(), base.params), 0.0);
     }
+}
+
+// stage3_max_live_parameters counts the root once engine.forward() makes it
+// a unit: inside forward, the elements gathered -- the root's and the units'
+// (measured from the buffers themselves: those not released) -- never
+// exceed the limit, with a root larger than a unit, prefetch asking for
+// more; and peak_live_params() reports at least what was there.
+struct BigRootNet : torch::nn::Module {
+  BigRootNet() {
+    at::manual_seed(41);
+    for (int i = 0; i < 6; ++i)
+      units.push_back(register_module("u" + std::to_string(i), zero::Unit<Lin>(at::randn({8, 8}) * 0.3, false)));
+    root = register_parameter("root", at::randn({8, 64}) * 0.1);  // 512 elements: eight units' worth
+  }
+  at::Tensor loss(const at::Tensor& x, const std::function<void()>& probe) {
+    auto h = at::matmul(at::matmul(x, zero::compute(root)), zero::compute(root).t());
+    for (auto& u : units) {
+      h = u->forward(h);
+      probe();  // after each unit, the prefetches behind it already issued
+    }
+    return h.pow(2).mean();
+  }
+  std::vector<zero::Unit<Lin>> units;
+  at::Tensor root;
+};
+
+TEST(Stage3, LiveLimitCountsTheRootOnceItIsAUnit) {
+  BigRootNet net;
+  const int64_t unit = 64, root = 512, pad = 16 * world().size();
+  auto padded = [&](int64_t n) { return (n + pad - 1) / pad * pad; };
+  const int64_t limit = padded(root) + 2 * padded(unit);
+  Config c = toy_config(3, 4, /*persistence=*/0, /*prefetch=*/1'000'000);
+  c.zero.max_live_parameters = limit;
+  zero::Engine e(net, c, world().comm(), dp_group());
+  // What is gathered now: every flat buffer of the model whose memory is back.
+  auto gathered_now = [&] {
+    std::set<const void*> seen;
+    int64_t n = 0;
+    for (const auto& p : net.parameters()) {
+      if (!seen.insert(p.storage().unsafeGetStorageImpl()).second) continue;
+      n += zero::memory::resident_bytes(p) / p.element_size();
+    }
+    return n;
+  };
+  int64_t most = 0;
+  for (int step = 0; step < 3; ++step) {
+    at::manual_seed(60 + step);
+    const at::Tensor x = at::randn({4, 8});
+    e.reset_peak_live_params();
+    const at::Tensor loss = e.forward([&] { return net.loss(x, [&] { most = std::max(most, gathered_now()); }); });
+    e.backward(loss);
+    e.step();
+    if (step > 0) {  // the schedule (and its prefetch) runs from the second step
+      EXPECT_LE(most, limit) << "step " << step << ": gathered in forward beyond stage3_max_live_parameters";
+      EXPECT_GE(e.peak_live_params(), most) << "step " << step << ": peak_live_params() under-reports";
+    }
+    most = 0;
+  }
+}
+
+// Evaluation once engine.forward() has made a large root a unit: through
+// engine.forward() under torch::NoGradGuard, as the docs show, it gives the
+// full model's values and leaves training as it was; the moment the root
+// became a unit was said once, with why (its size against
+// stage3_param_persistence_threshold).
+TEST(Stage3, EvaluationThroughEngineForwardOnceTheRootIsAUnit) {
+  BigRootNet net, ref;
+  zero::Engine e(net, toy_config(3, 4, /*persistence=*/0), world().comm(), dp_group());
+  zero::Engine er(ref, toy_config(0, 4 * world().size()), world().comm(), solo_group());
+  const auto noop = [] {};
+  for (int step = 0; step < 3; ++step) {
+    at::manual_seed(80 + step);
+    const at::Tensor x = at::randn({4 * world().size(), 8});
+    const at::Tensor mine = x.narrow(0, 4 * dp_group()->rank(), 4);
+    if (step == 0) testing::internal::CaptureStderr();
+    e.backward(e.forward([&] { return net.loss(mine, noop); }));
+    if (step == 0) {
+      const std::string said = testing::internal::GetCapturedStderr();
+      if (dp_group()->rank() == 0) {
+        EXPECT_NE(said.find("the root's 512 params"), std::string::npos) << said;
+        EXPECT_NE(said.find("stage3_param_persistence_threshold 0"), std::string::npos) << said;
+        EXPECT_NE(said.find("torch::NoGradGuard"), std::string::npos) << said;
+      }
+    }
+    e.step();
+    er.backward(ref.loss(x, noop));
+    er.step();
+    at::NoGradGuard eval;
+    const double got = e.forward([&] { return net.loss(x, noop); }).item<double>();
+    EXPECT_NEAR(got, ref.loss(x, noop).item<double>(), 1e-5) << "step " << step;
+  }
+  EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
 }
 
 // DeepSpeed users' most common hang: ranks running units in different
