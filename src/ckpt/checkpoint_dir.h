@@ -9,6 +9,7 @@
 //                                   flattened param, kind master | exp_avg | exp_avg_sq (fp32);
 //                                   rank 0's also "<name>/value": each frozen
 //                                   param and buffer whole, in its own dtype
+//                                   (a 16-bit floating one widened to fp32)
 //   DIR/.partial-TAG/               a save in progress (or one that died)
 //
 // The manifest (ckpt/manifest.h) records, per param, its shape and which rank

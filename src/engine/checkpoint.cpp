@@ -55,8 +55,26 @@ std::vector<std::pair<std::string, at::Tensor>> state_kinds(const partition::Fla
   return k;
 }
 
+// The dtype a frozen param or buffer is saved in: floating-point ones at
+// least fp32 (a 16-bit one widened, which is exact), since the module holds
+// them in the compute dtype and that may differ where the checkpoint is
+// loaded (zero_cpp.compute_dtype "auto" picks per machine); others as they are.
+at::ScalarType saved_dtype(const at::Tensor& t) {
+  return t.is_floating_point() && t.element_size() < 4 ? at::kFloat : t.scalar_type();
+}
+
+// A frozen param or buffer saved as `dtype` loads into the module's tensor
+// when both are floating point (converted: widened, or rounded to the
+// module's dtype) or both are the same dtype; anything else names both.
+void check_replicated_dtype(const ReplicatedTensor& r, const std::string& dtype, const std::string& where) {
+  const at::ScalarType saved = scalar_type_of(dtype), model = r.tensor.scalar_type();
+  if (saved == model || (at::isFloatingType(saved) && at::isFloatingType(model))) return;
+  throw std::runtime_error(where + ": " + r.name + " is " + dtype + ", the model's is " + c10::toString(model) +
+                           " (only floating-point dtypes convert)");
+}
+
 // Copies a frozen param or buffer stored as `dtype` bytes into the module's
-// tensor (converting, e.g., from a bf16 consolidation).
+// tensor, converting floating-point dtypes (check_replicated_dtype first).
 void copy_replicated(const ReplicatedTensor& r, const std::string& dtype, const char* data) {
   at::NoGradGuard no_grad;
   auto src = at::from_blob(const_cast<char*>(data), r.tensor.sizes(), at::TensorOptions().dtype(scalar_type_of(dtype)));
@@ -251,12 +269,13 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
         }
       }
     }
-  // Frozen params and buffers: replicated, so rank 0 writes them whole.
+  // Frozen params and buffers: replicated, so rank 0 writes them whole
+  // (floating-point ones in at least fp32, whatever the compute dtype).
   std::vector<at::Tensor> replicated_bytes;  // contiguous copies, alive until the write
   if (lead)
     for (const auto& r : m.replicated) {
-      replicated_bytes.push_back(r.tensor.detach().to(at::kCPU).contiguous());
-      writer.add(ckpt::tensor_name(r.name, "value"), safetensors_dtype(r.tensor.scalar_type()), r.tensor.sizes().vec(),
+      replicated_bytes.push_back(r.tensor.detach().to(at::kCPU, saved_dtype(r.tensor)).contiguous());
+      writer.add(ckpt::tensor_name(r.name, "value"), safetensors_dtype(saved_dtype(r.tensor)), r.tensor.sizes().vec(),
                  replicated_bytes.back().data_ptr());
       any = true;
     }
@@ -297,7 +316,7 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
       }
       for (auto& [idx, r] : recs) man.params.push_back(std::move(r));
       for (const auto& r : m.replicated)
-        man.replicated.push_back({r.name, r.buffer ? "buffer" : "param", safetensors_dtype(r.tensor.scalar_type()),
+        man.replicated.push_back({r.name, r.buffer ? "buffer" : "param", safetensors_dtype(saved_dtype(r.tensor)),
                                   r.tensor.sizes().vec()});
       for (int q = 0; q < m.dp.size(); ++q)
         if (all[3 * q].item<int64_t>())
@@ -338,10 +357,7 @@ json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
         [&](const std::string& n) { return reader->find_replicated(n) ? &reader->find_replicated(n)->shape : nullptr; },
         replicated_names, "checkpoint " + reader->path() + " (frozen params and buffers)");
     for (const auto& r : m.replicated)
-      if (reader->find_replicated(r.name)->dtype != safetensors_dtype(r.tensor.scalar_type()))
-        throw std::runtime_error("checkpoint " + reader->path() + ": " + r.name + " is " +
-                                 reader->find_replicated(r.name)->dtype + ", the model's is " +
-                                 c10::toString(r.tensor.scalar_type()));
+      check_replicated_dtype(r, reader->find_replicated(r.name)->dtype, "checkpoint " + reader->path());
     if (!same_optimizer_state(saved_optimizer(man), m.config.optimizer.type))
       throw std::runtime_error("checkpoint " + reader->path() + " holds optimizer state of " + saved_optimizer(man) +
                                "; this engine's optimizer is " + to_string(m.config.optimizer.type) +
@@ -378,6 +394,7 @@ void load_weights(CheckpointTarget& m, const std::string& path) {
     for (auto& r : model_replicated(m)) expected.push_back(std::move(r));
     check_same_params(expected, [&](const std::string& n) { return f.has(n) ? &f.entry(n).shape : nullptr; },
                       names, "weights file " + path);
+    for (const auto& r : m.replicated) check_replicated_dtype(r, f.entry(r.name).dtype, "weights file " + path);
     touched = true;
     fill_state(m, [&](const std::string& n, const std::string&, int64_t a, int64_t b, float* out) {
       const auto& e = f.entry(n);
