@@ -3,15 +3,14 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <functional>
-#include <fstream>
-
-#include "ckpt/checkpoint_dir.h"
+#include <map>
 #include <set>
 #include <unordered_map>
 
 #include <ATen/core/grad_mode.h>
+
+#include "ckpt/checkpoint_dir.h"
 
 namespace zero {
 
@@ -205,17 +204,40 @@ void check_same_params(const std::vector<std::pair<std::string, std::vector<int6
 
 }  // namespace
 
+std::string agree(comm::Comm& comm, const comm::Group& dp, const std::string& what, const std::string& error,
+                  const bool* wrote_state, std::string* state_lost) {
+  const int n = dp.size();
+  const std::string text = error.substr(0, 4000);  // what the other ranks are told
+  auto mine = at::tensor({static_cast<int64_t>(!error.empty()), static_cast<int64_t>(wrote_state && *wrote_state),
+                          static_cast<int64_t>(text.size())},
+                         at::kLong);
+  auto all = at::empty({3 * n}, at::kLong);
+  comm.all_gather(dp, all, mine, "did any rank fail")->wait();
+  const int64_t* f = all.data_ptr<int64_t>();
+  int first = -1;  // the lowest rank that failed
+  bool wrote = false;
+  for (int q = n - 1; q >= 0; --q) {
+    if (f[3 * q]) first = q;
+    wrote = wrote || f[3 * q + 1];
+  }
+  if (state_lost) {
+    if (first < 0) state_lost->clear();
+    else if (wrote) *state_lost = what;
+  }
+  if (first < 0) return {};
+  // Every rank learns that rank's error, so each can say what went wrong.
+  auto bytes = at::empty({f[3 * first + 2]}, at::kByte);
+  if (dp.rank() == first) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  comm.broadcast(dp, bytes, first, "the error of the rank that failed")->wait();
+  if (!error.empty()) return error;
+  std::string theirs(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(bytes.numel()));
+  if (theirs.rfind(what + ": ", 0) == 0) theirs.erase(0, what.size() + 2);
+  return what + " failed on rank " + std::to_string(first) + ": " + theirs;
+}
+
 void agree_or_throw(comm::Comm& comm, const comm::Group& dp, const std::string& what, const std::string& error,
                     const bool* wrote_state, std::string* state_lost) {
-  auto flags = at::tensor({error.empty() ? 0.0 : 1.0, wrote_state && *wrote_state ? 1.0 : 0.0}, at::kDouble);
-  comm.all_reduce(dp, flags, comm::ReduceOp::Sum, "did any rank fail")->wait();
-  const bool failed = flags[0].item<double>() > 0;
-  if (state_lost) {
-    if (!failed) state_lost->clear();
-    else if (flags[1].item<double>() > 0) *state_lost = what;
-  }
-  if (!error.empty()) throw std::runtime_error(error);
-  if (failed) throw std::runtime_error(what + " failed on another rank (see its error)");
+  if (auto e = agree(comm, dp, what, error, wrote_state, state_lost); !e.empty()) throw std::runtime_error(e);
 }
 
 namespace {
@@ -236,22 +258,49 @@ at::ScalarType scalar_type_of(const std::string& name) {
   throw std::runtime_error("unknown safetensors dtype " + name);
 }
 
+namespace {
+
+// A save that failed on some rank (every rank is here, told by agree()):
+// every rank removes the file it wrote, then rank 0 the partial directory
+// and `latest`'s new copy, so a full disk is left as full as before the
+// save and earlier checkpoints as they were; the ranks return together,
+// each throwing `error`.
+[[noreturn]] void undo_save(CheckpointTarget& m, const std::string& dir, const std::string& tag,
+                            const std::string& own_file, std::string error) {
+  std::error_code ec;
+  if (!own_file.empty()) fs::remove(own_file, ec);
+  m.comm.barrier(m.dp)->wait();  // no rank writes into the directory any more
+  std::string left;
+  if (m.dp.rank() == 0) {
+    left = ckpt::discard_save(dir, tag);
+    if (!left.empty()) left = "undoing the save: " + left;
+  }
+  left = agree(m.comm, m.dp, "undoing the save", left);  // gone before any rank goes on; if not, all say so
+  error += left.empty() ? " (the save was undone on every rank: nothing of it is left, earlier checkpoints are "
+                          "as they were)"
+                        : " (" + left + ")";
+  throw std::runtime_error(error);
+}
+
+}  // namespace
+
 void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::string& tag, const json& client_state) {
   if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.' || tag == "latest")
     throw std::invalid_argument("save_checkpoint: tag '" + tag + "' must be a plain name (no '/', not 'latest')");
   const bool lead = m.dp.rank() == 0;
   const std::string partial = ckpt::partial_dir(dir, tag);
-  std::string error;
+  const std::string what = "save_checkpoint";
+  std::string error, own_file;  // own_file: what this rank wrote, removed if the save fails
   if (lead) {
     try {
       fs::create_directories(dir);
       fs::remove_all(partial);  // a save of this tag that died earlier
       fs::create_directory(partial);
     } catch (const std::exception& e) {
-      error = std::string("save_checkpoint: ") + e.what();
+      error = what + ": " + e.what();
     }
   }
-  agree_or_throw(m.comm, m.dp, "save_checkpoint", error);
+  if (auto e = agree(m.comm, m.dp, what, error); !e.empty()) undo_save(m, dir, tag, own_file, e);
 
   // This rank's fragments (an unsharded optimizer: every rank holds everything; rank 0 writes it).
   ckpt::SafetensorsWriter writer;
@@ -282,12 +331,13 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
   ckpt::FileDigest digest;
   if (any) {
     try {
-      digest = writer.write(partial + "/" + ckpt::rank_file_name(m.dp.rank()));
+      own_file = partial + "/" + ckpt::rank_file_name(m.dp.rank());
+      digest = writer.write(own_file);
     } catch (const std::exception& e) {
-      error = std::string("save_checkpoint: ") + e.what();
+      error = what + ": " + e.what();
     }
   }
-  agree_or_throw(m.comm, m.dp, "save_checkpoint", error);
+  if (auto e = agree(m.comm, m.dp, what, error); !e.empty()) undo_save(m, dir, tag, own_file, e);
 
   auto mine = at::tensor({static_cast<int64_t>(any), digest.bytes, static_cast<int64_t>(digest.hash)}, at::kLong);
   auto all = at::empty({3 * m.dp.size()}, at::kLong);
@@ -322,20 +372,14 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
         if (all[3 * q].item<int64_t>())
           man.files[q] = {ckpt::rank_file_name(q), all[3 * q + 1].item<int64_t>(),
                           static_cast<uint64_t>(all[3 * q + 2].item<int64_t>())};
-      const std::string mpath = partial + "/manifest.json";
-      {
-        std::ofstream f(mpath, std::ios::trunc);
-        f << man.to_json().dump(1) << "\n";
-        if (!f.flush()) throw std::runtime_error("cannot write " + mpath);
-      }
-      ckpt::fsync_path(mpath);
+      ckpt::write_file(partial + "/manifest.json", man.to_json().dump(1) + "\n");
       ckpt::fsync_path(partial);
       ckpt::publish(dir, tag);
     } catch (const std::exception& e) {
-      error = std::string("save_checkpoint: ") + e.what();
+      error = what + ": " + e.what();
     }
   }
-  agree_or_throw(m.comm, m.dp, "save_checkpoint", error);
+  if (auto e = agree(m.comm, m.dp, what, error); !e.empty()) undo_save(m, dir, tag, own_file, e);
 }
 
 json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::string& tag) {
