@@ -158,8 +158,38 @@ void fsync_path(const std::string& path) {
   if (rc != 0) throw std::runtime_error("cannot fsync " + path + ": " + std::strerror(errno));
 }
 
+void write_file(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
+  std::string error;
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      error = "cannot write " + path + ": " + (w < 0 ? std::strerror(errno) : "no progress");
+      break;
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (error.empty() && ::fsync(fd) != 0) error = "cannot fsync " + path + ": " + std::strerror(errno);
+  if (::close(fd) != 0 && error.empty()) error = "cannot close " + path + ": " + std::strerror(errno);
+  if (!error.empty()) throw std::runtime_error(error);
+}
+
+std::string discard_save(const std::string& dir, const std::string& tag) {
+  std::string left;
+  for (const std::string& p : {partial_dir(dir, tag), dir + "/latest.tmp"}) {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+    if (ec) left += (left.empty() ? "" : "; ") + std::string("could not remove ") + p + ": " + ec.message();
+  }
+  return left;
+}
+
 void publish(const std::string& dir, const std::string& tag) {
   const std::string final_dir = dir + "/" + tag, partial = partial_dir(dir, tag), old = dir + "/.old-" + tag;
+  const std::string latest_tmp = dir + "/latest.tmp";
+  write_file(latest_tmp, tag + "\n");  // the last write that needs space, before anything moves
   fs::remove_all(old);
   if (!fs::exists(final_dir)) {
     fs::rename(partial, final_dir);
@@ -175,13 +205,6 @@ void publish(const std::string& dir, const std::string& tag) {
     fs::rename(partial, final_dir);
   }
   fsync_path(dir);
-  const std::string latest_tmp = dir + "/latest.tmp";
-  {
-    std::ofstream f(latest_tmp, std::ios::trunc);
-    f << tag << "\n";
-    if (!f.flush()) throw std::runtime_error("cannot write " + latest_tmp);
-  }
-  fsync_path(latest_tmp);
   fs::rename(latest_tmp, dir + "/latest");
   fsync_path(dir);
   fs::remove_all(old);

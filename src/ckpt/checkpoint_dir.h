@@ -9,6 +9,7 @@
 //                                   flattened param, kind master | exp_avg | exp_avg_sq (fp32);
 //                                   rank 0's also "<name>/value": each frozen
 //                                   param and buffer whole, in its own dtype
+//                                   (a 16-bit floating one widened to fp32)
 //   DIR/.partial-TAG/               a save in progress (or one that died)
 //
 // The manifest (ckpt/manifest.h) records, per param, its shape and which rank
@@ -64,10 +65,18 @@ void consolidate(const std::string& dir, const std::string& tag, const std::stri
 // Directory helpers for the atomic save.
 std::string partial_dir(const std::string& dir, const std::string& tag);
 void fsync_path(const std::string& path);  // a file or a directory
+// Writes `text` to `path` (created or truncated) and fsyncs it; throws
+// naming the path and the system's reason (e.g. "No space left on device").
+void write_file(const std::string& path, const std::string& text);
 // Moves a finished partial directory into place as DIR/TAG (an older one of
 // the same tag is swapped out atomically with RENAME_EXCHANGE), then points
 // `latest` at it; each step is a rename followed by an fsync of DIR, so a
-// crash leaves the old checkpoint or the new one.
+// crash leaves the old checkpoint or the new one. `latest`'s new copy
+// (DIR/latest.tmp) is written first, so a full disk fails before anything
+// was moved; what can fail after the move is a rename or an fsync.
 void publish(const std::string& dir, const std::string& tag);
+// Removes what a save of `tag` that failed wrote: DIR/.partial-TAG and
+// DIR/latest.tmp. Returns "" or what could not be removed, and why.
+std::string discard_save(const std::string& dir, const std::string& tag);
 
 }  // namespace zero::ckpt

@@ -3,15 +3,14 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <functional>
-#include <fstream>
-
-#include "ckpt/checkpoint_dir.h"
+#include <map>
 #include <set>
 #include <unordered_map>
 
 #include <ATen/core/grad_mode.h>
+
+#include "ckpt/checkpoint_dir.h"
 
 namespace zero {
 
@@ -55,8 +54,26 @@ std::vector<std::pair<std::string, at::Tensor>> state_kinds(const partition::Fla
   return k;
 }
 
+// The dtype a frozen param or buffer is saved in: floating-point ones at
+// least fp32 (a 16-bit one widened, which is exact), since the module holds
+// them in the compute dtype and that may differ where the checkpoint is
+// loaded (zero_cpp.compute_dtype "auto" picks per machine); others as they are.
+at::ScalarType saved_dtype(const at::Tensor& t) {
+  return t.is_floating_point() && t.element_size() < 4 ? at::kFloat : t.scalar_type();
+}
+
+// A frozen param or buffer saved as `dtype` loads into the module's tensor
+// when both are floating point (converted: widened, or rounded to the
+// module's dtype) or both are the same dtype; anything else names both.
+void check_replicated_dtype(const ReplicatedTensor& r, const std::string& dtype, const std::string& where) {
+  const at::ScalarType saved = scalar_type_of(dtype), model = r.tensor.scalar_type();
+  if (saved == model || (at::isFloatingType(saved) && at::isFloatingType(model))) return;
+  throw std::runtime_error(where + ": " + r.name + " is " + dtype + ", the model's is " + c10::toString(model) +
+                           " (only floating-point dtypes convert)");
+}
+
 // Copies a frozen param or buffer stored as `dtype` bytes into the module's
-// tensor (converting, e.g., from a bf16 consolidation).
+// tensor, converting floating-point dtypes (check_replicated_dtype first).
 void copy_replicated(const ReplicatedTensor& r, const std::string& dtype, const char* data) {
   at::NoGradGuard no_grad;
   auto src = at::from_blob(const_cast<char*>(data), r.tensor.sizes(), at::TensorOptions().dtype(scalar_type_of(dtype)));
@@ -187,17 +204,40 @@ void check_same_params(const std::vector<std::pair<std::string, std::vector<int6
 
 }  // namespace
 
+std::string agree(comm::Comm& comm, const comm::Group& dp, const std::string& what, const std::string& error,
+                  const bool* wrote_state, std::string* state_lost) {
+  const int n = dp.size();
+  const std::string text = error.substr(0, 4000);  // what the other ranks are told
+  auto mine = at::tensor({static_cast<int64_t>(!error.empty()), static_cast<int64_t>(wrote_state && *wrote_state),
+                          static_cast<int64_t>(text.size())},
+                         at::kLong);
+  auto all = at::empty({3 * n}, at::kLong);
+  comm.all_gather(dp, all, mine, "did any rank fail")->wait();
+  const int64_t* f = all.data_ptr<int64_t>();
+  int first = -1;  // the lowest rank that failed
+  bool wrote = false;
+  for (int q = n - 1; q >= 0; --q) {
+    if (f[3 * q]) first = q;
+    wrote = wrote || f[3 * q + 1];
+  }
+  if (state_lost) {
+    if (first < 0) state_lost->clear();
+    else if (wrote) *state_lost = what;
+  }
+  if (first < 0) return {};
+  // Every rank learns that rank's error, so each can say what went wrong.
+  auto bytes = at::empty({f[3 * first + 2]}, at::kByte);
+  if (dp.rank() == first) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  comm.broadcast(dp, bytes, first, "the error of the rank that failed")->wait();
+  if (!error.empty()) return error;
+  std::string theirs(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(bytes.numel()));
+  if (theirs.rfind(what + ": ", 0) == 0) theirs.erase(0, what.size() + 2);
+  return what + " failed on rank " + std::to_string(first) + ": " + theirs;
+}
+
 void agree_or_throw(comm::Comm& comm, const comm::Group& dp, const std::string& what, const std::string& error,
                     const bool* wrote_state, std::string* state_lost) {
-  auto flags = at::tensor({error.empty() ? 0.0 : 1.0, wrote_state && *wrote_state ? 1.0 : 0.0}, at::kDouble);
-  comm.all_reduce(dp, flags, comm::ReduceOp::Sum, "did any rank fail")->wait();
-  const bool failed = flags[0].item<double>() > 0;
-  if (state_lost) {
-    if (!failed) state_lost->clear();
-    else if (flags[1].item<double>() > 0) *state_lost = what;
-  }
-  if (!error.empty()) throw std::runtime_error(error);
-  if (failed) throw std::runtime_error(what + " failed on another rank (see its error)");
+  if (auto e = agree(comm, dp, what, error, wrote_state, state_lost); !e.empty()) throw std::runtime_error(e);
 }
 
 namespace {
@@ -218,22 +258,49 @@ at::ScalarType scalar_type_of(const std::string& name) {
   throw std::runtime_error("unknown safetensors dtype " + name);
 }
 
+namespace {
+
+// A save that failed on some rank (every rank is here, told by agree()):
+// every rank removes the file it wrote, then rank 0 the partial directory
+// and `latest`'s new copy, so a full disk is left as full as before the
+// save and earlier checkpoints as they were; the ranks return together,
+// each throwing `error`.
+[[noreturn]] void undo_save(CheckpointTarget& m, const std::string& dir, const std::string& tag,
+                            const std::string& own_file, std::string error) {
+  std::error_code ec;
+  if (!own_file.empty()) fs::remove(own_file, ec);
+  m.comm.barrier(m.dp)->wait();  // no rank writes into the directory any more
+  std::string left;
+  if (m.dp.rank() == 0) {
+    left = ckpt::discard_save(dir, tag);
+    if (!left.empty()) left = "undoing the save: " + left;
+  }
+  left = agree(m.comm, m.dp, "undoing the save", left);  // gone before any rank goes on; if not, all say so
+  error += left.empty() ? " (the save was undone on every rank: nothing of it is left, earlier checkpoints are "
+                          "as they were)"
+                        : " (" + left + ")";
+  throw std::runtime_error(error);
+}
+
+}  // namespace
+
 void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::string& tag, const json& client_state) {
   if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.' || tag == "latest")
     throw std::invalid_argument("save_checkpoint: tag '" + tag + "' must be a plain name (no '/', not 'latest')");
   const bool lead = m.dp.rank() == 0;
   const std::string partial = ckpt::partial_dir(dir, tag);
-  std::string error;
+  const std::string what = "save_checkpoint";
+  std::string error, own_file;  // own_file: what this rank wrote, removed if the save fails
   if (lead) {
     try {
       fs::create_directories(dir);
       fs::remove_all(partial);  // a save of this tag that died earlier
       fs::create_directory(partial);
     } catch (const std::exception& e) {
-      error = std::string("save_checkpoint: ") + e.what();
+      error = what + ": " + e.what();
     }
   }
-  agree_or_throw(m.comm, m.dp, "save_checkpoint", error);
+  if (auto e = agree(m.comm, m.dp, what, error); !e.empty()) undo_save(m, dir, tag, own_file, e);
 
   // This rank's fragments (an unsharded optimizer: every rank holds everything; rank 0 writes it).
   ckpt::SafetensorsWriter writer;
@@ -251,24 +318,26 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
         }
       }
     }
-  // Frozen params and buffers: replicated, so rank 0 writes them whole.
+  // Frozen params and buffers: replicated, so rank 0 writes them whole
+  // (floating-point ones in at least fp32, whatever the compute dtype).
   std::vector<at::Tensor> replicated_bytes;  // contiguous copies, alive until the write
   if (lead)
     for (const auto& r : m.replicated) {
-      replicated_bytes.push_back(r.tensor.detach().to(at::kCPU).contiguous());
-      writer.add(ckpt::tensor_name(r.name, "value"), safetensors_dtype(r.tensor.scalar_type()), r.tensor.sizes().vec(),
+      replicated_bytes.push_back(r.tensor.detach().to(at::kCPU, saved_dtype(r.tensor)).contiguous());
+      writer.add(ckpt::tensor_name(r.name, "value"), safetensors_dtype(saved_dtype(r.tensor)), r.tensor.sizes().vec(),
                  replicated_bytes.back().data_ptr());
       any = true;
     }
   ckpt::FileDigest digest;
   if (any) {
     try {
-      digest = writer.write(partial + "/" + ckpt::rank_file_name(m.dp.rank()));
+      own_file = partial + "/" + ckpt::rank_file_name(m.dp.rank());
+      digest = writer.write(own_file);
     } catch (const std::exception& e) {
-      error = std::string("save_checkpoint: ") + e.what();
+      error = what + ": " + e.what();
     }
   }
-  agree_or_throw(m.comm, m.dp, "save_checkpoint", error);
+  if (auto e = agree(m.comm, m.dp, what, error); !e.empty()) undo_save(m, dir, tag, own_file, e);
 
   auto mine = at::tensor({static_cast<int64_t>(any), digest.bytes, static_cast<int64_t>(digest.hash)}, at::kLong);
   auto all = at::empty({3 * m.dp.size()}, at::kLong);
@@ -297,26 +366,20 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
       }
       for (auto& [idx, r] : recs) man.params.push_back(std::move(r));
       for (const auto& r : m.replicated)
-        man.replicated.push_back({r.name, r.buffer ? "buffer" : "param", safetensors_dtype(r.tensor.scalar_type()),
+        man.replicated.push_back({r.name, r.buffer ? "buffer" : "param", safetensors_dtype(saved_dtype(r.tensor)),
                                   r.tensor.sizes().vec()});
       for (int q = 0; q < m.dp.size(); ++q)
         if (all[3 * q].item<int64_t>())
           man.files[q] = {ckpt::rank_file_name(q), all[3 * q + 1].item<int64_t>(),
                           static_cast<uint64_t>(all[3 * q + 2].item<int64_t>())};
-      const std::string mpath = partial + "/manifest.json";
-      {
-        std::ofstream f(mpath, std::ios::trunc);
-        f << man.to_json().dump(1) << "\n";
-        if (!f.flush()) throw std::runtime_error("cannot write " + mpath);
-      }
-      ckpt::fsync_path(mpath);
+      ckpt::write_file(partial + "/manifest.json", man.to_json().dump(1) + "\n");
       ckpt::fsync_path(partial);
       ckpt::publish(dir, tag);
     } catch (const std::exception& e) {
-      error = std::string("save_checkpoint: ") + e.what();
+      error = what + ": " + e.what();
     }
   }
-  agree_or_throw(m.comm, m.dp, "save_checkpoint", error);
+  if (auto e = agree(m.comm, m.dp, what, error); !e.empty()) undo_save(m, dir, tag, own_file, e);
 }
 
 json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::string& tag) {
@@ -338,10 +401,7 @@ json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
         [&](const std::string& n) { return reader->find_replicated(n) ? &reader->find_replicated(n)->shape : nullptr; },
         replicated_names, "checkpoint " + reader->path() + " (frozen params and buffers)");
     for (const auto& r : m.replicated)
-      if (reader->find_replicated(r.name)->dtype != safetensors_dtype(r.tensor.scalar_type()))
-        throw std::runtime_error("checkpoint " + reader->path() + ": " + r.name + " is " +
-                                 reader->find_replicated(r.name)->dtype + ", the model's is " +
-                                 c10::toString(r.tensor.scalar_type()));
+      check_replicated_dtype(r, reader->find_replicated(r.name)->dtype, "checkpoint " + reader->path());
     if (!same_optimizer_state(saved_optimizer(man), m.config.optimizer.type))
       throw std::runtime_error("checkpoint " + reader->path() + " holds optimizer state of " + saved_optimizer(man) +
                                "; this engine's optimizer is " + to_string(m.config.optimizer.type) +
@@ -378,6 +438,7 @@ void load_weights(CheckpointTarget& m, const std::string& path) {
     for (auto& r : model_replicated(m)) expected.push_back(std::move(r));
     check_same_params(expected, [&](const std::string& n) { return f.has(n) ? &f.entry(n).shape : nullptr; },
                       names, "weights file " + path);
+    for (const auto& r : m.replicated) check_replicated_dtype(r, f.entry(r.name).dtype, "weights file " + path);
     touched = true;
     fill_state(m, [&](const std::string& n, const std::string&, int64_t a, int64_t b, float* out) {
       const auto& e = f.entry(n);

@@ -43,6 +43,9 @@ struct CheckpointTarget {
 };
 
 // At a step boundary (the engine checks): DIR/.partial-TAG, then renamed.
+// A save that fails on any rank (a full disk, one rank's write) is undone
+// on every rank -- its files, DIR/.partial-TAG and DIR/latest.tmp removed --
+// and every rank throws naming the cause; the engine's state is untouched.
 void save_checkpoint(CheckpointTarget& t, const std::string& dir, const std::string& tag,
                      const nlohmann::json& client_state);
 // Returns the client state saved with it.
@@ -50,10 +53,15 @@ nlohmann::json load_checkpoint(CheckpointTarget& t, const std::string& dir, cons
 void load_weights(CheckpointTarget& t, const std::string& path);
 
 // Every rank learns whether any rank failed, so none goes on into a
-// collective its peers will never join; each throws (its own error, or a
-// pointer to the rank that has one). For a load (`wrote_state` given): if it
-// failed after some rank had started overwriting its shards, `state_lost`
-// is set; a clean failure leaves it as it was, a success clears it.
+// collective its peers will never join. Returns "" when none did; else this
+// rank's own error, or (a rank that did not fail) "WHAT failed on rank R: "
+// and the lowest failing rank's error, so every rank says what went wrong.
+// For a load (`wrote_state` given): if it failed after some rank had
+// started overwriting its shards, `state_lost` is set; a clean failure
+// leaves it as it was, a success clears it.
+std::string agree(comm::Comm& comm, const comm::Group& dp, const std::string& what, const std::string& error,
+                  const bool* wrote_state = nullptr, std::string* state_lost = nullptr);
+// agree(), throwing its message as a std::runtime_error.
 void agree_or_throw(comm::Comm& comm, const comm::Group& dp, const std::string& what, const std::string& error,
                     const bool* wrote_state = nullptr, std::string* state_lost = nullptr);
 

@@ -1,6 +1,15 @@
 // Checkpoints: exact resume, resharding to another world size and stage, consolidated weights,
-// mismatches named on every rank, and resuming with another batching or optimizer.
+// mismatches named on every rank, resuming with another batching, optimizer or compute dtype,
+// and saves that fail (a full disk, one rank's write) undone on every rank.
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstring>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -193,6 +202,261 @@ TEST(Resume, AnotherOptimizersStateIsRefused) {
   e.backward(m.loss(at::randn({4, 13})));  // refused before anything was read: trains on
   EXPECT_TRUE(e.step());
   remove_dir(dir);
+}
+
+// ---- another compute dtype ------------------------------------------------------
+
+// bf16 params, computing in `compute` (zero_cpp.compute_dtype; "auto" picks
+// per machine, so a checkpoint may be saved under one and loaded under the other).
+Config bf16_config(const char* compute, int stage) {
+  return Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                            {"bf16", {{"enabled", true}}},
+                            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                            {"zero_optimization", {{"stage", stage}}},
+                            {"zero_cpp", {{"compute_dtype", compute}}}});
+}
+
+// Steps [from, to) of FrozenBnNet in training mode (BatchNorm's statistics
+// move), each rank on its rows of one global batch per step; the losses.
+// (Also the failing saves' model, below.)
+std::vector<double> train_bn(FrozenBnNet& m, zero::Engine& e, int from, int to) {
+  std::vector<double> losses;
+  for (int step = from; step < to; ++step) {
+    at::manual_seed(900 + step);
+    auto x = at::randn({4 * world().size(), 8}).narrow(0, 4 * dp_group()->rank(), 4);
+    auto loss = m.loss(x.to(e.compute_dtype()));  // the module computes in that dtype
+    losses.push_back(loss.item<double>());
+    e.backward(loss);
+    e.step();
+  }
+  return losses;
+}
+
+// Frozen params and floating-point buffers follow the compute dtype in the
+// module (bf16 compute: bf16). Saved under bf16 compute and loaded under
+// fp32, and the reverse: the checkpoint holds them in fp32 (widened, so
+// nothing is lost), the load converts them to the loading model's dtype,
+// trainable params come back exactly, and training goes on from the saved
+// state: its losses are those of the saving run going on within 4% (the two
+// compute in different dtypes; they differed by up to 2%), and three steps
+// later its params are within 1e-2 of that run's (they were 2.4e-4 apart),
+// while a model that had not loaded the checkpoint is more than 0.1 off
+// (0.4).
+TEST(Checkpoint, LoadsUnderAnotherComputeDtype) {
+  const std::vector<std::tuple<const char*, const char*, int>> cases = {{"bf16", "fp32", 3}, {"fp32", "bf16", 1}};
+  for (const auto& [from, to, stage] : cases) {
+    SCOPED_TRACE(std::string("saved computing in ") + from + ", loaded in " + to + ", stage " + std::to_string(stage));
+    const auto dir = ckpt_dir(std::string("compute-") + from);
+    FrozenBnNet first(100);
+    zero::Engine e1(first, bf16_config(from, stage), world().comm(), dp_group());
+    ASSERT_EQ(e1.compute_dtype(), std::string(from) == "bf16" ? at::kBFloat16 : at::kFloat);
+    train_bn(first, e1, 0, 3);
+    e1.save_checkpoint(dir, "step3");
+    const auto saved = module_state(first);
+    const auto saved_params = e1.full_parameters();
+    if (world().rank() == 0) {
+      zero::ckpt::CheckpointReader r(dir, "");
+      for (const char* n : {"backbone.weight", "backbone.bias", "bn.running_mean", "bn.running_var"})
+        EXPECT_EQ(r.find_replicated(n)->dtype, "F32") << n;
+      EXPECT_EQ(r.find_replicated("bn.num_batches_tracked")->dtype, "I64");
+    }
+    const auto going_on = train_bn(first, e1, 3, 6);
+
+    FrozenBnNet resumed(999);  // other weights, other statistics
+    zero::Engine e2(resumed, bf16_config(to, stage), world().comm(), dp_group());
+    ASSERT_EQ(e2.compute_dtype(), std::string(to) == "bf16" ? at::kBFloat16 : at::kFloat);
+    FrozenBnNet fresh(999);
+    zero::Engine e3(fresh, bf16_config(to, stage), world().comm(), dp_group());
+    const auto not_loaded = train_bn(fresh, e3, 3, 6);
+    try {
+      e2.load_checkpoint(dir);
+    } catch (const std::exception& err) {
+      ADD_FAILURE() << err.what();
+      remove_dir(dir);
+      continue;
+    }
+    EXPECT_EQ(e2.global_steps(), 3);
+    EXPECT_EQ(max_abs_diff(e2.full_parameters(), saved_params), 0.0);
+    const auto got = module_state(resumed);
+    for (const char* n : {"backbone.weight", "backbone.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"}) {
+      const auto& t = got.at(n);
+      EXPECT_EQ(t.scalar_type(), std::string(n) == "bn.num_batches_tracked" ? at::kLong : e2.compute_dtype()) << n;
+      EXPECT_TRUE(t.equal(saved.at(n).to(t.scalar_type()))) << n;
+    }
+    const auto losses = train_bn(resumed, e2, 3, 6);
+    for (size_t i = 0; i < losses.size(); ++i)
+      EXPECT_NEAR(losses[i], going_on[i], 0.04 * std::fabs(going_on[i])) << "step " << i + 4;
+    const double d_resumed = max_abs_diff(e2.full_parameters(), e1.full_parameters());
+    const double d_fresh = max_abs_diff(e3.full_parameters(), e1.full_parameters());
+    EXPECT_LT(d_resumed, 1e-2);
+    EXPECT_GT(d_fresh, 0.1);
+    remove_dir(dir);
+  }
+}
+
+// ---- saves that fail --------------------------------------------------------------
+
+// How a save is made to fail, and what its error must say on every rank.
+struct Fault {
+  std::string cause;                            // in every rank's error, e.g. strerror's text
+  std::function<void(const std::string&)> arm;  // before the save (given the checkpoint directory)
+  std::function<void()> disarm;                 // right after it
+};
+
+std::set<std::string> entries(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+std::string read_latest(const std::string& dir) {
+  std::ifstream f(dir + "/latest");
+  std::string t;
+  f >> t;
+  return t;
+}
+
+// Saves step2, trains step 3, then a save of step3 made to fail: every rank
+// throws within seconds naming the cause, and nothing of it is left
+// (.partial-step3, latest.tmp: on every rank the directory holds what it
+// held before). The engine trains on (steps 4, 5); the next save succeeds.
+// step2 still loads and resumes exactly: a fresh engine from it takes steps
+// 3..5 bit for bit as the engine that saw the failure (so that save left
+// its state alone), and the new save loads as that engine's state.
+void expect_failed_save_undone(const std::string& dir, const Fault& fault) {
+  const auto same_everywhere = [] { world().comm().barrier(world().group())->wait(); };
+  FrozenBnNet m(100);
+  zero::Engine e(m, toy_config(2, 4), world().comm(), dp_group());
+  train_bn(m, e, 0, 2);
+  e.save_checkpoint(dir, "step2");
+  same_everywhere();
+  const auto before = entries(dir);
+  ASSERT_EQ(before, (std::set<std::string>{"latest", "step2"}));
+  auto losses = train_bn(m, e, 2, 3);
+
+  fault.arm(dir);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    e.save_checkpoint(dir, "step3");
+  } catch (const std::runtime_error& err) {
+    error = err.what();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fault.disarm();
+  EXPECT_NE(error.find(fault.cause), std::string::npos) << "rank " << world().rank() << "'s error: " << error;
+  EXPECT_LT(seconds, 10.0);
+  EXPECT_EQ(entries(dir), before) << "left behind by the failed save";
+  EXPECT_EQ(read_latest(dir), "step2");
+
+  for (double l : train_bn(m, e, 3, 5)) losses.push_back(l);
+  EXPECT_NO_THROW(e.save_checkpoint(dir, "step5"));
+  EXPECT_EQ(read_latest(dir), "step5");
+  same_everywhere();
+  EXPECT_EQ(entries(dir), (std::set<std::string>{"latest", "step2", "step5"}));
+
+  FrozenBnNet from_good(999);
+  zero::Engine eg(from_good, toy_config(2, 4), world().comm(), dp_group());
+  eg.load_checkpoint(dir, "step2");
+  EXPECT_EQ(train_bn(from_good, eg, 2, 5), losses);
+  EXPECT_EQ(max_abs_diff(module_state(from_good), module_state(m)), 0.0);
+  FrozenBnNet from_new(555);
+  zero::Engine en(from_new, toy_config(2, 4), world().comm(), dp_group());
+  en.load_checkpoint(dir);
+  EXPECT_EQ(en.global_steps(), 5);
+  EXPECT_EQ(max_abs_diff(module_state(from_new), module_state(m)), 0.0);
+}
+
+// Only the last rank's shard cannot be written (a file-size limit on that
+// process: write() fails with EFBIG): the failure is undone on every rank,
+// and every rank's error says what went wrong there.
+TEST(SaveFailure, OneRanksWriteFailsAndEveryRankUndoesTheSave) {
+  if (world().size() < 2) GTEST_SKIP() << "needs a rank besides the one that fails";
+  const bool victim = dp_group()->rank() == dp_group()->size() - 1;
+  rlimit saved_limit{};
+  sighandler_t saved_handler = SIG_DFL;
+  Fault f;
+  f.cause = std::strerror(EFBIG);
+  f.arm = [&](const std::string&) {
+    if (!victim) return;
+    getrlimit(RLIMIT_FSIZE, &saved_limit);
+    saved_handler = signal(SIGXFSZ, SIG_IGN);  // write() then fails instead of the signal ending the process
+    rlimit tiny = saved_limit;
+    tiny.rlim_cur = 64;
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tiny), 0);
+  };
+  f.disarm = [&] {
+    if (!victim) return;
+    setrlimit(RLIMIT_FSIZE, &saved_limit);
+    signal(SIGXFSZ, saved_handler);
+  };
+  const auto dir = ckpt_dir("one-rank-fails");
+  remove_dir(dir);
+  expect_failed_save_undone(dir, f);
+  remove_dir(dir);
+}
+
+// A small tmpfs (root only) filled so that the save runs out of space at
+// each of its writes: the shards (every rank), rank 0's manifest, and
+// `latest`'s new copy. Each time: ENOSPC named on every rank, nothing left,
+// the previous checkpoint intact, and the next save (space freed) succeeds.
+TEST(SaveFailure, DiskFullIsUndoneOnEveryRank) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  const std::string mnt = ckpt_dir("disk-full");
+  const std::string dir = mnt + "/ckpt", filler = mnt + "/filler";
+  auto all_ok = [](bool ok) {
+    auto t = at::tensor({ok ? 0.0 : 1.0}, at::kDouble);
+    world().comm().all_reduce(world().group(), t)->wait();
+    return t.item<double>() == 0;
+  };
+  std::string why;
+  if (world().rank() == 0) {
+    std::filesystem::create_directories(mnt);
+    if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=512k") != 0) why = std::strerror(errno);
+  }
+  if (!all_ok(why.empty())) GTEST_SKIP() << "cannot mount a tmpfs: " << why;
+  struct Unmount {
+    std::string mnt;
+    ~Unmount() {
+      world().comm().barrier(world().group())->wait();
+      if (world().rank() == 0) {
+        ::umount2(mnt.c_str(), MNT_DETACH);
+        std::filesystem::remove(mnt);
+      }
+    }
+  } unmount{mnt};
+
+  const int64_t page = 4096;
+  auto pages = [&](const std::string& path) { return (std::filesystem::file_size(path) + page - 1) / page; };
+  // Free space to leave: none; the shards' pages (step2's, the same size);
+  // those and the manifest's.
+  for (int leave : {0, 1, 2}) {
+    SCOPED_TRACE("space left for " + std::string(leave == 0 ? "nothing" : leave == 1 ? "the shards" : "the shards and manifest"));
+    Fault f;
+    f.cause = std::strerror(ENOSPC);
+    f.arm = [&](const std::string& d) {
+      if (world().rank() == 0) {
+        int64_t keep = 0;
+        for (int q = 0; leave >= 1 && q < dp_group()->size(); ++q)
+          keep += pages(d + "/step2/" + zero::ckpt::rank_file_name(q)) * page;
+        if (leave >= 2) keep += pages(d + "/step2/manifest.json") * page;
+        struct statvfs st {};
+        ASSERT_EQ(statvfs(mnt.c_str(), &st), 0);
+        const int64_t fill = static_cast<int64_t>(st.f_bavail) * st.f_frsize - keep;
+        ASSERT_GT(fill, 0);
+        std::ofstream(filler) << std::string(static_cast<size_t>(fill), '\0');
+        ASSERT_EQ(statvfs(mnt.c_str(), &st), 0);
+        ASSERT_EQ(static_cast<int64_t>(st.f_bavail) * st.f_frsize, keep);
+      }
+      world().comm().barrier(world().group())->wait();
+    };
+    f.disarm = [&] {
+      world().comm().barrier(world().group())->wait();
+      if (world().rank() == 0) std::filesystem::remove(filler);
+    };
+    expect_failed_save_undone(dir, f);
+    remove_dir(dir);
+  }
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checkpoints end to end with zero-train and zero-ckpt on 2 ranks: save and
 # resume (latest or --tag), consolidation read by an independent reader, --init-from, a rank
-# killed mid-save (the previous checkpoint still loads), and damaged files.
+# killed mid-save (the previous checkpoint still loads), a full disk (as root), and damaged files.
 # Usage: ckpt_test.sh ZERO_RUN ZERO_TRAIN ZERO_CKPT
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -63,6 +63,40 @@ check "consolidate --dtype bf16: half the bytes" \
   --log-json "$tmp/init.jsonl" >/dev/null 2>&1
 a=$(loss_at "$tmp/init.jsonl" 1 | cut -d: -f2); b=$(loss_at "$tmp/full.jsonl" 1 | cut -d: -f2)
 check "--init-from: starts from the trained weights ($a < $b)" awk -v a="$a" -v b="$b" 'BEGIN { exit !(a != "" && a < b) }'
+
+# A full disk (a tmpfs with room for one checkpoint; needs root): the second
+# save fails on both ranks naming the cause, within seconds, and is undone
+# (no .partial-step2, latest still step1); with the tmpfs grown, resuming
+# from step1 takes steps 2 and 3 as the uninterrupted run and saves them.
+if [ "$(id -u)" -eq 0 ] && mkdir -p "$tmp/disk" &&
+   mount -t tmpfs -o size=$(( $(du -sk "$tmp/ck/step2" | cut -f1) * 3 / 2 ))k tmpfs "$tmp/disk" 2>/dev/null; then
+  trap 'umount -l "$tmp/disk"; rm -rf "$tmp"' EXIT
+  t0=$(now)
+  out=$("$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" "${model[@]}" --steps 3 --save "$tmp/disk/ck" \
+    --save-every 1 2>&1)
+  check "disk full: zero-train fails" [ $? -ne 0 ]
+  check "disk full: within seconds" elapsed_lt "$t0" 30
+  # Each rank's own error, or (its write fitted) the first failing rank's.
+  for r in 0 1; do
+    line=$(grep -F "[rank $r] zero-train: save_checkpoint" <<<"$out")
+    check "disk full: rank $r names the cause ($line)" \
+      contains "$line" "/disk/ck/.partial-step2/rank_"
+    check "disk full: rank $r says it was undone" \
+      contains "$line" ".safetensors: No space left on device (the save was undone on every rank"
+  done
+  check "disk full: nothing left of the failed save" [ "$(ls -A "$tmp/disk/ck" | tr '\n' ' ')" = "latest step1 " ]
+  check "disk full: latest is still step1" [ "$(cat "$tmp/disk/ck/latest")" = step1 ]
+  mount -o remount,size=4m "$tmp/disk"
+  "$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/s3.json" "${model[@]}" --steps 3 --resume "$tmp/disk/ck" \
+    --save "$tmp/disk/ck" --save-every 1 --log-json "$tmp/disk.jsonl" >/dev/null 2>&1
+  check "disk full, space freed: resumes and saves" [ "$(cat "$tmp/disk/ck/latest")" = step3 ]
+  check "disk full, space freed: step 2 and 3 losses as uninterrupted" \
+    [ -n "$want3" -a "$(loss_at "$tmp/disk.jsonl" 2)" = "$(loss_at "$tmp/full.jsonl" 2)" -a "$(loss_at "$tmp/disk.jsonl" 3)" = "$want3" ]
+  umount -l "$tmp/disk"
+  trap 'rm -rf "$tmp"' EXIT
+else
+  echo "skip disk full: needs root and a tmpfs mount"
+fi
 
 # A planted partial save is skipped with a warning.
 mkdir -p "$tmp/ck/.partial-step9"
