@@ -1,7 +1,13 @@
 #include "zero/activation_checkpoint.h"
 
+#include <utility>
+#include <vector>
+
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+
+#include "engine/nested_backward.h"
 
 namespace zero {
 
@@ -36,6 +42,7 @@ struct Recompute : torch::autograd::Function<Recompute> {
       at::AutoGradMode grad(true);
       y = held(holder)(x);
     }
+    detail::NestedBackwardScope nested;
     if (y.requires_grad()) torch::autograd::backward({y}, {grad_out[0]});
     return {x.grad(), at::Tensor()};
   }
@@ -51,5 +58,46 @@ at::Tensor checkpoint_activations(std::function<at::Tensor(const at::Tensor&)> p
   if (!at::GradMode::is_enabled() || !x.requires_grad()) return piece(x);
   return Recompute::apply(x, hold(std::move(piece)));
 }
+
+namespace detail {
+namespace {
+
+// Per thread: autograd runs a reentrant backward on the thread of the node
+// that started it.
+thread_local int depth = 0;
+thread_local std::vector<std::function<void()>> waiting;
+
+void queue_on_running_task(std::function<void()> callback) {
+  torch::autograd::Engine::get_default_engine().queue_callback(std::move(callback));
+}
+
+}  // namespace
+
+NestedBackwardScope::NestedBackwardScope() { ++depth; }
+
+NestedBackwardScope::~NestedBackwardScope() {
+  if (--depth > 0 || waiting.empty()) return;
+  std::vector<std::function<void()>> ready;
+  ready.swap(waiting);
+  for (auto& callback : ready) {
+    // The running task is the enclosing backward's. A destructor may not
+    // throw: a callback that cannot be queued is dropped, as a failed
+    // backward's would be (its owner notices by the token it held).
+    try {
+      queue_on_running_task(std::move(callback));
+    } catch (...) {
+    }
+  }
+}
+
+void at_end_of_outermost_backward(std::function<void()> callback) {
+  if (depth > 0) {
+    waiting.push_back(std::move(callback));
+    return;
+  }
+  queue_on_running_task(std::move(callback));
+}
+
+}  // namespace detail
 
 }  // namespace zero

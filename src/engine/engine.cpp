@@ -20,6 +20,7 @@
 #include <torch/nn/module.h>
 
 #include "engine/engine_impl.h"
+#include "engine/nested_backward.h"
 #include "memory/malloc_policy.h"
 #include "memory/page_buffer.h"
 #include "optim/kernels.h"
@@ -234,15 +235,16 @@ void Engine::Impl::end_backward(bool implicit_end) {
 
 // A grad arrived from a backward the engine did not start (loss.backward()):
 // begin one as engine.backward() would, and scale the grads on their way in
-// by what engine.backward() scales the loss by. Its end is queued on every
-// autograd graph task its grads arrive from (a reentrant checkpoint runs a
-// nested one), and it ends when the last of them finishes. If autograd
-// failed instead, the queued ends are destroyed unrun: the next grad or
-// step() notices and drops what that backward left. fp16 is refused: its
-// loss scale must apply before backward, or small grads underflow in the
-// 16-bit cast before anything could scale them.
+// by what engine.backward() scales the loss by. Its end runs when the
+// outermost autograd backward ends: the grads of the nested backwards a
+// recomputing checkpoint runs belong to it (nested_backward.h), so a step
+// reduces once, as under engine.backward(). If autograd failed instead, the
+// queued end is destroyed unrun: the next grad or step() notices and drops
+// what that backward left. fp16 is refused: its loss scale must apply before
+// backward, or small grads underflow in the 16-bit cast before anything
+// could scale them.
 float Engine::Impl::implicit_backward() {
-  if (reducer->in_implicit_backward() && implicit.alive.expired()) recover_if_backward_failed();
+  if (reducer->in_implicit_backward() && implicit_alive.expired()) recover_if_backward_failed();
   if (!reducer->in_backward()) {
     if (config.fp16.enabled) {
       if (stage3) stage3->reset_after_error();  // its hooks may have begun this backward
@@ -253,17 +255,9 @@ float Engine::Impl::implicit_backward() {
     check_no_gathered_scope("backward (a plain loss.backward())");
     begin_attempt(/*from_forward=*/false);
     reducer->begin_backward(reduce_this_backward(), /*implicit=*/true);
-    implicit = {};
-  }
-  const void* task = torch::autograd::get_current_graph_task_exec_info();
-  if (std::find(implicit.tasks.begin(), implicit.tasks.end(), task) == implicit.tasks.end()) {
-    std::shared_ptr<void> token = implicit.alive.lock();
-    if (!token) implicit.alive = token = std::make_shared<int>(0);
-    implicit.tasks.push_back(task);
-    ++implicit.ends_pending;
-    torch::autograd::Engine::get_default_engine().queue_callback([this, token] {
-      if (--implicit.ends_pending == 0) end_backward(/*implicit_end=*/true);
-    });
+    auto token = std::make_shared<int>(0);
+    implicit_alive = token;
+    detail::at_end_of_outermost_backward([this, token] { end_backward(/*implicit_end=*/true); });
   }
   return static_cast<float>(1.0 / static_cast<double>(batch.gradient_accumulation_steps));
 }

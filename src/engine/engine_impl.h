@@ -79,12 +79,9 @@ struct Engine::Impl {
   bool no_sync = false;
   bool coalescing = false;  // inside coalesce_grad_reduction()
   int gathered_scopes = 0;  // gathered_parameters() guards alive
-  // A plain loss.backward() in progress (engine.cpp).
-  struct ImplicitBackward {
-    std::vector<const void*> tasks;  // autograd graph tasks an end is queued on
-    int ends_pending = 0;
-    std::weak_ptr<void> alive;  // held by the queued ends: expired unrun, the backward died
-  } implicit;
+  // A plain loss.backward() in progress (engine.cpp): held by its queued
+  // end; expired with the end unrun, the backward died.
+  std::weak_ptr<void> implicit_alive;
   // A load_checkpoint/load_weights failed after some ranks had overwritten
   // their state: training on would mix old and new shards.
   std::string state_lost;
@@ -104,8 +101,9 @@ struct Engine::Impl {
   bool reduce_this_backward() const;
   // The end of a backward begun by engine.backward() or by a grad arriving
   // from a plain loss.backward(). An implicit end keeps the stage-3 units
-  // whose grads are still awaited: it may come at the end of a nested
-  // (reentrant) backward, before the enclosing one is done.
+  // whose grads are still awaited: a reentrant backward other than
+  // zero::checkpoint_activations' (nested_backward.h) may end it before the
+  // enclosing one is done.
   void end_backward(bool implicit_end = false);
   float implicit_backward();
   // A backward that threw inside autograd never reached its end (a plain

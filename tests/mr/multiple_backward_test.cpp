@@ -262,9 +262,11 @@ TEST(PlainBackward, Fp16IsRefusedWithTheFix) {
 }
 
 // Recompute-style checkpointing under a plain loss.backward(): the grads of
-// nested backwards belong to the enclosing one, which ends when its last
-// graph task does -- also when the first grad arrives inside a nested one
-// (`first_in_nested`: the checkpointed piece is the last op before the loss).
+// nested backwards belong to the enclosing one, which ends when the
+// outermost graph task does -- also when the first grad arrives inside a
+// nested one (`first_in_nested`: the checkpointed piece is the last op
+// before the loss). Same values, and the same collectives by count and bytes
+// as engine.backward: one reduction per step, not one per nested backward.
 TEST(PlainBackward, NestedBackwardsOfRecomputationEqualEngineBackward) {
   for (bool first_in_nested : {false, true})
     for (int stage : {0, 1, 2, 3}) {
@@ -275,9 +277,11 @@ TEST(PlainBackward, NestedBackwardsOfRecomputationEqualEngineBackward) {
                                                            {"reduce_bucket_size", 100},
                                                            {"stage3_param_persistence_threshold", 0}}}});
       std::map<std::string, at::Tensor> params[2];
+      zero::comm::OpCounts collectives[2];
       for (bool plain : {false, true}) {
         RecomputeNet m(true);
         zero::Engine e(m, cfg, world().comm(), dp_group());
+        const auto before = world().comm().counters().totals();
         for (int step = 0; step < 3; ++step) {
           at::manual_seed(1400 + step);
           auto x = at::randn({4 * world().size(), 8}).narrow(0, 4 * dp_group()->rank(), 4);
@@ -286,9 +290,17 @@ TEST(PlainBackward, NestedBackwardsOfRecomputationEqualEngineBackward) {
           else e.backward(loss);
           e.step();
         }
+        collectives[plain] = zero::comm::diff(world().comm().counters().totals(), before);
         params[plain] = e.full_parameters();
       }
       EXPECT_LT(max_abs_diff(params[1], params[0]), 1e-6);
+      for (const auto& [op, counted] : collectives[0]) {
+        const auto plain = collectives[1].find(op);
+        ASSERT_NE(plain, collectives[1].end()) << op;
+        EXPECT_EQ(plain->second.calls, counted.calls) << op;
+        EXPECT_EQ(plain->second.bytes, counted.bytes) << op;
+      }
+      EXPECT_EQ(collectives[1].size(), collectives[0].size());
     }
 }
 
