@@ -1,62 +1,14 @@
 #include "comm/hierarchical_transport.h"
 
-#include <condition_variable>
-#include <deque>
 #include <functional>
-#include <future>
-#include <mutex>
-#include <thread>
 
 #include "comm/env_switch.h"
 #include "comm/gloo_transport.h"
 #include "comm/group_impl.h"
+#include "comm/serial_executor.h"
 #include "comm/shm_transport.h"
 
 namespace zero::comm {
-
-// Runs a lane's collectives one after another on a thread of its own.
-class SerialExecutor {
- public:
-  SerialExecutor() : thread_([this] { run(); }) {}
-  ~SerialExecutor() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  std::shared_future<void> submit(std::function<void()> job) {
-    std::packaged_task<void()> task(std::move(job));
-    auto done = task.get_future().share();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(task));
-    }
-    cv_.notify_all();
-    return done;
-  }
-
- private:
-  void run() {
-    for (;;) {
-      std::packaged_task<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping, nothing left
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      task();  // an exception lands in the task's future
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::packaged_task<void()>> queue_;
-  bool stop_ = false;
-  std::thread thread_;
-};
 
 HierGroup::HierGroup() {
   for (auto& lane : lanes) lane.executor = std::make_unique<SerialExecutor>();

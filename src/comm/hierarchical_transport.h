@@ -17,7 +17,9 @@
 // Each of the group's two lanes (as with Gloo: reduce-scatters on their
 // own) has its own pair of sub-groups and a thread that runs its
 // collectives' steps in submission order, so a collective returns at once
-// and the steps of different lanes never interleave on a sub-group.
+// and the steps of different lanes never interleave on a sub-group; after
+// a failure the lane's later collectives fail at once, and teardown
+// cancels those not begun (comm/serial_executor.h).
 // ZERO_HIERARCHICAL=off keeps every group flat.
 #pragma once
 
@@ -31,7 +33,7 @@
 
 namespace zero::comm {
 
-class SerialExecutor;  // hierarchical_transport.cpp
+class SerialExecutor;  // comm/serial_executor.h
 
 struct HierGroup {
   HostLayout layout;
