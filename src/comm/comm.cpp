@@ -18,20 +18,47 @@ namespace zero::comm {
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 BackendWork::BackendWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what,
-                         std::chrono::milliseconds timeout)
-    : work_(std::move(work)), finish_(std::move(finish)), what_(std::move(what)), timeout_(timeout) {}
+                         std::chrono::milliseconds timeout, std::shared_ptr<const std::atomic<bool>> closing)
+    : work_(std::move(work)),
+      finish_(std::move(finish)),
+      what_(std::move(what)),
+      timeout_(timeout),
+      closing_(std::move(closing)) {}
+
+// In slices, so that a shutdown is noticed within one: c10d's wait with a
+// timeout throws when the slice ends with the work still running.
+void BackendWork::wait_for_peers() {
+  if (!closing_ || timeout_.count() <= 0) {
+    work_->wait(timeout_);  // 0: kNoTimeout (NCCL: the caller's stream waits, the host does not)
+    return;
+  }
+  constexpr std::chrono::milliseconds kSlice{100};
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    try {
+      work_->wait(std::max(std::chrono::milliseconds(1), std::min(kSlice, left)));
+      return;
+    } catch (...) {
+      if (work_->isCompleted() || left <= kSlice) throw;  // its own failure, or the collective timeout
+      if (closing_->load(std::memory_order_acquire))
+        throw std::runtime_error("its group was shut down while this rank waited for its peers");
+    }
+  }
+}
 
 void BackendWork::wait() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!done_) {
     done_ = true;
     try {
-      work_->wait(timeout_);  // 0: kNoTimeout (NCCL: the caller's stream waits, the host does not)
+      wait_for_peers();
       if (finish_) finish_();
     } catch (const std::exception& e) {
       std::ostringstream os;
       os << what_ << " failed";
-      if (timeout_.count() > 0) os << " (collective timeout " << timeout_.count() / 1000.0 << " s)";
+      const bool closed = closing_ && closing_->load(std::memory_order_acquire);
+      if (timeout_.count() > 0 && !closed) os << " (collective timeout " << timeout_.count() / 1000.0 << " s)";
       os << ": " << first_line(e.what());
       error_ = os.str();
     }

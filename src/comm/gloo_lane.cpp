@@ -1,5 +1,6 @@
 #include "comm/gloo_lane.h"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <sstream>
@@ -74,9 +75,25 @@ GlooLane::~GlooLane() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
+  closing_->store(true, std::memory_order_release);
   cv_.notify_all();
   thread_.join();
   for (auto& job : queue_) job->settle(nullptr, job->what + " failed: its group was destroyed");
+  const auto running = std::count_if(in_flight_.begin(), in_flight_.end(), [](const auto& w) { return !w->isCompleted(); });
+  if (running > 0) {
+    // Gloo's threads stay blocked in it until the collective timeout; the
+    // process may exit before that. Kept for the life of the process.
+    static auto* abandoned = new std::vector<c10::intrusive_ptr<c10d::Backend>>();
+    static std::mutex abandoned_mu;
+    std::lock_guard<std::mutex> lock(abandoned_mu);
+    abandoned->push_back(backend_);
+  }
+}
+
+void GlooLane::launched(const c10::intrusive_ptr<c10d::Work>& work) {
+  in_flight_.erase(std::remove_if(in_flight_.begin(), in_flight_.end(), [](const auto& w) { return w->isCompleted(); }),
+                   in_flight_.end());
+  in_flight_.push_back(work);
 }
 
 WorkHandle GlooLane::check(const Group& g, const char* op, const Signature& sig) {
@@ -110,7 +127,9 @@ void GlooLane::check_signatures(Job& job) {
   std::vector<std::vector<at::Tensor>> outs(1);
   for (int r = 0; r < n; ++r) outs[0].push_back(all.narrow(0, r * kBytes, kBytes));
   std::vector<at::Tensor> ins{in};
-  BackendWork(backend_->allgather(outs, ins), nullptr, job.what, timeout_).wait();
+  auto exchange = backend_->allgather(outs, ins);
+  launched(exchange);
+  BackendWork(exchange, nullptr, job.what, timeout_, closing_).wait();
   const auto* records = reinterpret_cast<const SignatureRecord*>(all.data_ptr());
   const std::string error = describe_disagreement(job.op, job.group, records, n,
                                                   [&](int q) { return "rank " + std::to_string(job.ranks[q]); });
@@ -137,7 +156,9 @@ void GlooLane::run() {
         job->settle(nullptr, std::nullopt);
         continue;
       }
-      auto work = std::make_shared<BackendWork>(job->launch(*backend_), std::move(job->finish), job->what, timeout_);
+      auto launched_work = job->launch(*backend_);
+      launched(launched_work);
+      auto work = std::make_shared<BackendWork>(launched_work, std::move(job->finish), job->what, timeout_, closing_);
       job->settle(std::move(work), std::nullopt);
     } catch (const CollectiveMismatch& e) {
       mismatch_ = e.what();

@@ -14,10 +14,12 @@
 // disagreement (the peers' collectives no longer pair up).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -32,7 +34,12 @@ namespace zero::comm {
 class GlooLane {
  public:
   GlooLane(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout);
-  ~GlooLane();  // fails what is still queued, joins the thread
+  // Fails what is still queued, gives up the waits in progress (their
+  // peers may never join: a rank failing alone must not wait out the
+  // collective timeout) and joins the thread. A backend left with a
+  // collective in flight is abandoned, not destroyed: Gloo's destructor
+  // would wait for it to time out.
+  ~GlooLane();
   GlooLane(const GlooLane&) = delete;
   GlooLane& operator=(const GlooLane&) = delete;
 
@@ -60,6 +67,11 @@ class GlooLane {
   std::deque<std::shared_ptr<Job>> queue_;
   bool stop_ = false;
   std::optional<std::string> mismatch_;  // the first disagreement; later jobs fail with it
+  // Set by the destructor; every wait on this lane's works gives up then.
+  std::shared_ptr<std::atomic<bool>> closing_ = std::make_shared<std::atomic<bool>>(false);
+  // Gloo works this lane launched that may still run (the lane's thread's).
+  std::vector<c10::intrusive_ptr<c10d::Work>> in_flight_;
+  void launched(const c10::intrusive_ptr<c10d::Work>& work);
   std::thread thread_;
 };
 

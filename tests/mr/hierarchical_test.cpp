@@ -5,7 +5,10 @@
 // and the bytes that crossed the link between the hosts (the interface's
 // own counters) against the algorithms' formulas.
 #include <cstdlib>
+#include <chrono>
+#include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -162,3 +165,31 @@ TEST(Hierarchical, BytesBetweenHostsMatchTheFormulas) {
 }
 
 }  // namespace
+
+// A rank failing alone tears down its world while collectives it issued
+// wait for peers that will never join them (the peers are alive, busy
+// elsewhere): the running one's wait between hosts is given up, the queued
+// ones are cancelled, and the shutdown takes seconds, not a collective
+// timeout per collective. Run alone (multihost_test.sh: it ends the world),
+// with ZERO_COLLECTIVE_TIMEOUT_S well above the bound checked.
+TEST(HierarchicalTeardown, ARankFailingAloneShutsDownInSeconds) {
+  if (!layout_or_skip()) GTEST_SKIP() << "the world does not span hosts evenly";
+  if (world().rank() != 0) {
+    std::this_thread::sleep_for(std::chrono::seconds(12));  // alive, but never joins rank 0's collectives
+    return;
+  }
+  const int n = world().size();
+  std::vector<at::Tensor> outs;
+  std::vector<zero::comm::WorkHandle> issued;
+  for (int k = 0; k < 3; ++k) {
+    outs.push_back(at::empty({4 * n}));
+    issued.push_back(world().comm().all_gather(world().group(), outs.back(), at::ones({4}), "lone allgather"));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the first is waiting between hosts
+  const auto t0 = std::chrono::steady_clock::now();
+  world().shutdown();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("teardown with %zu collectives left took %.2f s\n", issued.size(), took);
+  EXPECT_LT(took, 5.0);
+  for (auto& w : issued) EXPECT_THROW(w->wait(), zero::comm::CommError);
+}

@@ -37,6 +37,15 @@ check "hierarchical collectives: tests pass on 2 hosts" [ $rc -eq 0 ]
 [ $rc -eq 0 ] || echo "$out" | grep -v '^\[rank [1-3]\]' | tail -30
 echo "$out" | grep '^\[rank 0\] .*bytes between hosts' | sed 's/^\[rank 0\] /     /'
 
+# Teardown after a rank fails alone: rank 0 shuts its world down with three
+# hierarchical collectives issued that its (live) peers never join. It must
+# take seconds, not the collective timeout per collective.
+out=$(ZERO_COLLECTIVE_TIMEOUT_S=30 on_hosts -- "$COMM_TEST" --gtest_filter='HierarchicalTeardown.*' 2>&1)
+rc=$?
+check "teardown with collectives in flight between hosts takes seconds" [ $rc -eq 0 ]
+[ $rc -eq 0 ] || echo "$out" | tail -30
+echo "$out" | grep '^\[rank 0\] teardown' | sed 's/^\[rank 0\] /     /'
+
 # Parity: 4 ranks on 2 hosts (micro-batch 2) against one process (8), every
 # stage, with the spanning group's collectives hierarchical (the default)
 # and flat (ZERO_HIERARCHICAL=off: Gloo across all 4).
