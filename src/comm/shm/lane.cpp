@@ -57,6 +57,15 @@ void futex_wait(uint32_t* word, uint32_t expected, std::chrono::milliseconds sli
 
 void futex_wake_all(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0); }
 
+// Holds closures (and the buffers they keep alive) until the process exits:
+// reachable, so not reported as a leak.
+void keep_until_exit(std::vector<std::function<void()>> closures) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::function<void()>>();
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& c : closures) kept->push_back(std::move(c));
+}
+
 }  // namespace
 
 struct Lane::Header {
@@ -200,6 +209,11 @@ Lane::~Lane() {
   }
   if (worker_.joinable()) worker_.join();
   for (auto& [job, body] : left) job->finish("shared-memory lane of " + what_ + " shut down");
+  // A zero-copy round failed with this rank's input published: a peer may
+  // still read it, through its own mapping, at any later time. Freeing it
+  // (the memfd truncated, memory/page_buffer.cpp) would crash that peer with
+  // SIGBUS instead of failing it with an error. (lane.pml: STOP, BUG_FREE_RETAINED)
+  if (direct_open_) keep_until_exit(std::move(retained_));
 }
 
 uint32_t* Lane::written_word(int r) const { return &header_->written[r].value; }
@@ -341,11 +355,13 @@ bool Lane::begin_direct(const BufferRef& mine) {
   if (!zero_copy_) return false;
   begin_round();
   header_->ref[round_ & 1u][rank_] = mine;  // published with the signature
+  direct_open_ = mine.shareable();          // peers may read it from now on
   publish_written();
   wait_written();
   for (int q = 0; q < size_; ++q)
     if (!header_->ref[round_ & 1u][q].shareable()) {
       end_round();  // every rank saw the same cells: all of them stage it
+      direct_open_ = false;
       return false;
     }
   return true;
@@ -358,6 +374,7 @@ void Lane::end_direct() {
   // The caller may reuse or free its input once this returns: not before
   // every peer has read what it needed from it.
   wait_all(&Lane::consumed_word, round_, "to finish reading this rank's buffer");
+  direct_open_ = false;
   direct_ops_.fetch_add(1, std::memory_order_relaxed);
 }
 
