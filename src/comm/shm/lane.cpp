@@ -1,3 +1,81 @@
+// [Note: the shared-memory lane's protocol]
+//
+// Two protocols meet in this file: the queue inside a process (which thread
+// runs a collective) and the rounds between processes (how the ranks
+// exchange). src/comm/shm/lane.pml models both for the SPIN model checker;
+// `ctest -R lane_model` (tests/scripts/lane_model_test.sh) checks, in every
+// interleaving, that nothing deadlocks, that every round pairs the same
+// collective on every rank, that no read sees another round's data or a
+// buffer its owner may reuse -- and that each planted bug (BUG_* there)
+// breaks one of these. Each heading names the code, then the model's parts;
+// capitalised names in parentheses are the model's variants and bugs.
+//
+// Taking turns (LaneQueue; model: Worker, Caller, Waiter, pop, run_front).
+// The submitted collectives run one at a time, in order, on whichever thread
+// pops the front item under `mu` while runnable() (none running, items
+// queued, not stopping): the lane's worker (worker_loop), or a thread in
+// Job::wait, which runs the items up to its own rather than sleep while the
+// worker runs them (a hand-over costs two wake-ups). A thread with nothing to
+// run sleeps on `cv`: the worker until something is runnable, a waiter
+// (counted in waiting_callers) until its job is done. A runner that ends an
+// item notifies all when items remain, threads wait, or the lane stops;
+// submit() notifies only when no one runs (the runner will). Every sleeper
+// re-checks, one takes the next item: notify_one could wake only a waiter
+// whose job is done, which leaves (BUG_NOTIFY_ONE). The worker yields once
+// after waking, so that a submitter about to wait runs its own collective.
+//
+// Rounds (model: open_round, check_round, END_ROUND; round_ is lround). Every
+// collective is one or more rounds, numbered alike on every rank; round t
+// uses buffer t % 2: its slots, signature cells and BufferRef cells. Rank r:
+//   begin_round      wait until consumed[q] >= t - 1 for every q: every
+//                    rank has read round t - 2, which used this buffer;
+//   its part         copy into slot(r), or (zero-copy) publish its BufferRef;
+//   publish_written  its signature, then written[r] = t + 1 (release);
+//   wait_written     until written[q] >= t + 1 for every q; compare records;
+//   read             the peers' slots (zero-copy: their buffers);
+//   end_round        consumed[r] = t + 1; ++round_.
+// A rank opens round t + 1 only after every rank wrote round t, and so had
+// ended round t - 1: begin_round's wait is always met already (a cheap guard;
+// FREE_WAIT_NEVER_BLOCKS proves it), and no rank is ever more than one round
+// ahead of another. The counters are 32-bit futex words compared wrap-safely
+// (reached(); WRAP runs the model across the wrap).
+//
+// Signatures. Each round carries the collective's signature record. After
+// wait_written every rank compares all of the round's records, so ranks that
+// issued different collectives all throw Mismatch, in the same round, before
+// reading any data (MISMATCH). Ranks that agree run the same op with the same
+// sizes over the same slot size: the same number of rounds.
+//
+// Zero-copy rounds (begin_direct .. end_direct; model: DIRECT, NODATA,
+// dopen). On a lane made with zero_copy, a collective's first round carries
+// only each rank's BufferRef. Every rank reads the same cells, so all decide
+// alike: if any input is not shareable they end the round and stage the data
+// in the rounds after it (BUG_LOCAL_SHAREABLE: deciding on one's own cell
+// hangs); otherwise, within that round, each reads its peers' buffers in
+// place. all_reduce ends that round once it has summed its slice into its own
+// buffer, runs one more round with no data ("my slice is summed"; without it
+// a peer copies a slice not yet summed: BUG_AR_ONE_ROUND), then copies the
+// peers' slices. end_direct ends the last round and waits until consumed[q]
+// >= round_ for every q: every peer is done reading this rank's buffer, so
+// the caller may reuse or free it once the job is done (BUG_NO_READER_WAIT).
+// These are ordinary rounds of the one sequence: a direct collective sits
+// between staged ones with the same buffer alternation, and the peers'
+// buffers are touched only inside its rounds.
+//
+// Failures (CRASH, TIMEOUT, STOP). Every wait (wait_word) throws on the
+// collective timeout, when the peer it waits for has exited (peer_exited,
+// checked every 100 ms), or once the lane is stopping (~Lane). The rank that
+// throws leaves its round unfinished, so its peers fail in turn, at their
+// next wait on it (exit or timeout); nothing hangs. A failed lane stays
+// failed (failed_): later jobs fail at once. The failed job's closure, with
+// the buffers it keeps alive, goes to retained_, freed with the lane --
+// except when its input was published to a zero-copy round whose readers it
+// has not seen finish (direct_open_): a peer may still map and read it, and a
+// freed buffer's memfd is truncated (SIGBUS there), so it is kept until the
+// process exits (BUG_FREE_RETAINED). ~Lane: stop, notify, wait until no one
+// runs, take the items left, join the worker, fail those items; Job::wait
+// stops running the queue once stopping and waits for its job's end.
+
 #include "comm/shm/lane.h"
 
 #include <linux/futex.h>
@@ -274,7 +352,7 @@ void Lane::run(Job& job, std::function<void()>& body) {
   }
 }
 
-// ---- the round protocol ---------------------------------------------------------
+// ---- the round protocol (see [Note: the shared-memory lane's protocol]) ------------
 
 bool Lane::peer_exited(int peer) const {
   const int pid = header_->pid[peer];

@@ -32,6 +32,10 @@
 // finished reading (consumed), so no caller reuses or frees a buffer a
 // peer still reads. Otherwise all of them take the staged rounds. The sums
 // are the staged path's, element for element: bit-identical results.
+//
+// [Note: the shared-memory lane's protocol] at the top of lane.cpp walks
+// through all of it; lane.pml beside it is its model, checked by SPIN
+// (ctest lane_model).
 #pragma once
 
 #include <atomic>
