@@ -1,9 +1,10 @@
 // The shared-memory lane's queue under ThreadSanitizer: two forked ranks,
 // each with several collectives in flight, waited on by several threads at
 // once (so the lane's worker and the waiting callers take turns running
-// them), and a lane torn down while a caller waits on work no peer will
-// ever match. Built with -fsanitize=thread (tests/CMakeLists.txt): a data
-// race fails the run (TSan's exit code), as does a wrong sum or a hang.
+// them); lanes torn down while a caller waits on work no peer will ever
+// match, one with an input published for zero-copy that must outlive it.
+// Built with -fsanitize=thread (tests/CMakeLists.txt): a data race fails
+// the run (TSan's exit code), as does a wrong sum or a hang.
 // No torch, no gtest: a plain program, one process per rank.
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -84,6 +85,51 @@ int teardown_while_waiting(int rank) {
   return ok ? 0 : 1;
 }
 
+// Rank 1 alone again: an all_gather that published its input for a
+// zero-copy round fails when the lane is torn down while it waits for rank
+// 0. A peer could still map and read that input later (lane.pml, STOP), so
+// the lane must keep it -- here the keep-alive -- past its end; a staged
+// collective's it lets go.
+int teardown_keeps_a_published_input(int rank) {
+  int failures = 0;
+  for (const bool zero_copy : {true, false}) {
+    bool checked = false;
+    for (int attempt = 0; attempt < 5 && !checked; ++attempt) {
+      auto lane = std::make_unique<shm::Lane>(new_region(), rank, kRanks, kSlot, kTimeout, "a lane nobody joins",
+                                              zero_copy);
+      const auto sig = zero::comm::make_signature_record("allgather of 16 Float");
+      std::vector<float> in(16), out(32);
+      auto keep = std::make_shared<int>(0);
+      const std::weak_ptr<int> kept = keep;
+      const shm::BufferRef ref{getpid(), 0, /*inode: shareable*/ 1, 4096, 0};
+      auto job = lane->all_gather(out.data(), shm::Elem::F32, in.data(), shm::Elem::F32, 16, sig, std::move(keep), ref);
+      std::string error;
+      std::thread waiter([&] {
+        try {
+          job->wait();
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
+      lane.reset();
+      waiter.join();
+      if (error.find("while waiting for rank 0") == std::string::npos) continue;  // it never started: again
+      checked = true;
+      if (kept.expired() == zero_copy) {
+        std::fprintf(stderr, "teardown (zero-copy %d): the failed collective's buffers %s\n", zero_copy,
+                     zero_copy ? "were let go" : "were kept");
+        ++failures;
+      }
+    }
+    if (!checked) {
+      std::fprintf(stderr, "teardown (zero-copy %d): the collective never started\n", zero_copy);
+      ++failures;
+    }
+  }
+  return failures;
+}
+
 }  // namespace
 
 int main() {
@@ -96,6 +142,7 @@ int main() {
     failures += sums_with_concurrent_waiters(lane, rank);
   }
   if (rank == 1) failures += teardown_while_waiting(rank);
+  if (rank == 1) failures += teardown_keeps_a_published_input(rank);
   std::printf("rank %d: %d failures\n", rank, failures);
   if (rank == 1) return failures == 0 ? 0 : 1;
   int status = 0;

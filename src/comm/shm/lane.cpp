@@ -1,3 +1,81 @@
+// [Note: the shared-memory lane's protocol]
+//
+// Two protocols meet in this file: the queue inside a process (which thread
+// runs a collective) and the rounds between processes (how the ranks
+// exchange). src/comm/shm/lane.pml models both for the SPIN model checker;
+// `ctest -R lane_model` (tests/scripts/lane_model_test.sh) checks, in every
+// interleaving, that nothing deadlocks, that every round pairs the same
+// collective on every rank, that no read sees another round's data or a
+// buffer its owner may reuse -- and that each planted bug (BUG_* there)
+// breaks one of these. Each heading names the code, then the model's parts;
+// capitalised names in parentheses are the model's variants and bugs.
+//
+// Taking turns (LaneQueue; model: Worker, Caller, Waiter, pop, run_front).
+// The submitted collectives run one at a time, in order, on whichever thread
+// pops the front item under `mu` while runnable() (none running, items
+// queued, not stopping): the lane's worker (worker_loop), or a thread in
+// Job::wait, which runs the items up to its own rather than sleep while the
+// worker runs them (a hand-over costs two wake-ups). A thread with nothing to
+// run sleeps on `cv`: the worker until something is runnable, a waiter
+// (counted in waiting_callers) until its job is done. A runner that ends an
+// item notifies all when items remain, threads wait, or the lane stops;
+// submit() notifies only when no one runs (the runner will). Every sleeper
+// re-checks, one takes the next item: notify_one could wake only a waiter
+// whose job is done, which leaves (BUG_NOTIFY_ONE). The worker yields once
+// after waking, so that a submitter about to wait runs its own collective.
+//
+// Rounds (model: open_round, check_round, END_ROUND; round_ is lround). Every
+// collective is one or more rounds, numbered alike on every rank; round t
+// uses buffer t % 2: its slots, signature cells and BufferRef cells. Rank r:
+//   begin_round      wait until consumed[q] >= t - 1 for every q: every
+//                    rank has read round t - 2, which used this buffer;
+//   its part         copy into slot(r), or (zero-copy) publish its BufferRef;
+//   publish_written  its signature, then written[r] = t + 1 (release);
+//   wait_written     until written[q] >= t + 1 for every q; compare records;
+//   read             the peers' slots (zero-copy: their buffers);
+//   end_round        consumed[r] = t + 1; ++round_.
+// A rank opens round t + 1 only after every rank wrote round t, and so had
+// ended round t - 1: begin_round's wait is always met already (a cheap guard;
+// FREE_WAIT_NEVER_BLOCKS proves it), and no rank is ever more than one round
+// ahead of another. The counters are 32-bit futex words compared wrap-safely
+// (reached(); WRAP runs the model across the wrap).
+//
+// Signatures. Each round carries the collective's signature record. After
+// wait_written every rank compares all of the round's records, so ranks that
+// issued different collectives all throw Mismatch, in the same round, before
+// reading any data (MISMATCH). Ranks that agree run the same op with the same
+// sizes over the same slot size: the same number of rounds.
+//
+// Zero-copy rounds (begin_direct .. end_direct; model: DIRECT, NODATA,
+// dopen). On a lane made with zero_copy, a collective's first round carries
+// only each rank's BufferRef. Every rank reads the same cells, so all decide
+// alike: if any input is not shareable they end the round and stage the data
+// in the rounds after it (BUG_LOCAL_SHAREABLE: deciding on one's own cell
+// hangs); otherwise, within that round, each reads its peers' buffers in
+// place. all_reduce ends that round once it has summed its slice into its own
+// buffer, runs one more round with no data ("my slice is summed"; without it
+// a peer copies a slice not yet summed: BUG_AR_ONE_ROUND), then copies the
+// peers' slices. end_direct ends the last round and waits until consumed[q]
+// >= round_ for every q: every peer is done reading this rank's buffer, so
+// the caller may reuse or free it once the job is done (BUG_NO_READER_WAIT).
+// These are ordinary rounds of the one sequence: a direct collective sits
+// between staged ones with the same buffer alternation, and the peers'
+// buffers are touched only inside its rounds.
+//
+// Failures (CRASH, TIMEOUT, STOP). Every wait (wait_word) throws on the
+// collective timeout, when the peer it waits for has exited (peer_exited,
+// checked every 100 ms), or once the lane is stopping (~Lane). The rank that
+// throws leaves its round unfinished, so its peers fail in turn, at their
+// next wait on it (exit or timeout); nothing hangs. A failed lane stays
+// failed (failed_): later jobs fail at once. The failed job's closure, with
+// the buffers it keeps alive, goes to retained_, freed with the lane --
+// except when its input was published to a zero-copy round whose readers it
+// has not seen finish (direct_open_): a peer may still map and read it, and a
+// freed buffer's memfd is truncated (SIGBUS there), so it is kept until the
+// process exits (BUG_FREE_RETAINED). ~Lane: stop, notify, wait until no one
+// runs, take the items left, join the worker, fail those items; Job::wait
+// stops running the queue once stopping and waits for its job's end.
+
 #include "comm/shm/lane.h"
 
 #include <linux/futex.h>
@@ -56,6 +134,15 @@ void futex_wait(uint32_t* word, uint32_t expected, std::chrono::milliseconds sli
 }
 
 void futex_wake_all(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0); }
+
+// Holds closures (and the buffers they keep alive) until the process exits:
+// reachable, so not reported as a leak.
+void keep_until_exit(std::vector<std::function<void()>> closures) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::function<void()>>();
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& c : closures) kept->push_back(std::move(c));
+}
 
 }  // namespace
 
@@ -200,6 +287,11 @@ Lane::~Lane() {
   }
   if (worker_.joinable()) worker_.join();
   for (auto& [job, body] : left) job->finish("shared-memory lane of " + what_ + " shut down");
+  // A zero-copy round failed with this rank's input published: a peer may
+  // still read it, through its own mapping, at any later time. Freeing it
+  // (the memfd truncated, memory/page_buffer.cpp) would crash that peer with
+  // SIGBUS instead of failing it with an error. (lane.pml: STOP, BUG_FREE_RETAINED)
+  if (direct_open_) keep_until_exit(std::move(retained_));
 }
 
 uint32_t* Lane::written_word(int r) const { return &header_->written[r].value; }
@@ -260,7 +352,7 @@ void Lane::run(Job& job, std::function<void()>& body) {
   }
 }
 
-// ---- the round protocol ---------------------------------------------------------
+// ---- the round protocol (see [Note: the shared-memory lane's protocol]) ------------
 
 bool Lane::peer_exited(int peer) const {
   const int pid = header_->pid[peer];
@@ -341,11 +433,13 @@ bool Lane::begin_direct(const BufferRef& mine) {
   if (!zero_copy_) return false;
   begin_round();
   header_->ref[round_ & 1u][rank_] = mine;  // published with the signature
+  direct_open_ = mine.shareable();          // peers may read it from now on
   publish_written();
   wait_written();
   for (int q = 0; q < size_; ++q)
     if (!header_->ref[round_ & 1u][q].shareable()) {
       end_round();  // every rank saw the same cells: all of them stage it
+      direct_open_ = false;
       return false;
     }
   return true;
@@ -358,6 +452,7 @@ void Lane::end_direct() {
   // The caller may reuse or free its input once this returns: not before
   // every peer has read what it needed from it.
   wait_all(&Lane::consumed_word, round_, "to finish reading this rank's buffer");
+  direct_open_ = false;
   direct_ops_.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -32,6 +32,10 @@
 // finished reading (consumed), so no caller reuses or frees a buffer a
 // peer still reads. Otherwise all of them take the staged rounds. The sums
 // are the staged path's, element for element: bit-identical results.
+//
+// [Note: the shared-memory lane's protocol] at the top of lane.cpp walks
+// through all of it; lane.pml beside it is its model, checked by SPIN
+// (ctest lane_model).
 #pragma once
 
 #include <atomic>
@@ -166,11 +170,15 @@ class Lane {
   SignatureRecord current_sig_;
   uint32_t round_ = 0;
   bool zero_copy_;
-  PeerBuffers peers_;  // the worker's alone
+  PeerBuffers peers_;  // the running thread's (one at a time)
   std::atomic<int64_t> direct_ops_{0};
   // A failed job's closure (with the buffers it keeps alive): a peer may be
   // reading them still, so they are not freed before the lane is.
   std::vector<std::function<void()>> retained_;
+  // This rank's input is published to a zero-copy round whose readers it
+  // has not yet seen finish (end_direct). Left set by a failure: a peer may
+  // read that buffer at any later time, so ~Lane never frees retained_.
+  bool direct_open_ = false;
 
   // Touched only by the thread running the queue (one at a time).
   std::optional<std::string> failed_;  // the first error; later jobs fail with it
