@@ -14,7 +14,9 @@ struct HostSlots {
 };
 
 // Throws std::invalid_argument naming the line and what is wrong with it
-// (no slots, a bad count, a host listed twice) or that no host is listed.
+// (no slots, a bad count, a host listed twice, a host name starting with
+// '-', which would be an option to --host-exec's command, or one that is
+// not shell_inert) or that no host is listed.
 std::vector<HostSlots> parse_hostfile(const std::string& text, const std::string& origin);
 std::vector<HostSlots> read_hostfile(const std::string& path);
 
@@ -23,5 +25,9 @@ std::vector<HostSlots> read_hostfile(const std::string& path);
 // shell-quoted word (ssh hands its command to the remote shell).
 std::vector<std::string> on_host(const std::string& templ, const std::string& host,
                                  const std::vector<std::string>& argv);
+
+// True for a non-empty word of letters, digits and _-.,/:=@%+ only: one that
+// a POSIX shell leaves as it is.
+bool shell_inert(const std::string& word);
 
 }  // namespace zero::launch

@@ -32,6 +32,11 @@ TEST(Hostfile, BadLinesAreNamed) {
   EXPECT_EQ(message("a slots=2 gpus=1\n"), "hf:1: unexpected 'gpus=1' after slots=2");
   EXPECT_EQ(message("a slots=1\na slots=2\n"), "hf:2: host a is listed twice");
   EXPECT_EQ(message("# nothing\n"), "hf: no host listed (expected lines \"HOST slots=N\")");
+  EXPECT_EQ(message("a slots=1\n-oProxyCommand=x slots=1\n"),
+            "hf:2: host name '-oProxyCommand=x' starts with '-' (it would be an option to --host-exec's command)");
+  EXPECT_EQ(message("a;touch${IFS}x slots=1\n"),
+            "hf:1: host name 'a;touch${IFS}x' holds characters a shell would split or act on");
+  EXPECT_EQ(parse_hostfile("user@node-1.example slots=1\n10.0.0.2 slots=2\n", "hf").size(), 2u);
 }
 
 TEST(Hostfile, CommandOnAHostKeepsWordsOrQuotesThemForSsh) {
@@ -41,6 +46,16 @@ TEST(Hostfile, CommandOnAHostKeepsWordsOrQuotesThemForSsh) {
   EXPECT_EQ(on_host("ssh -o BatchMode=yes {host}", "w1", argv),
             (std::vector<std::string>{"ssh", "-o", "BatchMode=yes", "w1",
                                       "'zero-run' '--' 'prog' 'it'\\''s a b'"}));
+}
+
+TEST(Hostfile, ShellInertWords) {
+  EXPECT_TRUE(zero::launch::shell_inert("/work/build-1/zero_run.v2,x:y=z@h%+"));
+  EXPECT_FALSE(zero::launch::shell_inert("a'b"));
+  EXPECT_FALSE(zero::launch::shell_inert("a\"b"));
+  EXPECT_FALSE(zero::launch::shell_inert("a\\b"));
+  EXPECT_FALSE(zero::launch::shell_inert("{a,b}"));
+  EXPECT_FALSE(zero::launch::shell_inert("a#b"));
+  EXPECT_FALSE(zero::launch::shell_inert("[ab]"));
 }
 
 }  // namespace
