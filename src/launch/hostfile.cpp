@@ -88,6 +88,14 @@ std::vector<std::string> on_host(const std::string& templ, const std::string& ho
   };
   const bool via_ssh = !out.empty() && (out[0] == "ssh" || ends_with(out[0], "/ssh"));
   if (!via_ssh) {
+    // Passed as words; but the command may hand them to a shell on the host
+    // as ssh does (a wrapper, sudo ssh, pdsh ...), so each must mean the
+    // same to one.
+    for (const auto& a : argv)
+      if (!shell_inert(a))
+        throw std::invalid_argument("'" + a + "' holds characters a shell on the host would split or act on, and " +
+                                    "--host-exec '" + templ + "' is not ssh, so it is not quoted for one" +
+                                    " (install zero-run at a plain path)");
     out.insert(out.end(), argv.begin(), argv.end());
     return out;
   }

@@ -71,6 +71,8 @@ for how in TERM KILL link train; do
     fi
     sleep 0.05
   done
+  running=$(( $(ip netns pids "$HOST_A" | wc -l) + $(ip netns pids "$HOST_B" | wc -l) ))
+  check "$how: the job runs on both hosts ($running processes) before" [ "$running" -ge 6 ]
   case $how in
     TERM) what="launcher SIGTERMed"; kill -TERM $launcher ;;
     KILL) what="launcher SIGKILLed"; kill -KILL $launcher ;;
@@ -84,7 +86,7 @@ for how in TERM KILL link train; do
   took=$(wait_clear 8)
   check "$what: every rank on both hosts gone and node 0's ports free within 5 s (took $took s)" \
     awk -v t="$took" 'BEGIN { exit !(t < 5) }'
-  wait $launcher
+  wait $launcher 2>/dev/null
   rc=$?
   [ $how = link ] && check "$what: the launcher exits non-zero" [ $rc -ne 0 ]
   hosts_clear || { echo "     left: $(ip netns pids "$HOST_A" | wc -l) + $(ip netns pids "$HOST_B" | wc -l) processes;" \

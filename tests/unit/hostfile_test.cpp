@@ -40,12 +40,17 @@ TEST(Hostfile, BadLinesAreNamed) {
 }
 
 TEST(Hostfile, CommandOnAHostKeepsWordsOrQuotesThemForSsh) {
-  const std::vector<std::string> argv{"zero-run", "--", "prog", "it's a b"};
-  EXPECT_EQ(on_host("ip netns exec {host}", "ns1", argv),
-            (std::vector<std::string>{"ip", "netns", "exec", "ns1", "zero-run", "--", "prog", "it's a b"}));
+  const std::vector<std::string> argv{"/opt/zero run/zero-run", "--agent", "it's a b"};
   EXPECT_EQ(on_host("ssh -o BatchMode=yes {host}", "w1", argv),
             (std::vector<std::string>{"ssh", "-o", "BatchMode=yes", "w1",
-                                      "'zero-run' '--' 'prog' 'it'\\''s a b'"}));
+                                      "'/opt/zero run/zero-run' '--agent' 'it'\\''s a b'"}));
+  EXPECT_EQ(on_host("/usr/bin/ssh user@{host}", "w1", {"a b"}),
+            (std::vector<std::string>{"/usr/bin/ssh", "user@w1", "'a b'"}));
+  // Not ssh: the words as they are, when a shell would leave them so.
+  EXPECT_EQ(on_host("ip netns exec {host}", "ns1", {"/opt/zero-cpp/bin/zero-run", "--agent"}),
+            (std::vector<std::string>{"ip", "netns", "exec", "ns1", "/opt/zero-cpp/bin/zero-run", "--agent"}));
+  for (const std::string bad : {"it's a b", "a b", "$(x)", "a;b", "*", "~", "", "a\nb", "`x`", "a|b", "a&b", ">x"})
+    EXPECT_THROW(on_host("pdsh -w {host}", "w1", {"/bin/zero-run", bad}), std::invalid_argument) << bad;
 }
 
 TEST(Hostfile, ShellInertWords) {
