@@ -22,7 +22,11 @@ DETACHED=$(cd "$(dirname "$0")" && pwd)/netns_detached_exec.sh
 . "$(dirname "$0")/netns_hosts.sh"
 tmp=$(mktemp -d)
 # Whatever a failed check left running in the namespaces goes with them.
-kill_hosts() { for ns in "$HOST_A" "$HOST_B"; do ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null; done; }
+# (bash's own kill and no sysctl here: a bare machine may have no procps.)
+kill_hosts() {
+  local ns p
+  for ns in "$HOST_A" "$HOST_B"; do for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done; done
+}
 trap 'kill_hosts; netns_hosts_down; rm -rf "$tmp"' EXIT
 
 if ! why=$(netns_hosts_up "$tmp"); then
@@ -145,8 +149,8 @@ unset ZERO_JOB_SECRET
 # host A has 41000-41002 in use: ports chosen where the launcher runs would
 # be busy on node 0. Then ports given: 41010 (rendezvous) in use on node 0,
 # or 41021 (41020's agent port, + 1).
-hold_ports() {  # ns ports...: listeners held until killed
-  ip netns exec "$1" python3 -c '
+hold_ports() {  # ns ports...: listeners held until killed (exec: $! is the listener)
+  exec ip netns exec "$1" python3 -c '
 import socket, sys, time
 socks = []
 for p in sys.argv[1:]:
@@ -154,7 +158,11 @@ for p in sys.argv[1:]:
     s.bind(("", int(p))); s.listen(); socks.append(s)
 print("ready", flush=True); time.sleep(600)' "${@:2}"
 }
-ip netns exec "$HOST_B" sysctl -qw net.ipv4.ip_local_port_range="41000 41001"
+port_range() { ip netns exec "$HOST_B" sh -c 'echo "$1" > /proc/sys/net/ipv4/ip_local_port_range' _ "$1"; }
+range=$(ip netns exec "$HOST_B" cat /proc/sys/net/ipv4/ip_local_port_range)
+port_range "41000 41001"
+check "host B's ephemeral ports narrowed to 41000-41001" \
+  bash -c '[ "$(ip netns exec "$1" cat /proc/sys/net/ipv4/ip_local_port_range | tr -s " \t" " ")" = "41000 41001" ]' _ "$HOST_B"
 hold_ports "$HOST_A" 41000 41001 41002 41010 41021 > "$tmp/hold.out" &
 holder=$!
 for _ in $(seq 100); do grep -q ready "$tmp/hold.out" && break; sleep 0.05; done
@@ -164,7 +172,7 @@ rc=$?
 check "ports chosen on node 0: a launcher elsewhere, with other ports free, runs the job" [ $rc -eq 0 ]
 [ $rc -eq 0 ] || echo "$out" | tail -3
 check "ports chosen on node 0: not the launcher host's" not grep -qE "port 4100[0-2]" <<<"$out"
-ip netns exec "$HOST_B" sysctl -qw net.ipv4.ip_local_port_range="32768 60999"
+port_range "$range"
 for port in 41010 41020; do  # the rendezvous port in use, then the agents' (port + 1)
   t0=$(now)
   out=$("$ZR" --hostfile "$tmp/hostfile" --host-exec "ip netns exec {host}" --master-addr 10.231.0.1 \
