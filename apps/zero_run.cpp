@@ -16,6 +16,15 @@
 // stops every host's ranks, with a message naming host and rank. At the end
 // it removes any shared-memory segment of the job a killed rank left.
 // SIGINT/SIGTERM sent to zero-run are forwarded to every rank.
+//
+// With --hostfile, each host's agent is started as `zero-run --agent`, and
+// the rest comes on its stdin (launch/agent_link.h): its arguments and the
+// job's secret, with which the agents prove themselves to node 0's
+// (launch/job_control.h). An agent stops its ranks when that stdin closes:
+// the launcher is gone or its link to the host is (see LauncherLink::alive
+// for why that, and not a signal or a heartbeat). Unless --master-port is
+// given, node 0's agent picks both its ports on node 0 and the launcher
+// passes them on to the others.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -28,6 +37,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -36,11 +46,16 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "comm/shm/segment.h"
+#include "launch/agent_link.h"
 #include "launch/hostfile.h"
 #include "launch/job_control.h"
+#include "launch/ports.h"
+#include "launch/secret.h"
 #include "zero/launch_env.h"
 
 extern char** environ;
@@ -73,8 +88,9 @@ constexpr const char* kUsage =
               "and zero-run exits non-zero.\n"
               "  -n N                ranks to start on this host (also --nproc, --nproc-per-node)\n"
               "  --master-addr A     rendezvous address (default 127.0.0.1; with --hostfile the first host)\n"
-              "  --master-port P     rendezvous port (default: a free one); the agents of a\n"
-              "                      several-host job also use P+1 on node 0\n"
+              "  --master-port P     rendezvous port (default: a free one; with --hostfile, two\n"
+              "                      chosen on node 0); the agents of a several-host job also\n"
+              "                      use P+1 on node 0. Both are checked on node 0\n"
               "  --timeout SECONDS   stop the whole job after this long (exit 124)\n"
               "  --nnodes H          hosts in the job (torchrun's); run zero-run on each with\n"
               "  --node-rank K       this host's index, 0 being MASTER_ADDR's host; ranks are\n"
@@ -82,8 +98,13 @@ constexpr const char* kUsage =
               "  --hostfile FILE     DeepSpeed's hostfile (\"HOST slots=N\" lines): starts one\n"
               "                      zero-run per host, through\n"
               "  --host-exec T       the command that runs a program on a host, {host} replaced\n"
-              "                      (default \"ssh -o BatchMode=yes {host}\"; e.g. \"ip netns exec {host}\")\n"
-              "  -h, --help          this text\n",
+              "                      (default \"ssh -o BatchMode=yes {host}\"; e.g. \"ip netns exec {host}\").\n"
+              "                      It must pass stdin on: the agent's job comes there, and\n"
+              "                      its end (the launcher or its link gone) stops that host\n"
+              "  -h, --help          this text\n"
+              "Environment: ZERO_JOB_SECRET, the secret the agents of a several-host job prove\n"
+              "to each other (--hostfile makes one when unset; with --nnodes, export the same\n"
+              "on every host). It is never put on a command line and the ranks do not get it.\n",
               kUsage);
   std::exit(0);
 }
@@ -123,6 +144,9 @@ struct Stream {
   int out_fd = 1;
   std::string prefix;
   std::string pending;
+  // Node 0's agent's stdout, until it says which ports it chose.
+  bool watch_ports = false;
+  std::optional<std::pair<int, int>> ports;
 
   void emit(const std::string& line) {
     std::string s = prefix + line;
@@ -146,8 +170,15 @@ struct Stream {
     }
     pending.append(buf, static_cast<size_t>(n));
     size_t start = 0;
-    for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1)
-      emit(pending.substr(start, nl - start + 1));
+    for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+      std::string line = pending.substr(start, nl - start + 1);
+      if (watch_ports)
+        if (auto p = zero::launch::parse_ports_report(line)) {
+          ports = p, watch_ports = false;
+          continue;
+        }
+      emit(line);
+    }
     pending.erase(0, start);
     return true;
   }
@@ -187,12 +218,14 @@ struct Options {
   int nnodes = 1, node_rank = 0;
   int rank_offset = -1, world_size = -1;  // -1: node_rank * nproc, nnodes * nproc
   std::string hostfile, host_exec = "ssh -o BatchMode=yes {host}", host_name, job_id, chdir;
+  bool agent = false;     // started by --hostfile: its setup on stdin
   std::vector<std::string> env;  // K=V set for every rank (passed to remote agents)
   int prog = 0;                  // argv index of the program
 };
 
-Options parse(int argc, char** argv) {
+Options parse(int argc, char** argv, bool agent = false) {
   Options o;
+  o.agent = agent;
   int i = 1;
   for (; i < argc; ++i) {
     std::string a = argv[i];
@@ -202,7 +235,7 @@ Options parse(int argc, char** argv) {
     };
     if (a == "--") { ++i; break; }
     if (a == "-n" || a == "--nproc" || a == "--nproc-per-node") o.nproc = parse_int(value("-n"), "-n", 1, 1024);
-    else if (a == "--master-port") o.port = parse_int(value("--master-port"), "--master-port", 1, 65534);
+    else if (a == "--master-port") o.port = parse_int(value("--master-port"), "--master-port", 0, 65534);
     else if (a == "--master-addr") o.addr = value("--master-addr");
     else if (a == "--timeout") o.timeout_s = parse_int(value("--timeout"), "--timeout", 1, 1 << 30);
     else if (a == "--nnodes") o.nnodes = parse_int(value("--nnodes"), "--nnodes", 1, 4096);
@@ -226,7 +259,8 @@ Options parse(int argc, char** argv) {
   }
   if (o.nproc < 1) usage("-n N is required");
   if (o.node_rank >= o.nnodes) usage("--node-rank must be less than --nnodes");
-  if (o.nnodes > 1 && (o.addr.empty() || o.port == 0))
+  // (an agent of --hostfile may have port 0: node 0 chooses it)
+  if (o.nnodes > 1 && (o.addr.empty() || (o.port == 0 && !o.agent)))
     usage("--nnodes > 1 needs --master-addr and --master-port (the same on every host)");
   if (o.rank_offset < 0) o.rank_offset = o.node_rank * o.nproc;
   if (o.world_size < 0) o.world_size = o.nnodes * o.nproc;
@@ -245,8 +279,10 @@ std::string this_host_name() {
 // (ssh passes no environment; DeepSpeed's launcher exports the same kinds).
 std::vector<std::string> forwarded_env() {
   std::vector<std::string> out;
+  const std::string secret = std::string(zero::launch::kSecretVariable) + "=";
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
+    if (kv.rfind(secret, 0) == 0) continue;  // it goes apart, and never on a command line
     for (const char* p : {"ZERO_", "GLOO_", "NCCL_", "TORCH_", "OMP_NUM_THREADS=", "CUDA_VISIBLE_DEVICES=",
                           "LD_LIBRARY_PATH=", "PYTHONPATH="})
       if (kv.rfind(p, 0) == 0) out.push_back(kv);
@@ -259,11 +295,19 @@ struct Child {
   std::vector<std::string> env;  // K=V
   std::string prefix;            // for its output lines
   std::string label;             // "rank 3", "host b (node 1)"
+  enum class In { inherit, null, pipe } in = In::inherit;  // its stdin
+  std::string setup;             // In::pipe: written there first (an agent's)
 };
 
-pid_t spawn(const Child& c, std::vector<Stream>& streams) {
-  int out[2], err[2];
-  if (pipe(out) || pipe(err)) { std::perror("zero-run: pipe"); std::exit(1); }
+// Starts `c`; with Child::In::pipe, `*in` is the write end of its stdin.
+// Every descriptor of ours is close-on-exec: a child holds its own pipes
+// only (an agent's stdin must close when we go, whoever else we started).
+pid_t spawn(const Child& c, std::vector<Stream>& streams, int* in = nullptr) {
+  int out[2], err[2], input[2] = {-1, -1};
+  if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || (c.in == Child::In::pipe && pipe2(input, O_CLOEXEC))) {
+    std::perror("zero-run: pipe");
+    std::exit(1);
+  }
   pid_t pid = fork();
   if (pid < 0) { std::perror("zero-run: fork"); std::exit(1); }
   if (pid == 0) {
@@ -271,7 +315,11 @@ pid_t spawn(const Child& c, std::vector<Stream>& streams) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // and it dies with us
     dup2(out[1], 1);
     dup2(err[1], 2);
-    close(out[0]), close(out[1]), close(err[0]), close(err[1]);
+    if (c.in == Child::In::pipe) dup2(input[0], 0);
+    if (c.in == Child::In::null) {
+      const int null = open("/dev/null", O_RDONLY);
+      if (null >= 0) dup2(null, 0);
+    }
     for (const auto& kv : c.env) {
       const size_t eq = kv.find('=');
       if (eq != std::string::npos) setenv(kv.substr(0, eq).c_str(), kv.c_str() + eq + 1, 1);
@@ -285,8 +333,16 @@ pid_t spawn(const Child& c, std::vector<Stream>& streams) {
   }
   setpgid(pid, pid);
   close(out[1]), close(err[1]);
-  streams.push_back({out[0], 1, c.prefix, {}});
-  streams.push_back({err[0], 2, c.prefix, {}});
+  if (c.in == Child::In::pipe) {
+    close(input[0]);
+    fcntl(input[1], F_SETFL, fcntl(input[1], F_GETFL) | O_NONBLOCK);
+    if (in) *in = input[1];
+  }
+  for (const auto& [fd, to] : {std::pair{out[0], 1}, std::pair{err[0], 2}}) {
+    Stream st;
+    st.fd = fd, st.out_fd = to, st.prefix = c.prefix;
+    streams.push_back(std::move(st));
+  }
   return pid;
 }
 
@@ -312,6 +368,7 @@ std::vector<Child> local_ranks(const Options& o, char** argv, const std::string&
     // Share the cores between the ranks unless told otherwise (torchrun
     // sets 1; an even share keeps intra-op parallelism on big hosts).
     if (!std::getenv("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", std::to_string(omp_threads));
+    if (o.agent) c.in = Child::In::null;  // stdin is the launcher's, ours to watch
     c.prefix = "[rank " + std::to_string(rank) + "] ";
     c.label = "rank " + std::to_string(rank);
     out.push_back(std::move(c));
@@ -319,8 +376,11 @@ std::vector<Child> local_ranks(const Options& o, char** argv, const std::string&
   return out;
 }
 
-// One zero-run agent per host of the hostfile, each started through --host-exec.
-std::vector<Child> host_agents(const Options& o, char** argv, const std::string& job_id) {
+// One zero-run agent per host of the hostfile, each started through
+// --host-exec as `zero-run --agent`, its arguments and the job's secret
+// written to its stdin (launch/agent_link.h). With no --master-port, the
+// agents get port 0: node 0's picks both ports, the others wait for them.
+std::vector<Child> host_agents(const Options& o, char** argv, const std::string& job_id, const std::string& secret) {
   const auto hosts = zero::launch::read_hostfile(o.hostfile);
   int world = 0;
   for (const auto& h : hosts) world += h.slots;
@@ -331,51 +391,118 @@ std::vector<Child> host_agents(const Options& o, char** argv, const std::string&
   std::vector<Child> out;
   int offset = 0;
   for (size_t k = 0; k < hosts.size(); ++k) {
-    std::vector<std::string> agent{self, "--nnodes", std::to_string(hosts.size()), "--node-rank", std::to_string(k),
-                                   "-n", std::to_string(hosts[k].slots), "--rank-offset", std::to_string(offset),
-                                   "--world-size", std::to_string(world), "--master-addr", o.addr,
-                                   "--master-port", std::to_string(o.port), "--host-name", hosts[k].host,
-                                   "--job-id", job_id, "--chdir", cwd};
-    if (o.timeout_s) agent.insert(agent.end(), {"--timeout", std::to_string(o.timeout_s)});
-    for (const auto& kv : env) agent.insert(agent.end(), {"--env", kv});
-    agent.push_back("--");
-    for (int a = o.prog; argv[a]; ++a) agent.push_back(argv[a]);
-    out.push_back({zero::launch::on_host(o.host_exec, hosts[k].host, agent), {}, "",
-                   "host " + hosts[k].host + " (node " + std::to_string(k) + ")"});
+    std::vector<std::string> args{"--nnodes", std::to_string(hosts.size()), "--node-rank", std::to_string(k),
+                                  "-n", std::to_string(hosts[k].slots), "--rank-offset", std::to_string(offset),
+                                  "--world-size", std::to_string(world), "--master-addr", o.addr,
+                                  "--master-port", std::to_string(o.port), "--host-name", hosts[k].host,
+                                  "--job-id", job_id, "--chdir", cwd};
+    if (o.timeout_s) args.insert(args.end(), {"--timeout", std::to_string(o.timeout_s)});
+    for (const auto& kv : env) args.insert(args.end(), {"--env", kv});
+    args.push_back("--");
+    for (int a = o.prog; argv[a]; ++a) args.push_back(argv[a]);
+    Child c;
+    c.argv = zero::launch::on_host(o.host_exec, hosts[k].host, {self, "--agent"});
+    c.label = "host " + hosts[k].host + " (node " + std::to_string(k) + ")";
+    c.in = Child::In::pipe;
+    c.setup = zero::launch::setup_message({secret, args});
+    out.push_back(std::move(c));
     offset += hosts[k].slots;
   }
   return out;
 }
 
+// This host's part in the job control of a job on several hosts. Node 0
+// checks its two ports here, on node 0, where they will be bound -- or,
+// given none (an agent of --hostfile), picks both here and tells the
+// launcher, who tells the other agents (they read them from `link`).
+std::unique_ptr<zero::launch::JobControl> start_control(Options& o, const std::string& host, const std::string& secret,
+                                                        zero::launch::LauncherLink* link) {
+  using zero::launch::JobControl;
+  if (o.node_rank != 0) {
+    int control_port = o.port + 1;
+    if (o.port == 0) std::tie(o.port, control_port) = link->read_ports(Clock::now() + std::chrono::seconds(120));
+    return std::make_unique<JobControl>(o.nnodes, o.node_rank, o.addr, control_port, host, secret);
+  }
+  if (o.port == 0) {
+    auto control = std::make_unique<JobControl>(o.nnodes, 0, o.addr, 0, host, secret);
+    o.port = zero::launch::pick_free_port();
+    const std::string report = zero::launch::ports_report(o.port, control->port());
+    if (write(1, report.data(), report.size()) != static_cast<ssize_t>(report.size()))
+      throw std::runtime_error("cannot tell the launcher node 0's ports");
+    return control;
+  }
+  if (const int err = zero::launch::port_unavailable(o.port))
+    throw std::runtime_error("the rendezvous port " + std::to_string(o.port) + " (--master-port) " +
+                             (err == EADDRINUSE ? "is in use on host " + host
+                                                : "cannot be bound on host " + host + " (" + std::strerror(err) + ")") +
+                             "; pick another --master-port");
+  return std::make_unique<JobControl>(o.nnodes, 0, o.addr, o.port + 1, host, secret);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o = parse(argc, argv);
+  using zero::launch::kSecretVariable;
+  // An agent of --hostfile: its arguments and the job's secret come on stdin.
+  std::unique_ptr<zero::launch::LauncherLink> link;
+  std::vector<std::string> agent_args;
+  std::vector<char*> agent_argv;
+  std::string secret;
+  if (argc == 2 && std::strcmp(argv[1], "--agent") == 0) {
+    link = std::make_unique<zero::launch::LauncherLink>(0);
+    try {
+      auto setup = link->read_setup(Clock::now() + std::chrono::seconds(120));
+      secret = std::move(setup.secret);
+      agent_args = std::move(setup.args);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "zero-run --agent: %s\n", e.what());
+      return 2;
+    }
+    agent_argv.push_back(argv[0]);
+    for (auto& a : agent_args) agent_argv.push_back(a.data());
+    agent_argv.push_back(nullptr);
+    argc = static_cast<int>(agent_argv.size()) - 1;
+    argv = agent_argv.data();
+  } else if (const char* s = std::getenv(kSecretVariable)) {
+    secret = s;
+  }
+  unsetenv(kSecretVariable);  // neither the ranks nor --host-exec have a use for it
+  Options o = parse(argc, argv, link != nullptr);
   const bool fan_out = !o.hostfile.empty();
   if (!o.chdir.empty() && chdir(o.chdir.c_str()) != 0) {
     std::fprintf(stderr, "zero-run: cannot change to %s: %s\n", o.chdir.c_str(), std::strerror(errno));
     return 1;
   }
-  if (o.port == 0) o.port = free_port();
-  std::string job_id = o.job_id.empty() ? "zr" + std::to_string(getpid()) + "_" + std::to_string(o.port) : o.job_id;
-  // Per host: the ranks' shared-memory segments are named by it, and hosts
-  // simulated on one machine (tests) share /dev/shm.
-  if (o.nnodes > 1) job_id += "n" + std::to_string(o.node_rank);
+  // One host: it is node 0, and the port is chosen here. --hostfile: on node 0.
+  if (o.port == 0 && !fan_out && !o.agent) o.port = free_port();
+  std::string job_id = o.job_id;
   const std::string host = o.host_name.empty() ? this_host_name() : o.host_name;
 
   std::vector<Child> children;
   std::unique_ptr<zero::launch::JobControl> control;
   try {
+    if (job_id.empty())
+      job_id = "zr" + std::to_string(getpid()) + "_" + (fan_out ? zero::launch::random_hex(4) : std::to_string(o.port));
+    // Per host: the ranks' shared-memory segments are named by it, and hosts
+    // simulated on one machine (tests) share /dev/shm.
+    if (o.nnodes > 1) job_id += "n" + std::to_string(o.node_rank);
     if (fan_out) {
       if (o.addr.empty()) o.addr = zero::launch::read_hostfile(o.hostfile).front().host;
-      children = host_agents(o, argv, job_id);
+      if (secret.empty()) secret = zero::launch::random_hex(32);
+      children = host_agents(o, argv, job_id, secret);
     } else {
+      if (o.nnodes > 1) {
+        if (secret.empty() && !o.agent)
+          std::fprintf(stderr,
+                       "zero-run: host %s: warning: %s is not set: any program that can reach node 0's port %d "
+                       "can join or stop this job; export the same secret on every host\n",
+                       host.c_str(), kSecretVariable, o.port + 1);
+        control = start_control(o, host, secret, link.get());
+      }
       children = local_ranks(o, argv, job_id);
-      if (o.nnodes > 1)
-        control = std::make_unique<zero::launch::JobControl>(o.nnodes, o.node_rank, o.addr, o.port + 1, host);
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "zero-run: %s\n", e.what());
+    std::fprintf(stderr, "zero-run: %s%s\n", o.nnodes > 1 ? ("host " + host + ": ").c_str() : "", e.what());
     return 2;
   }
   // Where failures are said to be: the host, when the job has several.
@@ -390,7 +517,31 @@ int main(int argc, char** argv) {
 
   std::vector<Rank> ranks(children.size());
   std::vector<Stream> streams;
-  for (size_t r = 0; r < children.size(); ++r) ranks[r] = {spawn(children[r], streams), true, 0};
+  // The agents' stdin (--hostfile): what is still to be written there, and
+  // the pipe, which stays open as long as this launcher runs and the job
+  // does -- closing it is how an agent hears that we stopped.
+  std::vector<int> stdin_of(children.size(), -1);
+  std::vector<std::string> outbox(children.size());
+  for (size_t r = 0; r < children.size(); ++r) {
+    ranks[r] = {spawn(children[r], streams, &stdin_of[r]), true, 0};
+    outbox[r] = children[r].setup;
+  }
+  if (fan_out && o.port == 0) streams.front().watch_ports = true;  // node 0's agent's stdout
+  bool ports_passed = false;
+  auto close_stdin = [&](size_t r) {
+    if (stdin_of[r] >= 0) close(stdin_of[r]);
+    stdin_of[r] = -1;
+    outbox[r].clear();
+  };
+  auto flush_stdin = [&] {
+    for (size_t r = 0; r < children.size(); ++r)
+      while (stdin_of[r] >= 0 && !outbox[r].empty()) {
+        const ssize_t n = write(stdin_of[r], outbox[r].data(), outbox[r].size());
+        if (n > 0) outbox[r].erase(0, static_cast<size_t>(n));
+        else if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+        else close_stdin(r);  // it closed its end: its exit says the rest
+      }
+  };
 
   const auto start = Clock::now();
   int exit_code = 0;
@@ -410,6 +561,9 @@ int main(int argc, char** argv) {
     stopping = true;
     exit_code = code;
     stop_at = Clock::now();
+    // The agents see their stdin close (whatever --host-exec does with the
+    // SIGTERM below) and stop their hosts' ranks.
+    for (size_t r = 0; r < children.size(); ++r) close_stdin(r);
     stop_all(SIGTERM);
   };
 
@@ -421,6 +575,7 @@ int main(int argc, char** argv) {
       if (!rk.running) continue;
       if (waitpid(rk.pid, &rk.status, WNOHANG) == rk.pid) {
         rk.running = false;
+        close_stdin(r);
         const bool ok = WIFEXITED(rk.status) && WEXITSTATUS(rk.status) == 0;
         if (!ok && !stopping)
           begin_stop(children[r].label + " " + describe_exit(rk.status),
@@ -431,6 +586,9 @@ int main(int argc, char** argv) {
     }
     if (control)
       if (auto why = control->poll(); why && !stopping) begin_stop(*why, 1, /*remote=*/true);
+    if (link && !stopping && !link->alive())
+      begin_stop("this agent's stdin closed: the launcher (zero-run --hostfile) stopped the job, is gone, "
+                 "or lost its link to this host", 1);
     if (g_signal && !stopping) begin_stop(std::string("received ") + strsignal(g_signal), 128 + g_signal);
     if (o.timeout_s && !stopping && Clock::now() - start > std::chrono::seconds(o.timeout_s))
       begin_stop("timed out after " + std::to_string(o.timeout_s) + " s", 124);
@@ -457,6 +615,14 @@ int main(int argc, char** argv) {
         }
       break;
     }
+
+    if (!ports_passed && fan_out && streams.front().ports) {
+      // Node 0's agent chose its ports: the other agents wait for them.
+      const auto [rendezvous, agents] = *streams.front().ports;
+      for (size_t r = 1; r < children.size(); ++r) outbox[r] += zero::launch::ports_message(rendezvous, agents);
+      ports_passed = true;
+    }
+    flush_stdin();
 
     std::vector<pollfd> fds;
     std::vector<Stream*> owners;

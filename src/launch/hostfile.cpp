@@ -1,5 +1,7 @@
 #include "launch/hostfile.h"
 
+#include <cctype>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -18,6 +20,15 @@ std::vector<HostSlots> parse_hostfile(const std::string& text, const std::string
     std::string host, slots;
     if (!(words >> host)) continue;
     const std::string where = origin + ":" + std::to_string(n) + ": ";
+    // It goes into --host-exec's words ({host}): as "-o..." it would be an
+    // option there (ssh's -oProxyCommand= runs a command), not a host.
+    if (host[0] == '-')
+      throw std::invalid_argument(where + "host name '" + host +
+                                  "' starts with '-' (it would be an option to --host-exec's command)");
+    // And the command may hand it to a shell (on the host, or a remote
+    // one, as ssh does its command): it must mean the same there.
+    if (!shell_inert(host))
+      throw std::invalid_argument(where + "host name '" + host + "' holds characters a shell would split or act on");
     if (!(words >> slots) || slots.rfind("slots=", 0) != 0)
       throw std::invalid_argument(where + "expected \"" + host + " slots=N\"");
     std::string rest;
@@ -57,6 +68,13 @@ std::string shell_quote(const std::string& s) {
 
 }  // namespace
 
+bool shell_inert(const std::string& word) {
+  if (word.empty()) return false;
+  for (unsigned char c : word)
+    if (!std::isalnum(c) && !std::strchr("_-.,/:=@%+", c)) return false;
+  return true;
+}
+
 std::vector<std::string> on_host(const std::string& templ, const std::string& host,
                                  const std::vector<std::string>& argv) {
   std::vector<std::string> out;
@@ -70,6 +88,14 @@ std::vector<std::string> on_host(const std::string& templ, const std::string& ho
   };
   const bool via_ssh = !out.empty() && (out[0] == "ssh" || ends_with(out[0], "/ssh"));
   if (!via_ssh) {
+    // Passed as words; but the command may hand them to a shell on the host
+    // as ssh does (a wrapper, sudo ssh, pdsh ...), so each must mean the
+    // same to one.
+    for (const auto& a : argv)
+      if (!shell_inert(a))
+        throw std::invalid_argument("'" + a + "' holds characters a shell on the host would split or act on, and " +
+                                    "--host-exec '" + templ + "' is not ssh, so it is not quoted for one" +
+                                    " (install zero-run at a plain path)");
     out.insert(out.end(), argv.begin(), argv.end());
     return out;
   }

@@ -6,7 +6,7 @@ set -u
 ZR=$1
 marker="zr_launcher_test_$$"
 tmp_out=$(mktemp)
-trap 'rm -f "$tmp_out" "$tmp_out.1"' EXIT
+trap 'rm -f "$tmp_out" "$tmp_out.1" "$tmp_out.hf"' EXIT
 # True when no process's command line holds the marker.
 none_left() { sleep 0.2; ! cmdline_running "$marker"; }
 
@@ -90,6 +90,29 @@ check "--nnodes 2: node 1 exits with its rank's code" [ $rc1 -eq 5 ]
 check "--nnodes 2: both nodes stop within 5 s" elapsed_lt "$t0" 5
 check "--nnodes 2: node 0 says which host and rank" contains "$out" "host hb: rank 3 exited with code 5"
 check "--nnodes 2: no rank process left" none_left
+# The agents prove the job's secret (ZERO_JOB_SECRET, the same on every
+# host) to each other: a node with another one is refused and says why, and
+# node 0 logs it and keeps waiting for its own (here until --timeout).
+port=$((port + 2))
+ZERO_JOB_SECRET=another-job agent 1 hb 'exit 0' > "$tmp_out.1" 2>&1 &
+node1=$!
+t0=$(now)
+out=$(ZERO_JOB_SECRET=this-job "$ZR" --nnodes 2 --node-rank 0 -n 1 --master-addr 127.0.0.1 --master-port $port \
+  --host-name ha --timeout 2 -- sleep 30 2>&1)
+rc=$?
+wait $node1
+rc1=$?
+check "another job's secret: node 1 is refused (exits non-zero)" [ $rc1 -ne 0 ]
+check "another job's secret: node 1 says why" grep -q "ZERO_JOB_SECRET" "$tmp_out.1"
+check "another job's secret: node 0 ignores it, logged, and runs on to --timeout" \
+  bash -c '[ $1 -eq 124 ] && grep -q "ignored a connection from 127.0.0.1" <<<"$2"' _ $rc "$out"
+check "another job's secret: within 5 s" elapsed_lt "$t0" 5
+# Host names that would be options to the --host-exec command are refused.
+printf '# hosts\n-oProxyCommand=touch%s slots=1\n' "$tmp_out.pwned" > "$tmp_out.hf"
+out=$("$ZR" --hostfile "$tmp_out.hf" --host-exec "env {host}" -- true 2>&1)
+rc=$?
+check "a host name starting with '-': refused, naming the line" \
+  bash -c '[ $1 -eq 2 ] && grep -qF "$3:2: host name '"'"'-oProxyCommand" <<<"$2"' _ $rc "$out" "$tmp_out.hf"
 out=$("$ZR" --nnodes 2 --node-rank 0 -n 1 -- true 2>&1)
 check "--nnodes without --master-addr/--master-port rejected" contains "$out" "needs --master-addr and --master-port"
 out=$("$ZR" --hostfile /nonexistent -- true 2>&1)

@@ -143,7 +143,8 @@ for victim in rank agent; do
     victims=$(ip netns pids "$HOST_B" | while read -r p; do
       [[ "$(tr '\0' '\n' < "/proc/$p/cmdline" 2>/dev/null | head -1)" == *zero-train ]] && echo "$p"; done)
   else
-    victims=$(ip netns pids "$HOST_B" | while read -r p; do grep -qa -- '--node-rank' "/proc/$p/cmdline" 2>/dev/null && echo "$p"; done)
+    victims=$(ip netns pids "$HOST_B" | while read -r p; do
+      [[ "$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null)" == *"zero-run --agent " ]] && echo "$p"; done)
   fi
   t0=$(now)
   kill -9 $victims 2>/dev/null
