@@ -11,6 +11,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "ckpt/checkpoint_dir.h"
+#include "common/fault_injection.h"
 
 namespace zero {
 
@@ -337,6 +338,11 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
       error = what + ": " + e.what();
     }
   }
+  try {
+    fault::point("save");  // test-only (common/fault_injection.h): this rank's file written, nothing published
+  } catch (const std::exception& e) {
+    if (error.empty()) error = what + ": " + e.what();
+  }
   if (auto e = agree(m.comm, m.dp, what, error); !e.empty()) undo_save(m, dir, tag, own_file, e);
 
   auto mine = at::tensor({static_cast<int64_t>(any), digest.bytes, static_cast<int64_t>(digest.hash)}, at::kLong);
@@ -414,6 +420,7 @@ json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
     touched = true;
     fill_state(m, [&](const std::string& n, const std::string& k, int64_t a, int64_t b, float* out) {
       reader->read(n, k, a, b, out);
+      fault::point("load");  // test-only (common/fault_injection.h): part of the state read
     }, false);
     for (const auto& r : m.replicated)
       copy_replicated(r, reader->find_replicated(r.name)->dtype, reader->replicated_data(r.name));

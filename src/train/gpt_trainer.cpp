@@ -6,6 +6,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include "common/fault_injection.h"
 #include "zero/init.h"
 
 namespace zero::train {
@@ -30,6 +31,11 @@ GptTrainer::GptTrainer(const models::GPTConfig& model_config, const Config& conf
       model_(build_model(model_config, seed, config, comm, dp, zero_init, device)) {
   if (!device_.is_cpu()) model_->to(device_);
   engine_ = std::make_unique<Engine>(*model_, config, comm, dp);
+  // Test-only (common/fault_injection.h): the "backward" fault point, mid-backward,
+  // when the first block's grads arrive (the later block's are in by then).
+  if (fault::armed("backward"))
+    if (auto* w = model_->named_parameters().find("h0.mlp_proj.weight"))
+      w->register_hook([](const at::Tensor&) { fault::point("backward"); });
 }
 
 void GptTrainer::set_backward_chunks(int64_t chunks, bool coalesce) {
@@ -82,12 +88,14 @@ StepRecord GptTrainer::train_step() {
       for (int64_t c = 0; c < backward_chunks_; ++c) {
         // Equal chunks: the mean of chunk means is the micro-batch mean.
         auto loss = engine_->forward([&] {
+          fault::point("forward");  // test-only (common/fault_injection.h), as "step" below
           return model_->loss(x.narrow(0, c * rows, rows), y.narrow(0, c * rows, rows));
         }) / static_cast<double>(backward_chunks_);
         engine_->count_tokens(rows * seq);
         loss_sum += engine_->backward(loss).detach();  // loss / gas
       }
     }
+    fault::point("step");  // test-only: before the optimizer step
     engine_->step();
   }
   r.stepped = engine_->skipped_steps() == skipped_before;

@@ -1,0 +1,29 @@
+# Defects the suite finds that are not fixed yet: a check that fails for
+# one of them counts as a known failure (reported in the summary by id, with
+# what is wrong), not as the suite failing. Each entry:
+#   ID|CASES|CHECK|WHY|what is wrong
+# CASES is a glob over the case's class ("WHERE stage S KIND POINT", e.g.
+# "hosts2 stage 3 throw save"; "diskfull stage 1"; "linkcut stage 2"), CHECK
+# one of stopped gone named shm checkpoint resume, WHY a glob over what the
+# check said was wrong. The first entry that matches explains it; the
+# description is on an entry's first line of each id.
+KNOWN_DEFECTS=(
+  "peer-blamed|hosts2 stage ? exit *|named|*the stop messages blame*|on several hosts a rank that exits (std::exit, or main returning after an exception) closes its Gloo connections before it is gone; a peer on the other host fails on the closed connection (its error says 'collective timeout 300 s' and 'Connection closed by peer'), and that peer's agent names it as the failing rank, beside the real one or alone"
+  "peer-blamed|hosts2 stage ? throw forward|named|*the stop messages blame*|"
+  "peer-blamed|hosts2 stage ? throw backward|named|*the stop messages blame*|"
+  "peer-blamed|hosts2 stage ? throw step|named|*the stop messages blame*|"
+  "agent-blamed|hosts2 stage *|named|*a message blames host *|zero-run --hostfile names the first agent to exit ('host B (node 1) exited with code 1; stopping the other ranks'), which may be one that only stopped because another host's rank failed"
+  "agreed-no-host|hosts2 stage ? throw save|named|*but not its host*|on several hosts a failure the ranks agree on ('save_checkpoint failed on rank R: ...', load_checkpoint alike) names the rank but not its host"
+  "agreed-no-host|hosts2 stage ? throw load|named|*but not its host*|"
+  "cut-link-unnamed|linkcut stage ?|named|*blames host*|the agents have no heartbeat: a cut link is noticed only by the collective timeout (300 s by default; the suite sets 5 s), on whichever rank times out first, and that rank is named (on either host), never the link or the host cut off"
+)
+
+# known_defect CLASS CHECK WHY: the id of the known defect that explains it, if any.
+known_defect() {
+  local d id cases check why
+  for d in "${KNOWN_DEFECTS[@]}"; do
+    IFS='|' read -r id cases check why _ <<<"$d"
+    # shellcheck disable=SC2053
+    [[ "$1" == $cases && "$2" == "$check" && "$3" == $why ]] && { echo "$id"; return; }
+  done
+}
