@@ -365,6 +365,8 @@ std::vector<Child> local_ranks(const Options& o, char** argv, const std::string&
     set("MASTER_ADDR", o.addr);
     set("MASTER_PORT", std::to_string(o.port));
     set("ZERO_JOB_ID", job_id);
+    // The host's name as the launcher's messages give it, for the ranks' own.
+    set("ZERO_HOST_NAME", o.host_name.empty() ? this_host_name() : o.host_name);
     // Share the cores between the ranks unless told otherwise (torchrun
     // sets 1; an even share keeps intra-op parallelism on big hosts).
     if (!std::getenv("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", std::to_string(omp_threads));

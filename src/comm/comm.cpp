@@ -51,14 +51,17 @@ void BackendWork::wait() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!done_) {
     done_ = true;
+    const auto start = std::chrono::steady_clock::now();
     try {
       wait_for_peers();
       if (finish_) finish_();
     } catch (const std::exception& e) {
       std::ostringstream os;
       os << what_ << " failed";
-      const bool closed = closing_ && closing_->load(std::memory_order_acquire);
-      if (timeout_.count() > 0 && !closed) os << " (collective timeout " << timeout_.count() / 1000.0 << " s)";
+      // The timeout is named only when it ran out: a peer that closed its
+      // connection fails the wait at once.
+      const bool timed_out = timeout_.count() > 0 && std::chrono::steady_clock::now() - start >= timeout_;
+      if (timed_out) os << " (collective timeout " << timeout_.count() / 1000.0 << " s)";
       os << ": " << first_line(e.what());
       error_ = os.str();
     }

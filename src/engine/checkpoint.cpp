@@ -1,12 +1,15 @@
 #include "engine/checkpoint.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
+
+#include <unistd.h>
 
 #include <ATen/core/grad_mode.h>
 
@@ -203,12 +206,21 @@ void check_same_params(const std::vector<std::pair<std::string, std::vector<int6
 }
 
 
+// The launcher's name for this host (zero-run sets ZERO_HOST_NAME), else the system's.
+std::string this_host_name() {
+  if (const char* v = std::getenv("ZERO_HOST_NAME"); v && *v) return v;
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "unknown";
+  return name;
+}
+
 }  // namespace
 
 std::string agree(comm::Comm& comm, const comm::Group& dp, const std::string& what, const std::string& error,
                   const bool* wrote_state, std::string* state_lost) {
   const int n = dp.size();
-  const std::string text = error.substr(0, 4000);  // what the other ranks are told
+  // What the other ranks are told: this rank's host, then its error.
+  const std::string text = this_host_name() + '\n' + error.substr(0, 4000);
   auto mine = at::tensor({static_cast<int64_t>(!error.empty()), static_cast<int64_t>(wrote_state && *wrote_state),
                           static_cast<int64_t>(text.size())},
                          at::kLong);
@@ -232,8 +244,11 @@ std::string agree(comm::Comm& comm, const comm::Group& dp, const std::string& wh
   comm.broadcast(dp, bytes, first, "the error of the rank that failed")->wait();
   if (!error.empty()) return error;
   std::string theirs(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(bytes.numel()));
+  const auto newline = theirs.find('\n');
+  const std::string host = theirs.substr(0, newline);
+  theirs.erase(0, newline + 1);
   if (theirs.rfind(what + ": ", 0) == 0) theirs.erase(0, what.size() + 2);
-  return what + " failed on rank " + std::to_string(first) + ": " + theirs;
+  return what + " failed on rank " + std::to_string(first) + " (host " + host + "): " + theirs;
 }
 
 void agree_or_throw(comm::Comm& comm, const comm::Group& dp, const std::string& what, const std::string& error,

@@ -54,7 +54,7 @@ void load_weights(CheckpointTarget& t, const std::string& path);
 
 // Every rank learns whether any rank failed, so none goes on into a
 // collective its peers will never join. Returns "" when none did; else this
-// rank's own error, or (a rank that did not fail) "WHAT failed on rank R: "
+// rank's own error, or (a rank that did not fail) "WHAT failed on rank R (host H): "
 // and the lowest failing rank's error, so every rank says what went wrong.
 // For a load (`wrote_state` given): if it failed after some rank had
 // started overwriting its shards, `state_lost` is set; a clean failure

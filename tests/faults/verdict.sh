@@ -51,7 +51,7 @@ names_agreed() {
   for ((q = 0; q < nranks; ++q)); do
     [ $q = "$rank" ] && continue
     line=$(rank_error "$out" $q)
-    if [[ "$line" != *"zero-train: $what failed on rank $rank: injected fault"* ]]; then
+    if [[ "$line" != *"zero-train: $what failed on rank $rank (host "*"): injected fault"* ]]; then
       WHY="${WHY:+$WHY; }rank $q says '${line:-nothing}'"
     elif [ -n "$host" ] && [[ "$line" != *"$host"* ]]; then
       WHY="${WHY:+$WHY; }rank $q names rank $rank but not its host $host: '$line'"
