@@ -351,7 +351,13 @@ bool Lane::begin_direct(const BufferRef& mine) {
   return true;
 }
 
-const char* Lane::peer_input(int peer) { return peers_.data(peer, header_->ref[round_ & 1u][peer]); }
+std::vector<const char*> Lane::peer_inputs(const char* mine) {
+  std::vector<const char*> inputs(size_);
+  for (int q = 0; q < size_; ++q) inputs[q] = q == rank_ ? mine : peers_.data(q, header_->ref[round_ & 1u][q]);
+  if (const int64_t ms = read_delay_ms_.load(std::memory_order_relaxed); ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  return inputs;
+}
 
 void Lane::end_direct() {
   end_round();
@@ -375,9 +381,10 @@ std::shared_ptr<Job> Lane::all_gather(void* out, Elem out_type, const void* in, 
     const char* i = static_cast<const char*>(in);
     const bool in_place = !widen && o + rank_ * shard_bytes == i;
     if (begin_direct(in_ref)) {
+      const std::vector<const char*> srcs = peer_inputs(i);
       for (int q = 0; q < size_; ++q) {
         if (q == rank_ && in_place) continue;
-        const void* src = q == rank_ ? i : peer_input(q);
+        const void* src = srcs[q];
         void* dst = o + q * shard_numel * eo;
         if (widen) sum_in_rank_order(&src, 1, in_type, dst, out_type, shard_numel, false);
         else std::memcpy(dst, src, shard_bytes);
@@ -412,9 +419,9 @@ std::shared_ptr<Job> Lane::reduce_scatter(void* out, Elem out_type, const void* 
     if (begin_direct(in_ref)) {
       // out may be this rank's own slice of `in`: the sum reads a block of
       // every source before writing it.
+      const std::vector<const char*> inputs = peer_inputs(static_cast<const char*>(in));
       std::vector<const void*> srcs(size_);
-      for (int q = 0; q < size_; ++q)
-        srcs[q] = (q == rank_ ? static_cast<const char*>(in) : peer_input(q)) + rank_ * shard_numel * ei;
+      for (int q = 0; q < size_; ++q) srcs[q] = inputs[q] + rank_ * shard_numel * ei;
       sum_in_rank_order(srcs.data(), size_, in_type, out, out_type, shard_numel, average);
       end_direct();
       return;
@@ -450,9 +457,8 @@ std::shared_ptr<Job> Lane::all_reduce(void* data, Elem type, int64_t numel, bool
       const auto begin = [&](int q) { return std::min<int64_t>(numel, q * per); };
       const auto count = [&](int q) { return std::min<int64_t>(numel, (q + 1) * per) - begin(q); };
       char* d = static_cast<char*>(data);
-      std::vector<const char*> bufs(size_);
+      const std::vector<const char*> bufs = peer_inputs(d);
       std::vector<const void*> srcs(size_);
-      for (int q = 0; q < size_; ++q) bufs[q] = q == rank_ ? d : peer_input(q);
       for (int q = 0; q < size_; ++q) srcs[q] = bufs[q] + begin(rank_) * e;
       sum_in_rank_order(srcs.data(), size_, type, d + begin(rank_) * e, type, count(rank_), average);
       end_round();

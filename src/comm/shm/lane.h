@@ -130,6 +130,10 @@ class Lane {
   bool zero_copy() const { return zero_copy_; }
   // Collectives that ran zero-copy so far (for tests and logs).
   int64_t zero_copy_collectives() const { return direct_ops_.load(std::memory_order_relaxed); }
+  // For tests: a zero-copy collective pauses this long after mapping its
+  // peers' buffers, before reading them, so that a test can fail a peer while
+  // this rank is in the middle of reading (tests/mr/zero_copy_test.cpp).
+  void delay_peer_reads_for_testing(std::chrono::milliseconds d) { read_delay_ms_.store(d.count()); }
 
  private:
   friend struct LaneQueue;
@@ -150,7 +154,9 @@ class Lane {
   // Zero-copy: the round publishing `mine`; true, with the round open, when
   // every rank's input is shareable; false (round closed) otherwise.
   bool begin_direct(const BufferRef& mine);
-  const char* peer_input(int peer);  // in the open round
+  // Every rank's input in the open round, `mine` for this rank's: the
+  // peers' buffers mapped here.
+  std::vector<const char*> peer_inputs(const char* mine);
   void end_direct();                 // closes the round; waits for every reader
   uint32_t* written_word(int r) const;
   uint32_t* consumed_word(int r) const;
@@ -168,6 +174,7 @@ class Lane {
   bool zero_copy_;
   PeerBuffers peers_;  // the worker's alone
   std::atomic<int64_t> direct_ops_{0};
+  std::atomic<int64_t> read_delay_ms_{0};
   // A failed job's closure (with the buffers it keeps alive): a peer may be
   // reading them still, so they are not freed before the lane is.
   std::vector<std::function<void()>> retained_;
