@@ -48,6 +48,20 @@ std::chrono::microseconds spin_budget(int group_size) {
   return group_size <= cpus ? kSpin : std::chrono::microseconds(0);
 }
 
+// The closures of failed collectives, with the buffers they keep alive,
+// until the process ends. A peer may still be reading such a buffer in
+// place -- the collective failed before every reader was done -- and
+// freeing it truncates its memfd (memory/page_buffer.h), which the reader's
+// mapping would meet as SIGBUS. A lane retains at most one (later jobs fail
+// without running), so what is kept is one collective's buffers per failed
+// lane; their pages go with the last process that maps them.
+void keep_until_exit(std::vector<std::function<void()>> bodies) {
+  static auto* mu = new std::mutex;  // never destroyed: a lane may fail during exit
+  static auto* kept = new std::vector<std::function<void()>>;
+  std::lock_guard<std::mutex> lock(*mu);
+  for (auto& b : bodies) kept->push_back(std::move(b));
+}
+
 inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
 
 void futex_wait(uint32_t* word, uint32_t expected, std::chrono::milliseconds slice) {
@@ -200,6 +214,7 @@ Lane::~Lane() {
   }
   if (worker_.joinable()) worker_.join();
   for (auto& [job, body] : left) job->finish("shared-memory lane of " + what_ + " shut down");
+  if (!retained_.empty()) keep_until_exit(std::move(retained_));
 }
 
 uint32_t* Lane::written_word(int r) const { return &header_->written[r].value; }

@@ -176,7 +176,8 @@ class Lane {
   std::atomic<int64_t> direct_ops_{0};
   std::atomic<int64_t> read_delay_ms_{0};
   // A failed job's closure (with the buffers it keeps alive): a peer may be
-  // reading them still, so they are not freed before the lane is.
+  // reading them still, so they are never freed -- not with the lane either
+  // (~Lane hands them to keep_until_exit in lane.cpp).
   std::vector<std::function<void()>> retained_;
 
   // Touched only by the thread running the queue (one at a time).
