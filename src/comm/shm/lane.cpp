@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
 #include <vector>
 
@@ -192,6 +191,7 @@ Lane::Lane(void* region, int rank, int size, int64_t slot_bytes, std::chrono::mi
       spin_(spin_budget(size)),
       what_(std::move(what)),
       zero_copy_(zero_copy),
+      watches_(size),
       queue_(std::make_shared<LaneQueue>()) {
   queue_->lane = this;
   if (__atomic_load_n(&header_->magic, __ATOMIC_ACQUIRE) != kMagic || header_->size != size ||
@@ -277,17 +277,10 @@ void Lane::run(Job& job, std::function<void()>& body) {
 
 // ---- the round protocol ---------------------------------------------------------
 
-bool Lane::peer_exited(int peer) const {
+bool Lane::peer_exited(int peer) {
   const int pid = header_->pid[peer];
   if (pid <= 0 || header_->pid_ns[peer] != pid_namespace()) return false;  // cannot tell from here
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return true;
-  std::string line;
-  std::getline(stat, line);
-  const auto paren = line.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
-  const char state = line[paren + 2];
-  return state == 'Z' || state == 'X';  // exited, not yet reaped
+  return watches_[peer].exited(pid);
 }
 
 void Lane::wait_word(uint32_t* word, uint32_t target, int peer, const char* what) {

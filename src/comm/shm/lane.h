@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "comm/shm/peer_buffers.h"
+#include "comm/shm/process_watch.h"
 #include "comm/shm/reduce_kernels.h"
 #include "comm/signature.h"
 
@@ -150,7 +151,7 @@ class Lane {
   void end_round();
   void wait_all(uint32_t* (Lane::*word)(int) const, uint32_t target, const char* what);
   void wait_word(uint32_t* word, uint32_t target, int peer, const char* what);
-  bool peer_exited(int peer) const;
+  bool peer_exited(int peer);
   // Zero-copy: the round publishing `mine`; true, with the round open, when
   // every rank's input is shareable; false (round closed) otherwise.
   bool begin_direct(const BufferRef& mine);
@@ -173,6 +174,7 @@ class Lane {
   uint32_t round_ = 0;
   bool zero_copy_;
   PeerBuffers peers_;  // the worker's alone
+  std::vector<ProcessWatch> watches_;  // per rank; touched only by the thread running the queue
   std::atomic<int64_t> direct_ops_{0};
   std::atomic<int64_t> read_delay_ms_{0};
   // A failed job's closure (with the buffers it keeps alive): a peer may be
