@@ -1,11 +1,12 @@
-// The process's limit on open descriptors (RLIMIT_NOFILE). A rank needs
-// descriptors for its sockets, its shared memory and its peers, and the
-// program around it may need many more, while the common default soft
-// limit (1024) is far below the usual hard one: raise_fd_limit() lifts the
-// soft limit to the hard one, once, at init_distributed, as many runtimes
-// do. Where a descriptor still cannot be had, the error says so
-// (out_of_descriptors) instead of whatever the missing descriptor was for.
-// No torch.
+// The process's limit on open descriptors (RLIMIT_NOFILE). A rank needs a
+// few dozen -- its sockets, one memfd for all its shared flat buffers
+// (memory/shared_arena.h), a pidfd per same-host peer
+// (comm/shm/process_watch.h) -- but the program around it may need many
+// more, and the common default soft limit (1024) is far below the usual
+// hard one: raise_fd_limit() lifts the soft limit to the hard one, once, at
+// init_distributed, as many runtimes do. Where a descriptor still cannot be
+// had, the error says so (out_of_descriptors) instead of naming whatever
+// the missing descriptor was for. No torch.
 #pragma once
 
 #include <string>
