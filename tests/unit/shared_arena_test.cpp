@@ -5,9 +5,12 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -74,6 +77,30 @@ TEST(SharedArena, AFreedRangeReadsAsZerosAndIsReusedZeroFilled) {
   EXPECT_EQ(peer[0], 9) << "a peer's cached mapping of the range serves the new buffer";
   free_shared_range(*again);
   munmap(const_cast<char*>(peer), r->bytes);
+}
+
+// No descriptor for the memfd: an error naming the limit, not a buffer that
+// quietly turns private (which its peers could then not map). In a child,
+// whose first shared buffer makes its own memfd.
+TEST(SharedArena, NoDescriptorForTheMemfdIsAnErrorNamingTheLimit) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    rlimit r{};
+    getrlimit(RLIMIT_NOFILE, &r);
+    r.rlim_cur = 3;  // stdin, stdout, stderr
+    setrlimit(RLIMIT_NOFILE, &r);
+    try {
+      map_shared_range(4096);
+      _exit(1);  // made one, or went private
+    } catch (const std::runtime_error& e) {
+      _exit(std::string(e.what()).find("out of file descriptors (ulimit -n 3)") != std::string::npos ? 0 : 2);
+    }
+  }
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: no error; 2: an error not naming the limit";
 }
 
 }  // namespace
