@@ -48,7 +48,8 @@ size_t page_rounded(size_t bytes) {
 // where the system has none. Called with the lock held.
 bool ensure_memfd(Arena& a) {
   if (a.pid != getpid()) {  // first use, or a forked child, whose descriptor is its parent's arena
-    if (a.fd >= 0) close(a.fd);
+    // A child's descriptor stays open: its copies of the parent's buffers
+    // name it, and a number reused for another file would misdirect them.
     a.pid = getpid();
     a.fd = -1;
     a.inode = 0;
