@@ -50,10 +50,12 @@ std::chrono::microseconds spin_budget(int group_size) {
 // The closures of failed collectives, with the buffers they keep alive,
 // until the process ends. A peer may still be reading such a buffer in
 // place -- the collective failed before every reader was done -- and
-// freeing it truncates its memfd (memory/page_buffer.h), which the reader's
-// mapping would meet as SIGBUS. A lane retains at most one (later jobs fail
-// without running), so what is kept is one collective's buffers per failed
-// lane; their pages go with the last process that maps them.
+// freeing it gives its pages back (memory/shared_arena.h): the reader would
+// read zeros, or a later buffer's bytes, and could even complete the
+// collective, since this rank may have finished its own part. A lane
+// retains at most one (later jobs fail without running), so what is kept
+// is one collective's buffers per failed lane; their pages go with the last
+// process that maps them.
 void keep_until_exit(std::vector<std::function<void()>> bodies) {
   static auto* mu = new std::mutex;  // never destroyed: a lane may fail during exit
   static auto* kept = new std::vector<std::function<void()>>;

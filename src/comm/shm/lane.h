@@ -158,7 +158,7 @@ class Lane {
   // Every rank's input in the open round, `mine` for this rank's: the
   // peers' buffers mapped here.
   std::vector<const char*> peer_inputs(const char* mine);
-  void end_direct();                 // closes the round; waits for every reader
+  void end_direct();  // closes the round; waits for every reader
   uint32_t* written_word(int r) const;
   uint32_t* consumed_word(int r) const;
 
