@@ -59,7 +59,8 @@ ShmGroup& shm_of(const Group& g) { return *g.impl().shm; }
 shm::BufferRef ref_of(const at::Tensor& t) {
   const auto pages = memory::shared_pages(t);
   if (!pages) return {};
-  return shm::BufferRef{static_cast<int32_t>(getpid()), pages->fd, pages->inode, pages->map_bytes, pages->offset};
+  return shm::BufferRef{static_cast<int32_t>(getpid()), pages->fd, pages->inode, pages->map_offset,
+                       pages->map_bytes, pages->offset};
 }
 
 // Whether every member can map the others' shared buffers: each publishes a
@@ -70,13 +71,13 @@ bool agree_zero_copy(c10d::Store& store, const Group& g) {
   shm::BufferRef mine = env_switch_on("ZERO_COMM_ZERO_COPY") ? ref_of(probe) : shm::BufferRef{};
   set(store, "probe_" + std::to_string(g.rank()),
       std::to_string(mine.pid) + " " + std::to_string(mine.fd) + " " + std::to_string(mine.inode) + " " +
-          std::to_string(mine.map_bytes));
+          std::to_string(mine.map_offset) + " " + std::to_string(mine.map_bytes));
   std::string status = mine.shareable() ? "ok" : "off";
   for (int q = 0; q < g.size() && status == "ok"; ++q) {
     if (q == g.rank()) continue;
     shm::BufferRef theirs;
     std::istringstream(get(store, "probe_" + std::to_string(q))) >> theirs.pid >> theirs.fd >> theirs.inode >>
-        theirs.map_bytes;
+        theirs.map_offset >> theirs.map_bytes;
     std::string why;
     if (!theirs.shareable()) status = "off";
     else if (!shm::PeerBuffers::can_map(theirs, &why)) status = "fail:" + why;

@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "common/fd_limit.h"
 #include "comm/gloo_transport.h"
 #include "comm/group_impl.h"
 #include "comm/hierarchical_transport.h"
@@ -293,6 +294,8 @@ std::shared_ptr<World> init_distributed(const DistributedOptions& opts) {
   const LaunchEnv& env = impl->env;
   impl->compute_device = rank_device(env, opts.device);
   install_exit_handler();  // after the device is set: see install_exit_handler
+  static std::once_flag fd_limit_raised;
+  std::call_once(fd_limit_raised, [] { raise_fd_limit(); });
   const auto rendezvous_timeout = env_seconds("ZERO_RENDEZVOUS_TIMEOUT_S", opts.rendezvous_timeout);
   impl->collective_timeout = env_seconds("ZERO_COLLECTIVE_TIMEOUT_S", opts.collective_timeout);
 

@@ -1,8 +1,6 @@
 #include "memory/page_buffer.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -14,6 +12,7 @@
 #include <c10/core/Allocator.h>
 
 #include "memory/release_guard.h"
+#include "memory/shared_arena.h"
 
 namespace zero::memory {
 
@@ -23,23 +22,17 @@ struct Mapping {
   void* ptr;
   size_t bytes;
   bool committed = true;
-  int guard_id = -1;  // its registration in memory/release_guard.h
-  int fd = -1;        // the memfd behind a shared buffer, or -1 (anonymous)
-  uint64_t inode = 0;
-  pid_t owner = 0;    // the process that made it
+  int guard_id = -1;                   // its registration in memory/release_guard.h
+  std::optional<SharedRange> shared = std::nullopt;  // its range of the process's shared memfd, or none (anonymous)
 };
 
 void unmap(void* ctx) {
   auto* m = static_cast<Mapping*>(ctx);
   unregister_released_region(m->guard_id);
-  munmap(m->ptr, m->bytes);
-  if (m->fd >= 0) {
-    // Peers may still map it (cached for the next collective): truncating
-    // frees the pages now, not when the last of them lets go. Not from a
-    // forked child, whose copy of the descriptor is its parent's buffer.
-    if (m->owner == getpid() && ftruncate(m->fd, 0) != 0) { /* then they go with the last mapping */ }
-    close(m->fd);
-  }
+  // A shared range's pages are freed now, not when the last peer's cached
+  // mapping lets go (memory/shared_arena.h).
+  if (m->shared) free_shared_range(*m->shared);
+  else munmap(m->ptr, m->bytes);
   delete m;
 }
 
@@ -48,30 +41,14 @@ void unmap(void* ctx) {
                            " MiB flat buffer: " + std::strerror(errno));
 }
 
-// A memfd mapped shared: peers on this host can map the same pages
-// (comm/shm/peer_buffers.h). Null when the kernel offers no memfd (then the
-// buffer is private and its collectives take the staged path).
+// A range of the process's memfd mapped shared: peers on this host can map
+// the same pages (comm/shm/peer_buffers.h). Null when the kernel offers no
+// memfd (then the buffer is private and its collectives take the staged path).
 Mapping* map_shared(size_t bytes) {
-  const int fd = memfd_create("zero-cpp-flat", MFD_CLOEXEC);
-  if (fd < 0) return nullptr;
-  struct stat st {};
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 || fstat(fd, &st) != 0) {
-    const int e = errno;
-    close(fd);
-    errno = e;
-    out_of_memory(bytes);
-  }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    const int e = errno;
-    close(fd);
-    errno = e;
-    out_of_memory(bytes);
-  }
-  auto* m = new Mapping{p, bytes};
-  m->fd = fd;
-  m->inode = static_cast<uint64_t>(st.st_ino);
-  m->owner = getpid();
+  std::optional<SharedRange> r = map_shared_range(bytes);
+  if (!r) return nullptr;
+  auto* m = new Mapping{r->ptr, bytes};
+  m->shared = *r;
   return m;
 }
 
@@ -162,17 +139,18 @@ bool page_backed(const at::Tensor& t) { return mapping_of(t) != nullptr; }
 
 bool shared_backed(const at::Tensor& t) {
   const Mapping* m = mapping_of(t);
-  return m && m->fd >= 0;
+  return m && m->shared;
 }
 
 std::optional<SharedPages> shared_pages(const at::Tensor& t) {
   const Mapping* m = mapping_of(t);
-  if (!m || m->fd < 0 || m->owner != getpid() || !m->committed || !t.is_contiguous()) return std::nullopt;
+  if (!m || !m->shared || m->shared->owner != getpid() || !m->committed || !t.is_contiguous()) return std::nullopt;
   const char* base = static_cast<const char*>(m->ptr);
   const char* data = static_cast<const char*>(t.data_ptr());
   const size_t end = static_cast<size_t>(data - base) + t.nbytes();
   if (data < base || end > m->bytes) return std::nullopt;
-  return SharedPages{m->fd, m->inode, static_cast<int64_t>(m->bytes), static_cast<int64_t>(data - base)};
+  return SharedPages{m->shared->fd, m->shared->inode, m->shared->offset, static_cast<int64_t>(m->bytes),
+                     static_cast<int64_t>(data - base)};
 }
 
 void release_pages(const at::Tensor& flat) {
@@ -180,12 +158,10 @@ void release_pages(const at::Tensor& flat) {
   Mapping& m = page_mapping(flat, "release_pages");
   if (!m.committed) return;
   const size_t len = page_rounded(m.bytes);
-  // A shared buffer's pages belong to its memfd: punching them out frees
+  // A shared buffer's pages belong to the memfd: punching them out frees
   // them (and drops them from the peers' mappings); DONTNEED would only
   // unmap them here.
-  const bool freed = m.fd >= 0 ? fallocate(m.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
-                                           static_cast<off_t>(len)) == 0
-                               : madvise(m.ptr, len, MADV_DONTNEED) == 0;
+  const bool freed = m.shared ? punch_shared_range(*m.shared) : madvise(m.ptr, len, MADV_DONTNEED) == 0;
   if (!freed || mprotect(m.ptr, len, PROT_NONE) != 0)
     throw std::runtime_error(std::string("zero-cpp: releasing a flat buffer failed: ") + std::strerror(errno));
   m.committed = false;

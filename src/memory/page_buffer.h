@@ -8,13 +8,13 @@
 // resizing their storage -- how stage 3 releases and regathers -- goes
 // through the same allocator.
 //
-// zeros_flat's buffers are memfds mapped shared (ZERO_SHARED_BUFFERS=off:
-// private), so that ranks on this host can read each other's flat params
-// and grads in place (comm/shm/peer_buffers.h): their pages count in RSS
-// as shared memory, once per host in PSS. A process forked from a rank
-// shares them too (its writes are the rank's). On release their pages are
-// punched out of the memfd; on free it is truncated, so a peer's cached
-// mapping keeps no memory alive.
+// zeros_flat's buffers are ranges of the process's memfd mapped shared
+// (memory/shared_arena.h; ZERO_SHARED_BUFFERS=off: private), so that ranks
+// on this host can read each other's flat params and grads in place
+// (comm/shm/peer_buffers.h): their pages count in RSS as shared memory,
+// once per host in PSS. A process forked from a rank shares them too (its
+// writes are the rank's). On release and on free their pages are punched
+// out of the memfd, so a peer's cached mapping keeps no memory alive.
 #pragma once
 
 #include <cstdint>
@@ -48,14 +48,16 @@ bool page_backed(const at::Tensor& t);  // made by zeros_flat on mapped pages
 bool shared_backed(const at::Tensor& t);  // ... on a shared memfd
 
 // Where a peer process finds `t`'s bytes: the memfd behind its buffer (as
-// /proc/<pid>/fd/<fd>), told apart from a later one on the same descriptor
-// by its inode, and `t`'s offset in it. Null unless `t` is contiguous in a
-// shared zeros_flat buffer whose pages are not released.
+// /proc/<pid>/fd/<fd>, told apart from another file on the same descriptor
+// by its inode), the buffer's range in it, and `t`'s offset in the buffer.
+// Null unless `t` is contiguous in a shared zeros_flat buffer whose pages
+// are not released.
 struct SharedPages {
   int fd;
   uint64_t inode;
-  int64_t map_bytes;  // the whole buffer
-  int64_t offset;     // of t's first byte
+  int64_t map_offset;  // of the buffer, in the memfd (page-aligned)
+  int64_t map_bytes;   // the whole buffer
+  int64_t offset;      // of t's first byte, in the buffer
 };
 std::optional<SharedPages> shared_pages(const at::Tensor& t);
 void release_pages(const at::Tensor& flat);

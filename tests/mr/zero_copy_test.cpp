@@ -4,12 +4,17 @@
 // with the zero-copy count as the oracle of which path ran; ranks that
 // disagree about it, sub-groups, buffers reused or freed right after a
 // collective, and the memory a peer's freed buffer leaves behind. Runs at
-// 2, 3 and 4 ranks (the comm_* ctest entries).
+// 2, 3 and 4 ranks (the comm_* ctest entries); ShmUnwind.* alone (below).
+#include <cctype>
+#include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
+#include "comm/shm/lane.h"
 #include "comm/shm_transport.h"
 #include "memory/page_buffer.h"
 
@@ -17,6 +22,7 @@
 
 namespace {
 
+using zero::comm::CommError;
 using zero::comm::Group;
 using zero::comm::ReduceOp;
 using zero::comm::shm_zero_copy;
@@ -197,6 +203,52 @@ TEST(ZeroCopy, FreedBuffersLeaveNothingMappedBehind) {
   comm.barrier(g)->wait();  // every rank has freed its last shard
   // 100 steps x (N-1) peers' 8/N MiB: 800 MiB if kept; at most a few here.
   EXPECT_LT(rss_shmem_kib() - before, 4 * (8 << 10)) << "KiB of shared pages still mapped";
+}
+
+// Run alone (ctest zero_copy_unwind; it ends the world): the last rank
+// throws while its peers are in the middle of reading its buffer in a large
+// zero-copy allgather, and its world is shut down as the exception unwinds
+// (as a program's World going out of scope would), failing the collective
+// and dropping the last handles on the buffer. The readers, held after
+// mapping its buffer (Lane::delay_peer_reads_for_testing), must then read
+// what it published -- its pages stay while a peer may read them -- and
+// fail with an error naming it, not die of SIGBUS.
+TEST(ShmUnwind, PeerThrowsMidZeroCopyAllGather) {
+  auto& comm = world().comm();
+  const Group& g = world().group();
+  if (!shm_zero_copy(g)) GTEST_SKIP() << "no zero-copy here";
+  const int N = g.size(), me = g.rank(), failing = N - 1;
+  const int64_t n = (16 << 20) / 4;  // 16 MiB per rank
+  comm.all_gather(g, at::empty({n * N}), flat_copy_of(at::ones({n})))->wait();  // every rank is up
+  if (me == failing) {
+    try {
+      at::Tensor shard = flat_copy_of(at::full({n}, static_cast<double>(me + 1)));
+      at::Tensor out = at::empty({n * N});
+      auto work = comm.all_gather(g, out, shard);
+      // Its own part is done long before its peers' reads resume.
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      throw std::runtime_error("a failure in the middle of the allgather");
+    } catch (const std::runtime_error&) {
+      world().shutdown();
+    }
+    return;
+  }
+  zero::comm::shm_lane(g, zero::comm::CollectiveOp::AllGather)
+      ->delay_peer_reads_for_testing(std::chrono::milliseconds(2000));
+  at::Tensor out = at::empty({n * N});
+  try {
+    comm.all_gather(g, out, flat_copy_of(at::full({n}, static_cast<double>(me + 1))))->wait();
+    // The failing rank had finished its part: the gather may complete, with its data.
+    EXPECT_EQ(out.narrow(0, failing * n, n).eq(failing + 1).all().item<bool>(), true);
+    comm.all_reduce(g, at::ones({4}))->wait();
+    ADD_FAILURE() << "a collective completed without the failed rank";
+  } catch (const CommError& e) {
+    std::printf("failed as expected: %s\n", e.what());
+    const std::string what = e.what(), named = "rank " + std::to_string(failing);
+    const size_t at = what.find(named);
+    EXPECT_TRUE(at != std::string::npos && !std::isdigit(static_cast<unsigned char>(what[at + named.size()])))
+        << what;
+  }
 }
 
 }  // namespace

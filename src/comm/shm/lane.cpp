@@ -87,7 +87,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
 #include <vector>
 
@@ -124,6 +123,22 @@ std::chrono::microseconds spin_budget(int group_size) {
   cpu_set_t set;
   const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
   return group_size <= cpus ? kSpin : std::chrono::microseconds(0);
+}
+
+// The closures of failed collectives, with the buffers they keep alive,
+// until the process ends. A peer may still be reading such a buffer in
+// place -- the collective failed before every reader was done -- and
+// freeing it gives its pages back (memory/shared_arena.h): the reader would
+// read zeros, or a later buffer's bytes, and could even complete the
+// collective, since this rank may have finished its own part. A lane
+// retains at most one (later jobs fail without running), so what is kept
+// is one collective's buffers per failed lane; their pages go with the last
+// process that maps them.
+void keep_until_exit(std::vector<std::function<void()>> bodies) {
+  static auto* mu = new std::mutex;  // never destroyed: a lane may fail during exit
+  static auto* kept = new std::vector<std::function<void()>>;
+  std::lock_guard<std::mutex> lock(*mu);
+  for (auto& b : bodies) kept->push_back(std::move(b));
 }
 
 inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
@@ -265,6 +280,7 @@ Lane::Lane(void* region, int rank, int size, int64_t slot_bytes, std::chrono::mi
       spin_(spin_budget(size)),
       what_(std::move(what)),
       zero_copy_(zero_copy),
+      watches_(size),
       queue_(std::make_shared<LaneQueue>()) {
   queue_->lane = this;
   if (__atomic_load_n(&header_->magic, __ATOMIC_ACQUIRE) != kMagic || header_->size != size ||
@@ -289,8 +305,10 @@ Lane::~Lane() {
   for (auto& [job, body] : left) job->finish("shared-memory lane of " + what_ + " shut down");
   // A zero-copy round failed with this rank's input published: a peer may
   // still read it, through its own mapping, at any later time. Freeing it
-  // (the memfd truncated, memory/page_buffer.cpp) would crash that peer with
-  // SIGBUS instead of failing it with an error. (lane.pml: STOP, BUG_FREE_RETAINED)
+  // (its pages given back to the arena, memory/shared_arena.h) would let
+  // that peer read zeros, or another buffer's data once the range is reused,
+  // and finish the collective silently wrong instead of failing it.
+  // (lane.pml: STOP, BUG_FREE_RETAINED)
   if (direct_open_) keep_until_exit(std::move(retained_));
 }
 
@@ -354,17 +372,10 @@ void Lane::run(Job& job, std::function<void()>& body) {
 
 // ---- the round protocol (see [Note: the shared-memory lane's protocol]) ------------
 
-bool Lane::peer_exited(int peer) const {
+bool Lane::peer_exited(int peer) {
   const int pid = header_->pid[peer];
   if (pid <= 0 || header_->pid_ns[peer] != pid_namespace()) return false;  // cannot tell from here
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return true;
-  std::string line;
-  std::getline(stat, line);
-  const auto paren = line.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
-  const char state = line[paren + 2];
-  return state == 'Z' || state == 'X';  // exited, not yet reaped
+  return watches_[peer].exited(pid);
 }
 
 void Lane::wait_word(uint32_t* word, uint32_t target, int peer, const char* what) {
@@ -445,7 +456,13 @@ bool Lane::begin_direct(const BufferRef& mine) {
   return true;
 }
 
-const char* Lane::peer_input(int peer) { return peers_.data(peer, header_->ref[round_ & 1u][peer]); }
+std::vector<const char*> Lane::peer_inputs(const char* mine) {
+  std::vector<const char*> inputs(size_);
+  for (int q = 0; q < size_; ++q) inputs[q] = q == rank_ ? mine : peers_.data(q, header_->ref[round_ & 1u][q]);
+  if (const int64_t ms = read_delay_ms_.load(std::memory_order_relaxed); ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  return inputs;
+}
 
 void Lane::end_direct() {
   end_round();
@@ -470,9 +487,10 @@ std::shared_ptr<Job> Lane::all_gather(void* out, Elem out_type, const void* in, 
     const char* i = static_cast<const char*>(in);
     const bool in_place = !widen && o + rank_ * shard_bytes == i;
     if (begin_direct(in_ref)) {
+      const std::vector<const char*> srcs = peer_inputs(i);
       for (int q = 0; q < size_; ++q) {
         if (q == rank_ && in_place) continue;
-        const void* src = q == rank_ ? i : peer_input(q);
+        const void* src = srcs[q];
         void* dst = o + q * shard_numel * eo;
         if (widen) sum_in_rank_order(&src, 1, in_type, dst, out_type, shard_numel, false);
         else std::memcpy(dst, src, shard_bytes);
@@ -507,9 +525,9 @@ std::shared_ptr<Job> Lane::reduce_scatter(void* out, Elem out_type, const void* 
     if (begin_direct(in_ref)) {
       // out may be this rank's own slice of `in`: the sum reads a block of
       // every source before writing it.
+      const std::vector<const char*> inputs = peer_inputs(static_cast<const char*>(in));
       std::vector<const void*> srcs(size_);
-      for (int q = 0; q < size_; ++q)
-        srcs[q] = (q == rank_ ? static_cast<const char*>(in) : peer_input(q)) + rank_ * shard_numel * ei;
+      for (int q = 0; q < size_; ++q) srcs[q] = inputs[q] + rank_ * shard_numel * ei;
       sum_in_rank_order(srcs.data(), size_, in_type, out, out_type, shard_numel, average);
       end_direct();
       return;
@@ -545,9 +563,8 @@ std::shared_ptr<Job> Lane::all_reduce(void* data, Elem type, int64_t numel, bool
       const auto begin = [&](int q) { return std::min<int64_t>(numel, q * per); };
       const auto count = [&](int q) { return std::min<int64_t>(numel, (q + 1) * per) - begin(q); };
       char* d = static_cast<char*>(data);
-      std::vector<const char*> bufs(size_);
+      const std::vector<const char*> bufs = peer_inputs(d);
       std::vector<const void*> srcs(size_);
-      for (int q = 0; q < size_; ++q) bufs[q] = q == rank_ ? d : peer_input(q);
       for (int q = 0; q < size_; ++q) srcs[q] = bufs[q] + begin(rank_) * e;
       sum_in_rank_order(srcs.data(), size_, type, d + begin(rank_) * e, type, count(rank_), average);
       end_round();

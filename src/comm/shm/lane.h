@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "comm/shm/peer_buffers.h"
+#include "comm/shm/process_watch.h"
 #include "comm/shm/reduce_kernels.h"
 #include "comm/signature.h"
 
@@ -134,6 +135,10 @@ class Lane {
   bool zero_copy() const { return zero_copy_; }
   // Collectives that ran zero-copy so far (for tests and logs).
   int64_t zero_copy_collectives() const { return direct_ops_.load(std::memory_order_relaxed); }
+  // For tests: a zero-copy collective pauses this long after mapping its
+  // peers' buffers, before reading them, so that a test can fail a peer while
+  // this rank is in the middle of reading (tests/mr/zero_copy_test.cpp).
+  void delay_peer_reads_for_testing(std::chrono::milliseconds d) { read_delay_ms_.store(d.count()); }
 
  private:
   friend struct LaneQueue;
@@ -150,12 +155,14 @@ class Lane {
   void end_round();
   void wait_all(uint32_t* (Lane::*word)(int) const, uint32_t target, const char* what);
   void wait_word(uint32_t* word, uint32_t target, int peer, const char* what);
-  bool peer_exited(int peer) const;
+  bool peer_exited(int peer);
   // Zero-copy: the round publishing `mine`; true, with the round open, when
   // every rank's input is shareable; false (round closed) otherwise.
   bool begin_direct(const BufferRef& mine);
-  const char* peer_input(int peer);  // in the open round
-  void end_direct();                 // closes the round; waits for every reader
+  // Every rank's input in the open round, `mine` for this rank's: the
+  // peers' buffers mapped here.
+  std::vector<const char*> peer_inputs(const char* mine);
+  void end_direct();  // closes the round; waits for every reader
   uint32_t* written_word(int r) const;
   uint32_t* consumed_word(int r) const;
 
@@ -171,9 +178,12 @@ class Lane {
   uint32_t round_ = 0;
   bool zero_copy_;
   PeerBuffers peers_;  // the running thread's (one at a time)
+  std::vector<ProcessWatch> watches_;  // per rank; touched only by the thread running the queue
   std::atomic<int64_t> direct_ops_{0};
+  std::atomic<int64_t> read_delay_ms_{0};
   // A failed job's closure (with the buffers it keeps alive): a peer may be
-  // reading them still, so they are not freed before the lane is.
+  // reading them still, so they are never freed -- not with the lane either
+  // (~Lane hands them to keep_until_exit in lane.cpp).
   std::vector<std::function<void()>> retained_;
   // This rank's input is published to a zero-copy round whose readers it
   // has not yet seen finish (end_direct). Left set by a failure: a peer may

@@ -1,14 +1,17 @@
 // The peers' flat buffers, mapped read-only into this process so that a
 // collective reads them in place (the zero-copy path of comm/shm/lane.h).
 //
-// A rank names a buffer by its pid, the memfd's descriptor number and
-// inode (memory/page_buffer.h); a peer opens /proc/<pid>/fd/<fd> -- the
-// same file, if the inode matches -- and maps it. Mappings are cached per
-// peer and buffer: the engine's buffers live for the whole run, and a
-// grad buffer made each step costs one mmap then. An owner truncates its
-// memfd when it frees the buffer, so a stale cached mapping holds no
-// memory; stale entries are dropped when found (size 0) and at most
-// kMaxCached are kept. Not thread-safe: one per lane. No torch.
+// A rank names a buffer by its pid, the descriptor number and inode of its
+// process's memfd, and the buffer's range in it (memory/shared_arena.h); a
+// peer opens /proc/<pid>/fd/<fd> -- the same file, if the inode matches --
+// maps that range and closes the descriptor at once: a mapping needs none,
+// so however many buffers are cached, no descriptor is held. Mappings are
+// cached per peer and range (the engine's buffers live for the whole run,
+// and an owner reuses a freed range for the next buffer of its size, which
+// the cached mapping then serves); at most kMaxCached, the least recently
+// used dropped first. A freed buffer's pages are punched out of the memfd,
+// so a stale mapping holds no memory. Not thread-safe: one per lane. No
+// torch.
 #pragma once
 
 #include <cstdint>
@@ -23,11 +26,12 @@ struct BufferRef {
   int32_t pid = 0;
   int32_t fd = -1;
   uint64_t inode = 0;
-  int64_t map_bytes = 0;  // the whole memfd
-  int64_t offset = 0;     // of the collective's data in it
+  int64_t map_offset = 0;  // of the buffer in the memfd (page-aligned)
+  int64_t map_bytes = 0;   // the whole buffer
+  int64_t offset = 0;      // of the collective's data in it
   bool shareable() const { return inode != 0; }
 };
-static_assert(sizeof(BufferRef) == 32, "a header cell");
+static_assert(sizeof(BufferRef) == 40, "a header cell");
 
 class PeerBuffers {
  public:
@@ -52,13 +56,11 @@ class PeerBuffers {
   struct Entry {
     int peer;
     uint64_t inode;
+    int64_t map_offset;
     int64_t bytes;
-    int fd;  // kept to notice the owner truncating it
     const char* base;
   };
-  static bool alive(const Entry& e);
   void drop(size_t i);
-  void drop_stale();
   std::vector<Entry> entries_;  // most recently used last
 };
 
