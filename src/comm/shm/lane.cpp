@@ -150,15 +150,6 @@ void futex_wait(uint32_t* word, uint32_t expected, std::chrono::milliseconds sli
 
 void futex_wake_all(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0); }
 
-// Holds closures (and the buffers they keep alive) until the process exits:
-// reachable, so not reported as a leak.
-void keep_until_exit(std::vector<std::function<void()>> closures) {
-  static std::mutex mu;
-  static auto* kept = new std::vector<std::function<void()>>();
-  std::lock_guard<std::mutex> lock(mu);
-  for (auto& c : closures) kept->push_back(std::move(c));
-}
-
 }  // namespace
 
 struct Lane::Header {
