@@ -1,76 +1,44 @@
 #include "launch/secret.h"
 
-#include <sys/random.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 
-#include <cerrno>
-#include <cstring>
+#include <climits>
 #include <stdexcept>
 
 namespace zero::launch {
 
 namespace {
 
-constexpr uint32_t kK[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-
-uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-
-void compress(uint32_t h[8], const uint8_t block[64]) {
-  uint32_t w[64];
-  for (int i = 0; i < 16; ++i)
-    w[i] = uint32_t(block[4 * i]) << 24 | uint32_t(block[4 * i + 1]) << 16 | uint32_t(block[4 * i + 2]) << 8 |
-           uint32_t(block[4 * i + 3]);
-  for (int i = 16; i < 64; ++i) {
-    const uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-    const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-  }
-  uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
-  for (int i = 0; i < 64; ++i) {
-    const uint32_t t1 = k + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kK[i] + w[i];
-    const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-    k = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
-  }
-  h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += k;
+[[noreturn]] void fail(const char* what) {
+  char reason[256] = "unknown error";
+  if (const unsigned long e = ERR_get_error()) ERR_error_string_n(e, reason, sizeof reason);
+  ERR_clear_error();
+  throw std::runtime_error(std::string(what) + ": " + reason);
 }
 
 }  // namespace
 
 std::array<uint8_t, 32> sha256(const std::string& data) {
-  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  std::string m = data;
-  m.push_back(static_cast<char>(0x80));
-  while (m.size() % 64 != 56) m.push_back('\0');
-  const uint64_t bits = static_cast<uint64_t>(data.size()) * 8;
-  for (int i = 7; i >= 0; --i) m.push_back(static_cast<char>(bits >> (8 * i)));
-  for (size_t off = 0; off < m.size(); off += 64) compress(h, reinterpret_cast<const uint8_t*>(m.data() + off));
   std::array<uint8_t, 32> out{};
-  for (int i = 0; i < 8; ++i)
-    for (int j = 0; j < 4; ++j) out[4 * i + j] = static_cast<uint8_t>(h[i] >> (24 - 8 * j));
+  unsigned int len = 0;
+  if (!EVP_Digest(data.data(), data.size(), out.data(), &len, EVP_sha256(), nullptr) || len != out.size())
+    fail("SHA-256 failed");
   return out;
 }
 
 std::array<uint8_t, 32> hmac_sha256(const std::string& key, const std::string& message) {
-  std::string k = key;
-  if (k.size() > 64) {
-    const auto d = sha256(k);
-    k.assign(d.begin(), d.end());
-  }
-  k.resize(64, '\0');
-  std::string inner(64, '\0'), outer(64, '\0');
-  for (size_t i = 0; i < 64; ++i) {
-    inner[i] = static_cast<char>(k[i] ^ 0x36);
-    outer[i] = static_cast<char>(k[i] ^ 0x5c);
-  }
-  const auto d = sha256(inner + message);
-  return sha256(outer + std::string(d.begin(), d.end()));
+  if (key.size() > static_cast<size_t>(INT_MAX)) throw std::invalid_argument("HMAC key too long");
+  std::array<uint8_t, 32> out{};
+  unsigned int len = 0;
+  if (!HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+            reinterpret_cast<const unsigned char*>(message.data()), message.size(), out.data(), &len) ||
+      len != out.size())
+    fail("HMAC-SHA-256 failed");
+  return out;
 }
 
 std::string proof(const std::string& key, const std::string& message) {
@@ -79,13 +47,10 @@ std::string proof(const std::string& key, const std::string& message) {
 }
 
 std::string random_hex(size_t bytes) {
+  if (bytes > static_cast<size_t>(INT_MAX)) throw std::invalid_argument("too many random bytes asked for");
   std::string buf(bytes, '\0');
-  for (size_t got = 0; got < bytes;) {
-    const ssize_t n = getrandom(buf.data() + got, bytes - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw std::runtime_error(std::string("cannot get random bytes: ") + std::strerror(errno));
-    got += static_cast<size_t>(n);
-  }
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(buf.data()), static_cast<int>(bytes)) != 1)
+    fail("cannot get random bytes");
   return to_hex(buf);
 }
 
@@ -117,10 +82,7 @@ std::string from_hex(const std::string& hex) {
 
 bool equal_in_constant_time(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
-  volatile unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    diff = diff | (static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i]));
-  return diff == 0;
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 }  // namespace zero::launch

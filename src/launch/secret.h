@@ -1,8 +1,9 @@
 // The job's secret and the proofs built on it, for zero-run's agents
-// (launch/job_control.h): HMAC-SHA-256 (RFC 2104 over FIPS 180-4, checked
-// against RFC 4231's vectors in tests/unit/secret_test.cpp), random nonces
-// from the kernel, and a comparison whose time does not depend on where two
-// strings differ. Small and self-contained: zero_base links no crypto library.
+// (launch/job_control.h): SHA-256 and HMAC-SHA-256, random nonces, and a
+// comparison whose time does not depend on where two strings differ, all
+// from OpenSSL's libcrypto (tests/unit/secret_test.cpp checks it is wired
+// right against FIPS 180-4's and RFC 4231's vectors). Only secret.cpp
+// includes OpenSSL's headers.
 #pragma once
 
 #include <array>
@@ -19,7 +20,8 @@ std::array<uint8_t, 32> hmac_sha256(const std::string& key, const std::string& m
 // HMAC-SHA-256 of `message` under `key`, in lower-case hex (64 characters).
 std::string proof(const std::string& key, const std::string& message);
 
-// `bytes` random bytes from the kernel (getrandom), in hex. Throws when none can be had.
+// `bytes` random bytes from OpenSSL's CSPRNG (RAND_bytes, seeded by the kernel), in hex.
+// Throws when none can be had.
 std::string random_hex(size_t bytes);
 
 std::string to_hex(const std::string& bytes);

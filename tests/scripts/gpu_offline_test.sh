@@ -9,7 +9,8 @@
 #  3. in new network and mount namespaces (`unshare -n -m`; only loopback, as
 #     there) an overlay on /usr whites out every file of the packages the GPU
 #     machine lacks (nlohmann-json, Gloo's headers, GoogleTest/GoogleMock with
-#     /usr/src/googletest, Google Benchmark; make and procps, which it need
+#     /usr/src/googletest, Google Benchmark, OpenSSL's development files
+#     (libssl-dev; its runtime, libssl3, stays); make and procps, which it need
 #     not have: the paths come from `dpkg -L`), ccache (the machine has none;
 #     the build keeps its cache through CMAKE_<LANG>_COMPILER_LAUNCHER, so
 #     find_program and `command -v` see no ccache but compiles still hit)
@@ -29,10 +30,11 @@
 set -u
 
 # The packages a GPU machine does not have (Debian 12 names): the development
-# files it is known to lack, and make and procps (pgrep, ps), which its image
+# files it is known or presumed to lack (libssl-dev: its python3 has ssl, so
+# the runtime libssl3 is there, but nothing says the headers are), and make and procps (pgrep, ps), which its image
 # need not have (it has CMake and ninja).
 HIDDEN_PACKAGES=(nlohmann-json3-dev libgloo-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
-  libbenchmark1debian make procps)
+  libbenchmark1debian libssl-dev make procps)
 
 skip() { echo "skipped: $*"; exit 77; }
 
@@ -58,8 +60,8 @@ if [ "${1:-}" = --inside ]; then
   set +e
   for f in /usr/include/nlohmann/json.hpp /usr/share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake \
     /usr/include/gloo/config.h /usr/include/gtest/gtest.h /usr/src/googletest/CMakeLists.txt \
-    /usr/lib/x86_64-linux-gnu/libgtest.a /usr/include/benchmark/benchmark.h /usr/bin/ccache /usr/bin/make \
-    /usr/bin/pgrep; do
+    /usr/lib/x86_64-linux-gnu/libgtest.a /usr/include/benchmark/benchmark.h /usr/include/openssl/hmac.h \
+    /usr/lib/x86_64-linux-gnu/libcrypto.so /usr/bin/ccache /usr/bin/make /usr/bin/pgrep; do
     [ ! -e "$f" ] || { echo "rehearsal: $f still visible"; exit 1; }
   done
   ! /usr/bin/python3 -c 'import numpy.core' 2>/dev/null || { echo "rehearsal: the system python still has numpy"; exit 1; }
@@ -144,8 +146,8 @@ rc=$?
 echo "rehearsal: ./run gpu-test exited $rc after $(stamp)" >> "$log"
 check "./run gpu-test offline exits 0 ($(stamp))" [ $rc -eq 0 ]
 check "the hidden packages were hidden" grep -q "^rehearsal: [0-9]* paths hidden; network: lo$" "$log"
-check "gpu-test installed the carried nlohmann-json, Gloo headers and GoogleTest" \
-  grep -q "^gpu-test: installed nlohmann-json gloo-headers googletest under /usr" "$log"
+check "gpu-test installed the carried nlohmann-json, Gloo headers, GoogleTest and OpenSSL's headers" \
+  grep -q "^gpu-test: installed nlohmann-json gloo-headers googletest openssl under /usr" "$log"
 check "gpu-test built the tree" grep -q "^gpu-test: built" "$log"
 check "every GPU case skipped (no GPU here)" grep -q "^gpu-test: GPU cases: 0 ran, [1-9][0-9]* skipped" "$log"
 last_ctest() { grep '% tests passed' "$log" | tail -n 1; }  # the CPU suite's, after the GPU tests'
