@@ -59,6 +59,26 @@ void sgd_chunk(float* __restrict p, const float* __restrict g, float* __restrict
 }
 
 ZERO_CLONES
+void lion_chunk(float* __restrict p, const float* __restrict g, float* __restrict m, int64_t n, const LionHyper h,
+                float grad_scale, void* __restrict out, Out16 kind) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float param = lion_element(p[i], g[i], m[i], h, grad_scale);
+    p[i] = param;
+    if (out) store_out(out, i, param, kind);
+  }
+}
+
+ZERO_CLONES
+void adagrad_chunk(float* __restrict p, const float* __restrict g, float* __restrict sum, int64_t n,
+                   const AdagradHyper h, float grad_scale, void* __restrict out, Out16 kind) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float param = adagrad_element(p[i], g[i], sum[i], h, grad_scale);
+    p[i] = param;
+    if (out) store_out(out, i, param, kind);
+  }
+}
+
+ZERO_CLONES
 void downcast_chunk(const float* __restrict src, void* __restrict dst, int64_t n, Out16 kind) {
   for (int64_t i = 0; i < n; ++i) store_out(dst, i, src[i], kind);
 }
@@ -100,6 +120,22 @@ void sgd_update(float* p, const float* grad, float* momentum_buf, int64_t n, con
   if (kind == Out16::None) out16 = nullptr;
   parallel_chunks(n, [&](int64_t lo, int64_t len) {
     sgd_chunk(p + lo, grad + lo, buf ? buf + lo : nullptr, len, h, grad_scale, out_at(out16, lo, kind), kind);
+  });
+}
+
+void lion_update(float* p, const float* grad, float* exp_avg, int64_t n, const LionHyper& h, float grad_scale,
+                 void* out16, Out16 kind) {
+  if (kind == Out16::None) out16 = nullptr;
+  parallel_chunks(n, [&](int64_t lo, int64_t len) {
+    lion_chunk(p + lo, grad + lo, exp_avg + lo, len, h, grad_scale, out_at(out16, lo, kind), kind);
+  });
+}
+
+void adagrad_update(float* p, const float* grad, float* sum_sq, int64_t n, const AdagradHyper& h, float grad_scale,
+                    void* out16, Out16 kind) {
+  if (kind == Out16::None) out16 = nullptr;
+  parallel_chunks(n, [&](int64_t lo, int64_t len) {
+    adagrad_chunk(p + lo, grad + lo, sum_sq + lo, len, h, grad_scale, out_at(out16, lo, kind), kind);
   });
 }
 

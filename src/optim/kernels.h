@@ -53,6 +53,29 @@ struct SgdHyper {
 void sgd_update(float* p, const float* grad, float* momentum_buf, int64_t n, const SgdHyper& h,
                 float grad_scale, void* out16 = nullptr, Out16 kind = Out16::None);
 
+struct LionHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float weight_decay = 0.0f;  // decoupled, as AdamW's
+};
+
+// Lion (Chen et al. 2023, DeepSpeed's FusedLion): p -= lr * sign(beta1 m +
+// (1 - beta1) g), then m = beta2 m + (1 - beta2) g; exp_avg updated in place.
+void lion_update(float* p, const float* grad, float* exp_avg, int64_t n, const LionHyper& h, float grad_scale,
+                 void* out16 = nullptr, Out16 kind = Out16::None);
+
+struct AdagradHyper {
+  float lr = 1e-2f;
+  float eps = 1e-10f;
+  float weight_decay = 0.0f;  // L2 into the grad, as torch's Adagrad
+};
+
+// Adagrad (torch.optim.Adagrad without lr_decay): sum += g^2, p -= lr g /
+// (sqrt(sum) + eps); the sum of squares (exp_avg_sq) updated in place.
+void adagrad_update(float* p, const float* grad, float* sum_sq, int64_t n, const AdagradHyper& h, float grad_scale,
+                    void* out16 = nullptr, Out16 kind = Out16::None);
+
 // Casts n fp32 values to bf16/fp16 (round to nearest even), as the kernels do.
 void downcast(const float* src, void* dst, int64_t n, Out16 kind);
 

@@ -57,4 +57,26 @@ ZERO_HOST_DEVICE inline float sgd_element(float param, float grad, float* moment
   return param - h.lr * grad;
 }
 
+// Updates the momentum and returns the new param. sign(0) is 0, as torch's
+// and DeepSpeed's: a zero interpolation leaves the param (but not its decay).
+ZERO_HOST_DEVICE inline float lion_element(float param, float grad, float& m, const LionHyper& h,
+                                           float grad_scale) {
+  grad *= grad_scale;
+  param *= 1.0f - h.lr * h.weight_decay;
+  const float c = h.beta1 * m + (1.0f - h.beta1) * grad;
+  const float step = c > 0.0f ? h.lr : c < 0.0f ? -h.lr : 0.0f;
+  m = h.beta2 * m + (1.0f - h.beta2) * grad;
+  return param - step;
+}
+
+// Updates the sum of squared grads and returns the new param, in torch's
+// order: the decayed grad squared into the sum, then lr * g / (sqrt + eps).
+ZERO_HOST_DEVICE inline float adagrad_element(float param, float grad, float& sum, const AdagradHyper& h,
+                                              float grad_scale) {
+  grad = grad * grad_scale + h.weight_decay * param;
+  const float s = sum + grad * grad;
+  sum = s;
+  return param - h.lr * grad / (sqrtf(s) + h.eps);
+}
+
 }  // namespace zero::optim

@@ -56,6 +56,30 @@ __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, f
   }
 }
 
+__global__ void lion_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m, int64_t n,
+                            LionHyper h, float grad_scale, void* out16, Out16 kind) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float mi = m[i];
+    const float param = lion_element(p[i], g[i], mi, h, grad_scale);
+    m[i] = mi;
+    p[i] = param;
+    if (out16) store16(out16, i, param, kind);
+  }
+}
+
+__global__ void adagrad_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ sum,
+                               int64_t n, AdagradHyper h, float grad_scale, void* out16, Out16 kind) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float si = sum[i];
+    const float param = adagrad_element(p[i], g[i], si, h, grad_scale);
+    sum[i] = si;
+    p[i] = param;
+    if (out16) store16(out16, i, param, kind);
+  }
+}
+
 __global__ void downcast_kernel(const float* __restrict__ src, void* dst, int64_t n, Out16 kind) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -78,6 +102,20 @@ void sgd_update(float* p, const float* grad, float* momentum_buf, int64_t n, con
   float* buf = h.momentum != 0.0f ? momentum_buf : nullptr;
   sgd_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(p, grad, buf, n, h, grad_scale, out16, kind);
   check_launch("sgd_update");
+}
+
+void lion_update(float* p, const float* grad, float* exp_avg, int64_t n, const LionHyper& h, float grad_scale,
+                 void* out16, Out16 kind, void* stream) {
+  if (n == 0) return;
+  lion_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(p, grad, exp_avg, n, h, grad_scale, out16, kind);
+  check_launch("lion_update");
+}
+
+void adagrad_update(float* p, const float* grad, float* sum_sq, int64_t n, const AdagradHyper& h, float grad_scale,
+                    void* out16, Out16 kind, void* stream) {
+  if (n == 0) return;
+  adagrad_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(p, grad, sum_sq, n, h, grad_scale, out16, kind);
+  check_launch("adagrad_update");
 }
 
 void downcast(const float* src, void* dst, int64_t n, Out16 kind, void* stream) {
