@@ -48,6 +48,27 @@ void device_sgd(c10::Device device, float* p, const float* g, float* buf, int64_
 #endif
 }
 
+void device_lion(c10::Device device, float* p, const float* g, float* m, int64_t n, const optim::LionHyper& h,
+                 float scale, void* out16, optim::Out16 kind) {
+#ifdef ZERO_WITH_CUDA
+  optim::cuda::lion_update(p, g, m, n, h, scale, out16, kind, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  optim::cuda::check_launch("fused Lion update");
+#else
+  throw std::logic_error("a CUDA master on " + device.str() + ", but zero-cpp was built without CUDA");
+#endif
+}
+
+void device_adagrad(c10::Device device, float* p, const float* g, float* sum, int64_t n,
+                    const optim::AdagradHyper& h, float scale, void* out16, optim::Out16 kind) {
+#ifdef ZERO_WITH_CUDA
+  optim::cuda::adagrad_update(p, g, sum, n, h, scale, out16, kind,
+                              c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  optim::cuda::check_launch("fused Adagrad update");
+#else
+  throw std::logic_error("a CUDA master on " + device.str() + ", but zero-cpp was built without CUDA");
+#endif
+}
+
 // ZeRO-Offload's pipeline chunk: 4 Mi elements (16 MiB of fp32 grads), so
 // a 1B-param shard crosses ~240 chunks and the first and last copies, which
 // nothing overlaps, are a small part of the step. ZERO_OFFLOAD_CHUNK_ELEMENTS
@@ -107,10 +128,21 @@ std::vector<FlatOptimizer::Span> FlatOptimizer::spans_of(const partition::FlatGr
   return spans;
 }
 
+// Named as DeepSpeed's optimizers name their state: Adam's exp_avg and
+// exp_avg_sq, SGD's momentum in exp_avg, Lion's exp_avg (DeepSpeedCPULion),
+// Adagrad's sum of squares in exp_avg_sq (DeepSpeedCPUAdagrad).
 void FlatOptimizer::init_state(partition::FlatGroup& g) const {
-  g.exp_avg = at::zeros_like(g.master);
-  if (config_.optimizer.type != OptimizerType::SGD) g.exp_avg_sq = at::zeros_like(g.master);
-  else if (config_.optimizer.momentum == 0.0) g.exp_avg = at::Tensor();
+  const auto& o = config_.optimizer;
+  switch (o.type) {
+    case OptimizerType::SGD:
+      if (o.momentum != 0.0) g.exp_avg = at::zeros_like(g.master);
+      break;
+    case OptimizerType::Lion: g.exp_avg = at::zeros_like(g.master); break;
+    case OptimizerType::Adagrad: g.exp_avg_sq = at::full_like(g.master, o.initial_accumulator_value); break;
+    default:
+      g.exp_avg = at::zeros_like(g.master);
+      g.exp_avg_sq = at::zeros_like(g.master);
+  }
 }
 
 double FlatOptimizer::lr() const {
@@ -293,6 +325,18 @@ void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad,
     float* buf = g.exp_avg.defined() ? g.exp_avg.data_ptr<float>() + s.begin : nullptr;
     if (g.master.is_cuda()) device_sgd(g.master.device(), master, gr, buf, s.numel, h, grad_scale, out, kind);
     else optim::sgd_update(master, gr, buf, s.numel, h, grad_scale, out, kind);
+  } else if (o.type == OptimizerType::Lion) {
+    // OneCycle moves Lion's beta1 too (FusedLion has betas, as Adam).
+    const auto betas = optim::scheduled_betas(config_.scheduler, scheduler_iter_).value_or(o.betas);
+    optim::LionHyper h{rate, static_cast<float>(betas[0]), static_cast<float>(betas[1]), wd};
+    float* m = g.exp_avg.data_ptr<float>() + s.begin;
+    if (g.master.is_cuda()) device_lion(g.master.device(), master, gr, m, s.numel, h, grad_scale, out, kind);
+    else optim::lion_update(master, gr, m, s.numel, h, grad_scale, out, kind);
+  } else if (o.type == OptimizerType::Adagrad) {
+    optim::AdagradHyper h{rate, static_cast<float>(o.eps), wd};
+    float* sum = g.exp_avg_sq.data_ptr<float>() + s.begin;
+    if (g.master.is_cuda()) device_adagrad(g.master.device(), master, gr, sum, s.numel, h, grad_scale, out, kind);
+    else optim::adagrad_update(master, gr, sum, s.numel, h, grad_scale, out, kind);
   } else {
     // OneCycle moves beta1 with the lr (bias correction then uses the
     // current beta1, as torch's Adam does when a scheduler sets its betas).

@@ -1,6 +1,6 @@
 // The optimizer over the flat groups' fp32 masters: global grad norm,
 // overflow check (fp16/bf16), DeepSpeed's clipping, the fused update
-// (optim/kernels: AdamW/Adam/SGD, writing the 16-bit params in the same
+// (optim/kernels: AdamW/Adam/SGD/Lion/Adagrad, writing the 16-bit params in the same
 // pass), the LR schedule, the loss scaler and the step counters. It knows
 // nothing of backward or of how params reach the ranks afterwards: the
 // engine reduces grads before step() and publishes params after it.
@@ -29,7 +29,8 @@ class FlatOptimizer {
   FlatOptimizer(const Config& config, const StagePolicy& policy, comm::Comm& comm, const comm::Group& dp,
                 std::function<void(const std::string&)> log);
 
-  // Optimizer state for a group whose master is set: moments (Adam), momentum (SGD).
+  // Optimizer state for a group whose master is set: moments (Adam),
+  // momentum (SGD, Lion), sum of squared grads (Adagrad).
   void init_state(partition::FlatGroup& g) const;
 
   // Param groups (torch's, DeepSpeed's model_parameters): hyper 0 is the
