@@ -125,7 +125,7 @@ void read_betas(ObjectReader& p, OptimizerConfig& c) {
 OptimizerConfig read_optimizer(ObjectReader& top) {
   OptimizerConfig c;
   ObjectReader r = top.child("optimizer");
-  auto type = r.get_opt_choice("type", {"Adam", "AdamW", "SGD", "Lion", "Adagrad"}, /*ignore_case=*/true);
+  auto type = r.get_opt_choice("type", {"Adam", "AdamW", "SGD", "Lion", "Adagrad", "Lamb"}, /*ignore_case=*/true);
   ObjectReader p = r.child("params");
   r.finish();
   if (!type) {
@@ -136,12 +136,14 @@ OptimizerConfig read_optimizer(ObjectReader& top) {
   c.type = *type == "Adam" ? OptimizerType::Adam : *type == "AdamW" ? OptimizerType::AdamW
            : *type == "SGD"  ? OptimizerType::SGD
            : *type == "Lion" ? OptimizerType::Lion
+           : *type == "Lamb" ? OptimizerType::Lamb
                              : OptimizerType::Adagrad;
   if (p.find("max_grad_norm"))
     p.fail("max_grad_norm", "is not an optimizer parameter; use the top-level gradient_clipping");
   // Each type's defaults are its DeepSpeed class's constructor's.
   if (c.type == OptimizerType::Lion) c = OptimizerConfig::lion();
   if (c.type == OptimizerType::Adagrad) c = OptimizerConfig::adagrad();
+  if (c.type == OptimizerType::Lamb) c = OptimizerConfig::lamb();
   c.lr = p.get_double("lr", c.lr, 0.0, 1e6);
   c.weight_decay = p.get_double("weight_decay", c.weight_decay, 0.0, 1e6);
   if (c.type == OptimizerType::SGD) {
@@ -152,6 +154,15 @@ OptimizerConfig read_optimizer(ObjectReader& top) {
       p.fail("nesterov", "= true requires momentum > 0 and dampening = 0");
   } else if (c.type == OptimizerType::Lion) {
     read_betas(p, c);  // FusedLion and DeepSpeedCPULion take lr, betas, weight_decay only
+  } else if (c.type == OptimizerType::Lamb) {
+    read_betas(p, c);  // FusedLamb's keys
+    c.eps = p.get_double("eps", c.eps, 0.0, 1.0);
+    c.bias_correction = p.get_bool("bias_correction", true);
+    c.max_coeff = p.get_double("max_coeff", c.max_coeff, 0.0, 1e6);
+    c.min_coeff = p.get_double("min_coeff", c.min_coeff, 0.0, 1e6);
+    if (c.min_coeff > c.max_coeff) p.fail("min_coeff", "must not exceed max_coeff");
+    p.unsupported_unless("eps_inside_sqrt", false);
+    p.unsupported_unless("amsgrad", false);
   } else if (c.type == OptimizerType::Adagrad) {
     // torch.optim.Adagrad's keys (DeepSpeed builds it without offload;
     // DeepSpeedCPUAdagrad takes lr, eps, weight_decay).
@@ -390,6 +401,7 @@ const char* to_string(OptimizerType t) {
     case OptimizerType::SGD: return "SGD";
     case OptimizerType::Lion: return "Lion";
     case OptimizerType::Adagrad: return "Adagrad";
+    case OptimizerType::Lamb: return "Lamb";
     default: return "AdamW";
   }
 }
@@ -611,6 +623,12 @@ OptimizerConfig OptimizerConfig::adagrad(double lr, double weight_decay, double 
   return o;
 }
 
+OptimizerConfig OptimizerConfig::lamb(double lr, double weight_decay, std::array<double, 2> betas, double eps) {
+  OptimizerConfig o = adamw(lr, weight_decay, betas, eps);
+  o.type = OptimizerType::Lamb;
+  return o;
+}
+
 Config with_optimizer(Config config, OptimizerConfig optimizer) {
   if (config.optimizer.given)
     throw ConfigError("ds_config: has an \"optimizer\" block and an optimizer was passed from code; keep one");
@@ -707,6 +725,12 @@ json Config::to_json() const {
       p["nesterov"] = optimizer.nesterov;
     } else if (optimizer.type == OptimizerType::Lion) {
       p["betas"] = optimizer.betas;
+    } else if (optimizer.type == OptimizerType::Lamb) {
+      p["betas"] = optimizer.betas;
+      p["eps"] = optimizer.eps;
+      p["bias_correction"] = optimizer.bias_correction;
+      p["max_coeff"] = optimizer.max_coeff;
+      p["min_coeff"] = optimizer.min_coeff;
     } else if (optimizer.type == OptimizerType::Adagrad) {
       p["eps"] = optimizer.eps;
       p["initial_accumulator_value"] = optimizer.initial_accumulator_value;

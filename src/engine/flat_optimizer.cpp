@@ -200,6 +200,10 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
   }
   const double rate = lr();
   ++optimizer_steps_;
+  if (config_.optimizer.type == OptimizerType::Lamb) {
+    update_lamb(groups, grads, rate, grad_scale);
+    return true;
+  }
   if (offload_staging_.size() != groups.size()) offload_staging_.resize(groups.size());
   for (size_t i = 0; i < groups.size(); ++i) update_group(i, groups[i], grads[i], rate, grad_scale);
   return true;
@@ -308,6 +312,100 @@ void FlatOptimizer::update_offloaded(OffloadStaging& staging, partition::FlatGro
     c10::Event sent(device.type());
     sent.record(up);
     sent.block(caller);
+  }
+}
+
+// LAMB's trust ratio is per param, and a param's elements may lie on
+// several ranks' shards. Pass 1 updates the moments over this rank's
+// fragments and sums, per param, p^2 and u^2 of its elements here; one
+// all-reduce (sum) of those 2 x (params) doubles over the data-parallel
+// group makes them whole-param sums on every rank (stage 0 holds whole
+// params: no all-reduce); pass 2 applies each fragment's step with its
+// param's ratio and writes the 16-bit params.
+void FlatOptimizer::update_lamb(std::vector<partition::FlatGroup>& groups, const std::vector<at::Tensor>& grads,
+                                double lr, float grad_scale) {
+  struct Piece {
+    size_t group;
+    int64_t begin, numel;  // in the master
+    int64_t slot;          // the param's index into the sums
+    int hyper;
+  };
+  std::vector<Piece> pieces;
+  int64_t slots = 0;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const auto& g = groups[gi];
+    if ((g.master.is_cpu() && !grads[gi].is_cpu()) ||
+        policy_.update_destination(g, dp_.rank()).device() != g.master.device())
+      throw std::invalid_argument("optimizer Lamb: offload_optimizer / offload_param to the host of a model on " +
+                                  grads[gi].device().str() + " is not supported yet");
+    std::unordered_map<int64_t, std::pair<int64_t, int>> slot_of;  // layout's param_index -> (slot, hyper)
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      auto it = group_of_.find(g.params[i].unsafeGetTensorImpl());
+      slot_of[g.layout.params[i].param_index] = {slots++, it == group_of_.end() ? 0 : it->second};
+    }
+    if (policy_.shard_optimizer_state) {
+      for (const auto& f : g.layout.fragments(dp_.rank())) {
+        const auto [slot, hyper] = slot_of.at(f.param_index);
+        pieces.push_back({gi, f.shard_offset, f.numel, slot, hyper});
+      }
+    } else {
+      for (const auto& p : g.layout.params) {
+        const auto [slot, hyper] = slot_of.at(p.param_index);
+        pieces.push_back({gi, p.offset, p.numel, slot, hyper});
+      }
+    }
+  }
+  const auto& o = config_.optimizer;
+  const auto hyper_of = [&](int hyper) {
+    const Hyper& hy = hypers_[hyper];
+    return optim::LambHyper{static_cast<float>(lr * hy.lr_scale), static_cast<float>(o.betas[0]),
+                            static_cast<float>(o.betas[1]), static_cast<float>(o.eps),
+                            static_cast<float>(hy.weight_decay), static_cast<float>(o.max_coeff),
+                            static_cast<float>(o.min_coeff), optimizer_steps_, o.bias_correction};
+  };
+  const c10::Device device = groups.empty() ? c10::Device(at::kCPU) : groups.front().master.device();
+  at::Tensor sums = at::zeros({2 * slots}, at::TensorOptions().dtype(at::kDouble).device(device));
+  for (const Piece& pc : pieces) {
+    auto& g = groups[pc.group];
+    const float* p = g.master.data_ptr<float>() + pc.begin;
+    const float* gr = grads[pc.group].data_ptr<float>() + pc.begin;
+    float* m = g.exp_avg.data_ptr<float>() + pc.begin;
+    float* v = g.exp_avg_sq.data_ptr<float>() + pc.begin;
+    double* sum = sums.data_ptr<double>() + 2 * pc.slot;
+    const c10::OptionalDeviceGuard on_device(guard_device(g.master));
+    if (g.master.is_cuda()) {
+#ifdef ZERO_WITH_CUDA
+      optim::cuda::lamb_moments(p, gr, m, v, pc.numel, hyper_of(pc.hyper), grad_scale, sum,
+                                c10::cuda::getCurrentCUDAStream(g.master.device().index()).stream());
+#endif
+    } else {
+      optim::lamb_moments(p, gr, m, v, pc.numel, hyper_of(pc.hyper), grad_scale, sum);
+    }
+  }
+  at::Tensor host = sums.to(at::kCPU);  // the ratios are computed on the host
+  if (policy_.shard_optimizer_state) comm_.all_reduce(dp_, host, comm::ReduceOp::Sum, "lamb norms")->wait();
+  const double* total = host.data_ptr<double>();
+  for (const Piece& pc : pieces) {
+    auto& g = groups[pc.group];
+    const optim::LambHyper h = hyper_of(pc.hyper);
+    const float ratio = optim::lamb_trust_ratio(total[2 * pc.slot], total[2 * pc.slot + 1], h);
+    const at::Tensor dest = policy_.update_destination(g, dp_.rank());
+    const auto kind = out_kind(dest, g);
+    void* out = kind == optim::Out16::None
+                    ? nullptr
+                    : static_cast<char*>(dest.data_ptr()) + pc.begin * optim::out16_bytes(kind);
+    float* p = g.master.data_ptr<float>() + pc.begin;
+    const float* m = g.exp_avg.data_ptr<float>() + pc.begin;
+    const float* v = g.exp_avg_sq.data_ptr<float>() + pc.begin;
+    const c10::OptionalDeviceGuard on_device(guard_device(g.master));
+    if (g.master.is_cuda()) {
+#ifdef ZERO_WITH_CUDA
+      optim::cuda::lamb_apply(p, m, v, pc.numel, h, ratio, out, kind,
+                              c10::cuda::getCurrentCUDAStream(g.master.device().index()).stream());
+#endif
+    } else {
+      optim::lamb_apply(p, m, v, pc.numel, h, ratio, out, kind);
+    }
   }
 }
 

@@ -69,6 +69,10 @@ class FlatOptimizer {
     at::Tensor grads;   // the reduced grads, brought down
     at::Tensor params;  // the params' new 16-bit values, sent up
   };
+  // LAMB: two passes over every group with one all-reduce of the per-param
+  // norms between them (docs/design.md, "LAMB over flat shards").
+  void update_lamb(std::vector<partition::FlatGroup>& groups, const std::vector<at::Tensor>& grads, double lr,
+                   float grad_scale);
   void update_group(size_t index, partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale);
   void update_offloaded(OffloadStaging& staging, partition::FlatGroup& g, const at::Tensor& grad, double lr,
                         float grad_scale);

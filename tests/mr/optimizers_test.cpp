@@ -1,7 +1,7 @@
-// Lion and Adagrad at every stage, against references in plain torch on
-// the whole batch in one process: torch's own Adagrad, and Lion written
-// here from the paper's update (Chen et al. 2023, Algorithm 2) in
-// DeepSpeed's FusedLion order. Both with the weight-decay recipe's two param
+// Lion, Adagrad and LAMB at every stage, against references in plain torch
+// on the whole batch in one process: torch's own Adagrad, Lion written here
+// from the paper's update (Chen et al. 2023, Algorithm 2) in DeepSpeed's
+// FusedLion order, LAMB from You et al. 2020 as DeepSpeed's FusedLamb. Both with the weight-decay recipe's two param
 // groups (a second lr on the no-decay group) and clipping; 16-bit runs
 // track fp32; checkpoints resume exactly and refuse another type's state.
 //
@@ -55,6 +55,34 @@ struct TorchLion {
   }
 };
 
+// LAMB per param, as DeepSpeed's FusedLamb (You et al. 2020, with the
+// bias correction in the step size): u = m / (sqrt(v) + eps) + wd p, the
+// trust ratio ||p|| / ||u|| clamped to [0.01, 10] (1 if either is 0).
+struct TorchLamb {
+  std::vector<TorchLion::Group> groups;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  std::map<const void*, std::pair<at::Tensor, at::Tensor>> state;
+  int step_count = 0;
+
+  void step() {
+    at::NoGradGuard no_grad;
+    ++step_count;
+    const double step_size =
+        std::sqrt(1 - std::pow(beta2, step_count)) / (1 - std::pow(beta1, step_count));
+    for (auto& g : groups)
+      for (auto& p : g.params) {
+        auto& [m, v] = state.try_emplace(p.unsafeGetTensorImpl(), at::zeros_like(p), at::zeros_like(p)).first->second;
+        const at::Tensor grad = p.grad();
+        m.mul_(beta1).add_(grad, 1 - beta1);
+        v.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+        const at::Tensor u = m / (v.sqrt() + eps) + g.weight_decay * p;
+        const double w_norm = p.norm().item<double>(), u_norm = u.norm().item<double>();
+        const double ratio = w_norm == 0 || u_norm == 0 ? 1.0 : std::clamp(w_norm / u_norm, 0.01, 10.0);
+        p.sub_(u * (g.lr * step_size * ratio));
+      }
+  }
+};
+
 // The reference: the whole batch, torch's clip_grad_norm_ (DeepSpeed's
 // clip: max_norm / (norm + 1e-6) when under 1), the optimizer's step.
 // `grouped` false: one group at kLr with decay everywhere (the oracle's
@@ -65,10 +93,12 @@ std::map<std::string, at::Tensor> reference(OptimizerType type, bool grouped, do
   if (!grouped) recipe = {{ref->parameters(), kLr, kDecay}};
   else recipe[1].lr = kNoDecayLr;
   TorchLion lion;
+  TorchLamb lamb;
   std::vector<torch::optim::OptimizerParamGroup> adagrad_groups;
   for (const auto& g : recipe) {
     const double lr = g.lr.value_or(kLr), wd = g.weight_decay.value_or(kDecay);
     lion.groups.push_back({g.params, lr, wd});
+    lamb.groups.push_back({g.params, lr, wd});
     adagrad_groups.emplace_back(g.params, std::make_unique<torch::optim::AdagradOptions>(
                                               torch::optim::AdagradOptions(lr).weight_decay(wd).eps(1e-10)));
   }
@@ -79,6 +109,7 @@ std::map<std::string, at::Tensor> reference(OptimizerType type, bool grouped, do
     (ref->forward(x) - y).pow(2).mean().backward();
     if (clip > 0) torch::nn::utils::clip_grad_norm_(ref->parameters(), clip);
     if (type == OptimizerType::Lion) lion.step();
+    else if (type == OptimizerType::Lamb) lamb.step();
     else adagrad.step();
   }
   std::map<std::string, at::Tensor> out;
@@ -114,7 +145,7 @@ std::vector<ParamGroup> groups_of(StockMlp& model) {
   return groups;
 }
 
-void expect_matches_reference(OptimizerType type) {
+void expect_matches_reference(OptimizerType type, double tol = 2e-5) {
   const auto want = reference(type, true, kClip);
   ASSERT_GT(max_abs_diff(want, reference(type, false, kClip)), 1e-3) << "the groups must matter for this oracle";
   ASSERT_GT(max_abs_diff(want, reference(type, true, 0.0)), 1e-4) << "clipping must matter for this oracle";
@@ -123,7 +154,7 @@ void expect_matches_reference(OptimizerType type) {
     StockMlp model = mlp();
     zero::Engine engine(*model, config(type, stage), world().comm(), dp_group(), groups_of(model));
     train(engine, model, 0, kSteps);
-    EXPECT_LT(max_abs_diff(engine.full_parameters(), want), 2e-5) << worst_param(engine.full_parameters(), want);
+    EXPECT_LT(max_abs_diff(engine.full_parameters(), want), tol) << worst_param(engine.full_parameters(), want);
   }
 }
 
@@ -131,10 +162,41 @@ TEST(Optimizers, LionMatchesThePapersUpdateAtEveryStage) { expect_matches_refere
 
 TEST(Optimizers, AdagradMatchesTorchAdagradAtEveryStage) { expect_matches_reference(OptimizerType::Adagrad); }
 
+// LAMB's trust ratio needs each param's norms summed over the shards that
+// hold its pieces: against the torch reference, and against the same
+// update in one process (a group of one: whole params, no all-reduce).
+// Tighter bounds than above, as ratios from each shard's own norms (no
+// all-reduce) move the params by only ~1e-4 here: the sharded runs differ
+// from one process in
+// summation order only (the norms' and the grads', ~1e-7 relative: an ulp
+// of p per step, 6 steps < 1e-6); torch's reference rounds its norms in
+// fp32 (ours are summed in fp64), which moves each step by ~1e-7 of lr *
+// ratio * |u| more: < 2e-6. Measured when written: 3e-7 and 1.5e-8.
+TEST(Optimizers, LambMatchesItsReferenceAndOneProcessAtEveryStage) {
+  expect_matches_reference(OptimizerType::Lamb, 2e-6);
+  StockMlp solo_model = mlp();
+  zero::Engine solo(*solo_model, config(OptimizerType::Lamb, 0), world().comm(), solo_group(), groups_of(solo_model));
+  for (int s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch(s);
+    solo.backward((solo.forward(solo_model, x) - y).pow(2).mean());
+    solo.step();
+  }
+  const auto one_process = solo.full_parameters();
+  for (int stage = 1; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    StockMlp model = mlp();
+    zero::Engine engine(*model, config(OptimizerType::Lamb, stage), world().comm(), dp_group(), groups_of(model));
+    train(engine, model, 0, kSteps);
+    EXPECT_LT(max_abs_diff(engine.full_parameters(), one_process), 1e-6)
+        << worst_param(engine.full_parameters(), one_process);
+  }
+}
+
 // The optimizer from code trains as the config's.
 TEST(Optimizers, FromCodeMatchTheReferences) {
   for (auto [type, opt] : {std::pair{OptimizerType::Lion, OptimizerConfig::lion(kLr, kDecay)},
-                           std::pair{OptimizerType::Adagrad, OptimizerConfig::adagrad(kLr, kDecay)}}) {
+                           std::pair{OptimizerType::Adagrad, OptimizerConfig::adagrad(kLr, kDecay)},
+                           std::pair{OptimizerType::Lamb, OptimizerConfig::lamb(kLr, kDecay)}}) {
     SCOPED_TRACE(to_string(type));
     nlohmann::json j = config(type, 2).to_json();
     j.erase("optimizer");
@@ -165,7 +227,7 @@ int64_t count_beyond(const std::map<std::string, at::Tensor>& a, const std::map<
 // move. Those are counted: a few of the 193 elements (2 at bf16, 0 at fp16
 // when written), beyond the rounding and a tenth of lr.
 TEST(Optimizers, SixteenBitTracksTheReference) {
-  for (OptimizerType type : {OptimizerType::Lion, OptimizerType::Adagrad}) {
+  for (OptimizerType type : {OptimizerType::Lion, OptimizerType::Adagrad, OptimizerType::Lamb}) {
     const auto want = reference(type, true, kClip);
     for (const char* dtype : {"bf16", "fp16"})
       for (int stage : {1, 3}) {
@@ -184,7 +246,7 @@ TEST(Optimizers, SixteenBitTracksTheReference) {
 // Save after 3 steps, resume in a fresh engine: steps 4..6 bit for bit as
 // an uninterrupted run (the momentum or the sum of squares restored).
 TEST(Optimizers, CheckpointsResumeExactly) {
-  for (OptimizerType type : {OptimizerType::Lion, OptimizerType::Adagrad})
+  for (OptimizerType type : {OptimizerType::Lion, OptimizerType::Adagrad, OptimizerType::Lamb})
     for (const char* dtype : {"fp32", "bf16"})
       for (int stage : {0, 3}) {
         SCOPED_TRACE(std::string(to_string(type)) + " " + dtype + " stage " + std::to_string(stage));
@@ -217,7 +279,7 @@ TEST(Optimizers, AnotherTypesStateIsRefused) {
     train(e, model, 0, 1);
     e.save_checkpoint(dir, "lion");
   }
-  for (OptimizerType other : {OptimizerType::SGD, OptimizerType::Adagrad, OptimizerType::AdamW}) {
+  for (OptimizerType other : {OptimizerType::SGD, OptimizerType::Adagrad, OptimizerType::AdamW, OptimizerType::Lamb}) {
     nlohmann::json j = config(OptimizerType::Lion, 2).to_json();
     j["optimizer"] = {{"type", to_string(other)}, {"params", {{"lr", kLr}, {"momentum", 0.9}}}};
     if (other != OptimizerType::SGD) j["optimizer"]["params"].erase("momentum");

@@ -395,6 +395,26 @@ TEST(ConfigOptimizerScheduler, LionAndAdagrad) {
   expect_error(R"({"optimizer": {"type": "Adagrad", "params": {"lr_decay": 0.1}}})", {"optimizer.params.lr_decay"});
 }
 
+// DeepSpeed's Lamb (FusedLamb): its constructor's defaults and keys.
+TEST(ConfigOptimizerScheduler, Lamb) {
+  Config c = Config::from_string(R"({"optimizer": {"type": "LAMB", "params": {"max_coeff": 0.3, "min_coeff": 0.01}}})");
+  EXPECT_EQ(c.optimizer.type, zero::OptimizerType::Lamb);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(c.optimizer.max_coeff, 0.3);
+  EXPECT_TRUE(c.optimizer.bias_correction);
+  const Config back = Config::from_json(c.to_json());
+  EXPECT_EQ(back.optimizer.type, zero::OptimizerType::Lamb);
+  EXPECT_DOUBLE_EQ(back.optimizer.max_coeff, 0.3);
+  EXPECT_DOUBLE_EQ(back.optimizer.min_coeff, 0.01);
+  EXPECT_EQ(zero::OptimizerConfig::lamb(1e-3).type, zero::OptimizerType::Lamb);
+  expect_error(R"({"optimizer": {"type": "Lamb", "params": {"min_coeff": 2, "max_coeff": 1}}})",
+               {"optimizer.params.min_coeff"});
+  expect_error(R"({"optimizer": {"type": "Lamb", "params": {"eps_inside_sqrt": true}}})",
+               {"optimizer.params.eps_inside_sqrt"});
+  expect_error(R"({"optimizer": {"type": "Muon"}})", {"optimizer.type"});
+}
+
 TEST(ConfigLogging, WallClockBreakdownAndCsvMonitor) {
   Config d = Config::from_string("{}");
   EXPECT_FALSE(d.wall_clock_breakdown);

@@ -23,6 +23,7 @@
 //     |ours - exact| <= u * sum_t (k_p * P_t + k_d(t) * D_t)
 // with k_p, k_d counted per kernel below. The hyperparameters given to the
 // oracle are the kernel's fp32 values, so both compute the same function.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 
@@ -289,6 +290,46 @@ double adagrad_ratio(int64_t n, int steps, const AdagradHyper& h, AdagradHyper k
 
 double adagrad_ratio(int64_t n, int steps, const AdagradHyper& h) { return adagrad_ratio(n, steps, h, h); }
 
+// LAMB's two passes over one param against the same update in fp64
+// torch. Roundings per step, relative to D = step_size * ratio * |u| (U =
+// |m|/(sqrt(v)+eps) + wd|p| on absolute grads, as Adam's bound): m and v
+// as Adam's (4t and 3t + 1 for the sqrt), +eps, the division, wd*p and the
+// sum (4), the ratio from fp64 sums of fp32 squares (~2 u: the squares and
+// the sqrt's), step_size * ratio and its product with u (2), the share of
+// p - step (1): k_d = 7t + 12; k_p = 1. The ratio also carries an error in
+// p into every later step: a relative 1 + u per step, far below the rest.
+double lamb_ratio(int64_t n, int steps, const LambHyper& h, LambHyper kernel) {
+  const auto tr = make_trajectory(n, steps);
+  const double b1 = h.beta1, b2 = h.beta2, eps = h.eps, wd = h.weight_decay;
+  auto exact = tr.p0.to(at::kDouble), m64 = at::zeros({n}, at::kDouble), v64 = at::zeros({n}, at::kDouble);
+  auto p = tr.p0.clone(), m = at::zeros({n}), v = at::zeros({n});
+  auto M = at::zeros({n}, at::kDouble), bound = at::zeros({n}, at::kDouble);
+  for (int t = 1; t <= steps; ++t) {
+    const auto& g = tr.grads[t - 1];
+    const auto g64 = g.to(at::kDouble);
+    kernel.step = t;
+    double sums[2] = {0.0, 0.0};
+    lamb_moments(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, kernel, 1.0f,
+                 sums);
+    lamb_apply(p.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, kernel,
+               lamb_trust_ratio(sums[0], sums[1], kernel));
+    const auto prev = exact.clone();
+    m64 = b1 * m64 + (1 - b1) * g64;
+    v64 = b2 * v64 + (1 - b2) * g64 * g64;
+    M = b1 * M + (1 - b1) * g64.abs();
+    const auto u = m64 / (v64.sqrt() + eps) + wd * exact;
+    const double ratio = std::clamp(exact.norm().item<double>() / u.norm().item<double>(),
+                                    static_cast<double>(h.min_coeff), static_cast<double>(h.max_coeff));
+    const double step_size = h.lr * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t));
+    exact = exact - step_size * ratio * u;
+    const auto D = step_size * ratio * (M / (v64.sqrt() + eps) + wd * prev.abs());
+    bound += kU * (prev.abs() + (7.0 * t + 12) * D);
+  }
+  return worst_ratio(p, exact, bound);
+}
+
+const LambHyper kLamb{1e-2f, 0.9f, 0.999f, 1e-6f, 0.1f, 10.0f, 0.01f, 1, true};
+
 const LionHyper kLion{1e-2f, 0.9f, 0.99f, 0.1f};
 const AdagradHyper kAdagrad{1e-1f, 1e-10f, 0.05f};
 
@@ -326,6 +367,19 @@ TEST(LionKernel, MatchesThePapersUpdate) {
     EXPECT_LE(lion_ratio(n, 10, kLion, kLion, &ambiguous), 1.0) << "n = " << n;
     EXPECT_LE(ambiguous, n / 10000 + 1) << "n = " << n;
   }
+}
+
+TEST(LambKernel, MatchesTheFusedLambUpdate) {
+  for (int64_t n : {1, 17, (1 << 16) + 3, 300001}) EXPECT_LE(lamb_ratio(n, 10, kLamb, kLamb), 1.0) << "n = " << n;
+  auto wrong = kLamb;
+  wrong.weight_decay *= 1.01f;
+  EXPECT_GT(lamb_ratio(4099, 10, kLamb, wrong), 10.0) << "weight decay 1% off";
+  wrong = kLamb;
+  wrong.beta1 = 0.909f;
+  EXPECT_GT(lamb_ratio(4099, 10, kLamb, wrong), 10.0) << "beta1 1% off";
+  wrong = kLamb;
+  wrong.bias_correction = false;
+  EXPECT_GT(lamb_ratio(4099, 10, kLamb, wrong), 10.0) << "no bias correction";
 }
 
 TEST(AdagradKernel, MatchesTorchAdagrad) {
@@ -463,6 +517,36 @@ TEST_F(CudaKernels, LionAndAdagradMatchTheirOracles) {
     EXPECT_LE(lion_ratio(n, 10, kLion), 1.0) << "Lion, n = " << n;
     EXPECT_LE(adagrad_ratio(n, 10, kAdagrad), 1.0) << "Adagrad, n = " << n;
   }
+}
+
+// LAMB's device passes against the CPU ones: the same float ops per
+// element (FMA contraction aside: a few ulps) and norms summed in fp64 in
+// another order (the ratio differs far below fp32's resolution).
+TEST_F(CudaKernels, LambMatchesTheCpuKernel) {
+  at::manual_seed(6);
+  const int64_t n = 300001;
+  auto p = at::randn({n}), m = at::zeros({n}), v = at::zeros({n});
+  auto pd = p.cuda(), md = m.cuda(), vd = v.cuda();
+  auto sums_d = at::zeros({2}, pd.options().dtype(at::kDouble));
+  auto out = at::empty({n}, pd.options().dtype(at::kBFloat16));
+  LambHyper h = kLamb;
+  for (int t = 1; t <= 5; ++t) {
+    h.step = t;
+    const auto g = at::randn({n});
+    const auto gd = g.cuda();
+    double sums[2] = {0.0, 0.0};
+    lamb_moments(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, h, 1.0f, sums);
+    lamb_apply(p.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, h, lamb_trust_ratio(sums[0], sums[1], h));
+    sums_d.zero_();
+    cuda::lamb_moments(pd.data_ptr<float>(), gd.data_ptr<float>(), md.data_ptr<float>(), vd.data_ptr<float>(), n, h,
+                       1.0f, sums_d.data_ptr<double>(), nullptr);
+    const auto host = sums_d.cpu();
+    const float ratio = lamb_trust_ratio(host[0].item<double>(), host[1].item<double>(), h);
+    cuda::lamb_apply(pd.data_ptr<float>(), md.data_ptr<float>(), vd.data_ptr<float>(), n, h, ratio, out.data_ptr(),
+                     Out16::BF16, nullptr);
+  }
+  EXPECT_TRUE(at::allclose(pd.cpu(), p, 1e-5, 1e-6));
+  EXPECT_TRUE(out.equal(pd.to(at::kBFloat16)));
 }
 
 TEST_F(CudaKernels, DowncastAndFusedWriteBitExactWithATen) {
