@@ -243,6 +243,31 @@ TEST(Optimizers, SixteenBitTracksTheReference) {
   }
 }
 
+// The collective LAMB adds (docs/design.md): one all-reduce of 2 doubles
+// per param per step, beside the grad norm's 8 bytes, at stages 1-3; none
+// at stage 0 (whole params there). Lion and Adagrad add none.
+TEST(Optimizers, LambAddsOneAllReduceOfTwoDoublesPerParam) {
+  for (OptimizerType type : {OptimizerType::Lion, OptimizerType::Adagrad, OptimizerType::Lamb})
+    for (int stage : {0, 2, 3}) {
+      SCOPED_TRACE(std::string(to_string(type)) + " stage " + std::to_string(stage));
+      StockMlp model = mlp();
+      zero::Engine engine(*model, config(type, stage), world().comm(), dp_group(), groups_of(model));
+      auto [x, y] = batch(0);
+      const int r = dp_group()->rank();
+      engine.backward((engine.forward(model, x.narrow(0, 4 * r, 4)) - y.narrow(0, 4 * r, 4)).pow(2).mean());
+      const auto before = world().comm().counters().totals();
+      engine.step();
+      const auto step = comm::diff(world().comm().counters().totals(), before);
+      const int64_t params = static_cast<int64_t>(model->parameters().size());  // 6
+      const bool lamb_reduce = type == OptimizerType::Lamb && stage > 0;
+      const int64_t norm_bytes = stage > 0 ? 8 : 0;  // stage 0's grads are whole: no norm all-reduce
+      const auto it = step.find("all_reduce");
+      const int64_t calls = it == step.end() ? 0 : it->second.calls, bytes = it == step.end() ? 0 : it->second.bytes;
+      EXPECT_EQ(calls, (stage > 0 ? 1 : 0) + (lamb_reduce ? 1 : 0));
+      EXPECT_EQ(bytes, norm_bytes + (lamb_reduce ? 16 * params : 0));
+    }
+}
+
 // Save after 3 steps, resume in a fresh engine: steps 4..6 bit for bit as
 // an uninterrupted run (the momentum or the sum of squares restored).
 TEST(Optimizers, CheckpointsResumeExactly) {
