@@ -1,13 +1,19 @@
-// AdamW over a flat fp32 buffer: zero-cpp's fused kernel against libtorch's
-// torch::optim::AdamW on the same tensor sizes, side by side in one run.
+// Each optimizer over a flat fp32 buffer: zero-cpp's fused kernel against
+// the torch reference on the same tensor sizes, side by side in one run --
+// torch::optim::AdamW and torch::optim::Adagrad, and Lion and LAMB as
+// whole-tensor torch ops (what a user without fused ones runs; torch has
+// neither).
 //
 //   build/bench/bench_adam --benchmark_format=json
 //
 // Reported: items_per_second = params updated per second. The ratio of the
 // two at equal size is the figure (the machine is shared and noisy).
+#include <algorithm>
+
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 #include <omp.h>
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adamw.h>
 
 #include "optim/kernels.h"
@@ -56,9 +62,100 @@ void BM_TorchAdamW(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * n);
 }
 
+void BM_ZeroLion(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  zero::optim::set_kernel_threads(at::get_num_threads());
+  auto p = at::randn({n}), g = at::randn({n}), m = at::zeros({n});
+  const zero::optim::LionHyper h{1e-4f, 0.9f, 0.999f, 0.01f};
+  for (auto _ : state) {
+    zero::optim::lion_update(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), n, h, 1.0f);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+
+// Lion in torch ops (lucidrains/lion-pytorch's step): decay, the sign of
+// the interpolation, the momentum update.
+void BM_TorchLion(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  auto p = at::randn({n}), g = at::randn({n}), m = at::zeros({n});
+  for (auto _ : state) {
+    p.mul_(1 - 1e-4 * 0.01);
+    p.add_(m.mul(0.9).add_(g, 0.1).sign_(), -1e-4);
+    m.mul_(0.999).add_(g, 0.001);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+
+void BM_ZeroAdagrad(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  zero::optim::set_kernel_threads(at::get_num_threads());
+  auto p = at::randn({n}), g = at::randn({n}), sum = at::zeros({n});
+  const zero::optim::AdagradHyper h{1e-2f, 1e-10f, 0.01f};
+  for (auto _ : state) {
+    zero::optim::adagrad_update(p.data_ptr<float>(), g.data_ptr<float>(), sum.data_ptr<float>(), n, h, 1.0f);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+
+void BM_TorchAdagrad(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  auto p = at::randn({n}).set_requires_grad(true);
+  p.mutable_grad() = at::randn({n});
+  torch::optim::Adagrad opt({p}, torch::optim::AdagradOptions(1e-2).weight_decay(0.01));
+  for (auto _ : state) {
+    opt.step();
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+
+// LAMB over one param the size of the buffer: both passes (moments and
+// norms, then the step with the trust ratio), as the engine runs them.
+void BM_ZeroLamb(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  zero::optim::set_kernel_threads(at::get_num_threads());
+  auto p = at::randn({n}), g = at::randn({n}), m = at::zeros({n}), v = at::zeros({n});
+  zero::optim::LambHyper h;
+  h.weight_decay = 0.01f;
+  for (auto _ : state) {
+    double sums[2] = {0.0, 0.0};
+    zero::optim::lamb_moments(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n,
+                              h, 1.0f, sums);
+    zero::optim::lamb_apply(p.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, h,
+                            zero::optim::lamb_trust_ratio(sums[0], sums[1], h));
+    ++h.step;
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+
+// LAMB in torch ops (the reference tests/mr/optimizers_test.cpp checks against).
+void BM_TorchLamb(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  auto p = at::randn({n}), g = at::randn({n}), m = at::zeros({n}), v = at::zeros({n});
+  for (auto _ : state) {
+    m.mul_(0.9).add_(g, 0.1);
+    v.mul_(0.999).addcmul_(g, g, 0.001);
+    const at::Tensor u = m / (v.sqrt() + 1e-8) + 0.01 * p;
+    const double ratio = std::clamp(p.norm().item<double>() / u.norm().item<double>(), 0.01, 10.0);
+    p.sub_(u * (1e-3 * ratio));
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+
 }  // namespace
 
 BENCHMARK(BM_ZeroAdamW)->Arg(10'000'000)->Arg(100'000'000)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ZeroAdamW_Bf16Out)->Arg(10'000'000)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_TorchAdamW)->Arg(10'000'000)->Arg(100'000'000)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ZeroLion)->Arg(10'000'000)->Arg(100'000'000)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_TorchLion)->Arg(10'000'000)->Arg(100'000'000)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ZeroAdagrad)->Arg(10'000'000)->Arg(100'000'000)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_TorchAdagrad)->Arg(10'000'000)->Arg(100'000'000)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ZeroLamb)->Arg(10'000'000)->Arg(100'000'000)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_TorchLamb)->Arg(10'000'000)->Arg(100'000'000)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_MAIN();

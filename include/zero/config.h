@@ -41,7 +41,7 @@ struct BF16Config {
   bool enabled = false;
 };
 
-enum class OptimizerType { Adam, AdamW, SGD };
+enum class OptimizerType { Adam, AdamW, SGD, Lion, Adagrad, Lamb };
 const char* to_string(OptimizerType);
 
 struct OptimizerConfig {
@@ -57,6 +57,11 @@ struct OptimizerConfig {
   double momentum = 0.0;  // SGD
   double dampening = 0.0;
   bool nesterov = false;
+  double initial_accumulator_value = 0.0;  // Adagrad: where the sum of squared grads starts
+  // LAMB (DeepSpeed's FusedLamb): the trust ratio's clamp, and whether the
+  // step size carries Adam's bias correction.
+  double max_coeff = 10.0, min_coeff = 0.01;
+  bool bias_correction = true;
 
   // An optimizer from code (zero::with_optimizer below), run by the same
   // fused kernels as the config's.
@@ -65,6 +70,12 @@ struct OptimizerConfig {
   static OptimizerConfig adam(double lr, double weight_decay = 0.0, std::array<double, 2> betas = {0.9, 0.999},
                               double eps = 1e-8);  // L2 weight decay (torch.optim.Adam)
   static OptimizerConfig sgd(double lr, double momentum = 0.0, double weight_decay = 0.0, bool nesterov = false);
+  // Defaults are DeepSpeed's (FusedLion / DeepSpeedCPULion; torch.optim.Adagrad
+  // and DeepSpeedCPUAdagrad), which differ from the papers' (Lion: beta2 0.99).
+  static OptimizerConfig lion(double lr = 1e-3, double weight_decay = 0.0, std::array<double, 2> betas = {0.9, 0.999});
+  static OptimizerConfig adagrad(double lr = 1e-2, double weight_decay = 0.0, double eps = 1e-10);
+  static OptimizerConfig lamb(double lr = 1e-3, double weight_decay = 0.0, std::array<double, 2> betas = {0.9, 0.999},
+                              double eps = 1e-8);
 };
 
 enum class SchedulerType { None, WarmupLR, WarmupDecayLR, WarmupCosineLR, LRRangeTest, OneCycle };

@@ -111,10 +111,21 @@ BF16Config read_bf16(ObjectReader& top) {
   return c;
 }
 
+// betas: two numbers in [0, 1) (Adam, Lion).
+void read_betas(ObjectReader& p, OptimizerConfig& c) {
+  const json* b = p.find("betas");
+  if (!b) return;
+  if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number() ||
+      (*b)[0].get<double>() < 0 || (*b)[0].get<double>() >= 1 || (*b)[1].get<double>() < 0 ||
+      (*b)[1].get<double>() >= 1)
+    p.fail_value("betas", *b, "two numbers in [0, 1), e.g. [0.9, 0.999]");
+  c.betas = {(*b)[0].get<double>(), (*b)[1].get<double>()};
+}
+
 OptimizerConfig read_optimizer(ObjectReader& top) {
   OptimizerConfig c;
   ObjectReader r = top.child("optimizer");
-  auto type = r.get_opt_choice("type", {"Adam", "AdamW", "SGD"}, /*ignore_case=*/true);
+  auto type = r.get_opt_choice("type", {"Adam", "AdamW", "SGD", "Lion", "Adagrad", "Lamb"}, /*ignore_case=*/true);
   ObjectReader p = r.child("params");
   r.finish();
   if (!type) {
@@ -123,9 +134,16 @@ OptimizerConfig read_optimizer(ObjectReader& top) {
   }
   c.given = true;
   c.type = *type == "Adam" ? OptimizerType::Adam : *type == "AdamW" ? OptimizerType::AdamW
-                                                                    : OptimizerType::SGD;
+           : *type == "SGD"  ? OptimizerType::SGD
+           : *type == "Lion" ? OptimizerType::Lion
+           : *type == "Lamb" ? OptimizerType::Lamb
+                             : OptimizerType::Adagrad;
   if (p.find("max_grad_norm"))
     p.fail("max_grad_norm", "is not an optimizer parameter; use the top-level gradient_clipping");
+  // Each type's defaults are its DeepSpeed class's constructor's.
+  if (c.type == OptimizerType::Lion) c = OptimizerConfig::lion();
+  if (c.type == OptimizerType::Adagrad) c = OptimizerConfig::adagrad();
+  if (c.type == OptimizerType::Lamb) c = OptimizerConfig::lamb();
   c.lr = p.get_double("lr", c.lr, 0.0, 1e6);
   c.weight_decay = p.get_double("weight_decay", c.weight_decay, 0.0, 1e6);
   if (c.type == OptimizerType::SGD) {
@@ -134,14 +152,29 @@ OptimizerConfig read_optimizer(ObjectReader& top) {
     c.nesterov = p.get_bool("nesterov", c.nesterov);
     if (c.nesterov && (c.momentum <= 0.0 || c.dampening != 0.0))
       p.fail("nesterov", "= true requires momentum > 0 and dampening = 0");
+  } else if (c.type == OptimizerType::Lion) {
+    read_betas(p, c);  // FusedLion and DeepSpeedCPULion take lr, betas, weight_decay only
+  } else if (c.type == OptimizerType::Lamb) {
+    read_betas(p, c);  // FusedLamb's keys
+    c.eps = p.get_double("eps", c.eps, 0.0, 1.0);
+    c.bias_correction = p.get_bool("bias_correction", true);
+    c.max_coeff = p.get_double("max_coeff", c.max_coeff, 0.0, 1e6);
+    c.min_coeff = p.get_double("min_coeff", c.min_coeff, 0.0, 1e6);
+    if (c.min_coeff > c.max_coeff) p.fail("min_coeff", "must not exceed max_coeff");
+    p.unsupported_unless("eps_inside_sqrt", false);
+    p.unsupported_unless("amsgrad", false);
+  } else if (c.type == OptimizerType::Adagrad) {
+    // torch.optim.Adagrad's keys (DeepSpeed builds it without offload;
+    // DeepSpeedCPUAdagrad takes lr, eps, weight_decay).
+    c.eps = p.get_double("eps", c.eps, 0.0, 1.0);
+    c.initial_accumulator_value = p.get_double("initial_accumulator_value", 0.0, 0.0, 1e6);
+    p.unsupported_unless("lr_decay", 0);
+    p.unsupported_unless("amsgrad", false);
+    p.unsupported_unless("maximize", false);
+    p.accept_any("foreach");  // which implementation; ours is one kernel either way
+    p.accept_any("fused");
   } else {
-    if (const json* b = p.find("betas")) {
-      if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number() ||
-          (*b)[0].get<double>() < 0 || (*b)[0].get<double>() >= 1 || (*b)[1].get<double>() < 0 ||
-          (*b)[1].get<double>() >= 1)
-        p.fail_value("betas", *b, "two numbers in [0, 1), e.g. [0.9, 0.999]");
-      c.betas = {(*b)[0].get<double>(), (*b)[1].get<double>()};
-    }
+    read_betas(p, c);
     c.eps = p.get_double("eps", c.eps, 0.0, 1.0);
     // As DeepSpeed: AdamW is always decoupled; Adam is unless adam_w_mode is false.
     c.adam_w_mode = p.get_bool("adam_w_mode", true) || c.type == OptimizerType::AdamW;
@@ -150,6 +183,7 @@ OptimizerConfig read_optimizer(ObjectReader& top) {
     p.unsupported_unless("bias_correction", true);
   }
   p.finish();
+  c.given = true;
   return c;
 }
 
@@ -365,6 +399,9 @@ const char* to_string(OptimizerType t) {
   switch (t) {
     case OptimizerType::Adam: return "Adam";
     case OptimizerType::SGD: return "SGD";
+    case OptimizerType::Lion: return "Lion";
+    case OptimizerType::Adagrad: return "Adagrad";
+    case OptimizerType::Lamb: return "Lamb";
     default: return "AdamW";
   }
 }
@@ -566,6 +603,32 @@ OptimizerConfig OptimizerConfig::sgd(double lr, double momentum, double weight_d
   return o;
 }
 
+OptimizerConfig OptimizerConfig::lion(double lr, double weight_decay, std::array<double, 2> betas) {
+  OptimizerConfig o;
+  o.type = OptimizerType::Lion;
+  o.given = true;
+  o.lr = lr;
+  o.weight_decay = weight_decay;
+  o.betas = betas;
+  return o;
+}
+
+OptimizerConfig OptimizerConfig::adagrad(double lr, double weight_decay, double eps) {
+  OptimizerConfig o;
+  o.type = OptimizerType::Adagrad;
+  o.given = true;
+  o.lr = lr;
+  o.weight_decay = weight_decay;
+  o.eps = eps;
+  return o;
+}
+
+OptimizerConfig OptimizerConfig::lamb(double lr, double weight_decay, std::array<double, 2> betas, double eps) {
+  OptimizerConfig o = adamw(lr, weight_decay, betas, eps);
+  o.type = OptimizerType::Lamb;
+  return o;
+}
+
 Config with_optimizer(Config config, OptimizerConfig optimizer) {
   if (config.optimizer.given)
     throw ConfigError("ds_config: has an \"optimizer\" block and an optimizer was passed from code; keep one");
@@ -660,6 +723,17 @@ json Config::to_json() const {
       p["momentum"] = optimizer.momentum;
       p["dampening"] = optimizer.dampening;
       p["nesterov"] = optimizer.nesterov;
+    } else if (optimizer.type == OptimizerType::Lion) {
+      p["betas"] = optimizer.betas;
+    } else if (optimizer.type == OptimizerType::Lamb) {
+      p["betas"] = optimizer.betas;
+      p["eps"] = optimizer.eps;
+      p["bias_correction"] = optimizer.bias_correction;
+      p["max_coeff"] = optimizer.max_coeff;
+      p["min_coeff"] = optimizer.min_coeff;
+    } else if (optimizer.type == OptimizerType::Adagrad) {
+      p["eps"] = optimizer.eps;
+      p["initial_accumulator_value"] = optimizer.initial_accumulator_value;
     } else {
       p["betas"] = optimizer.betas;
       p["eps"] = optimizer.eps;

@@ -141,10 +141,12 @@ std::string saved_optimizer(const ckpt::Manifest& man) {
   return "";
 }
 
-// Adam and AdamW keep the same state (two moments); SGD keeps momentum.
+// Adam and AdamW keep the same state (two moments); every other type's is
+// its own, even where the buffer's name is shared (Lion's exp_avg is not
+// SGD's momentum nor Adam's first moment).
 bool same_optimizer_state(const std::string& a, OptimizerType b) {
-  const bool a_is_sgd = a == "SGD", b_is_sgd = b == OptimizerType::SGD;
-  return a.empty() || a_is_sgd == b_is_sgd;
+  const auto family = [](const std::string& t) { return t == "Adam" || t == "AdamW" ? std::string("Adam") : t; };
+  return a.empty() || family(a) == family(to_string(b));
 }
 
 // How the checkpoint's run batched: recorded since this field exists, else

@@ -48,6 +48,27 @@ void device_sgd(c10::Device device, float* p, const float* g, float* buf, int64_
 #endif
 }
 
+void device_lion(c10::Device device, float* p, const float* g, float* m, int64_t n, const optim::LionHyper& h,
+                 float scale, void* out16, optim::Out16 kind) {
+#ifdef ZERO_WITH_CUDA
+  optim::cuda::lion_update(p, g, m, n, h, scale, out16, kind, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  optim::cuda::check_launch("fused Lion update");
+#else
+  throw std::logic_error("a CUDA master on " + device.str() + ", but zero-cpp was built without CUDA");
+#endif
+}
+
+void device_adagrad(c10::Device device, float* p, const float* g, float* sum, int64_t n,
+                    const optim::AdagradHyper& h, float scale, void* out16, optim::Out16 kind) {
+#ifdef ZERO_WITH_CUDA
+  optim::cuda::adagrad_update(p, g, sum, n, h, scale, out16, kind,
+                              c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  optim::cuda::check_launch("fused Adagrad update");
+#else
+  throw std::logic_error("a CUDA master on " + device.str() + ", but zero-cpp was built without CUDA");
+#endif
+}
+
 // ZeRO-Offload's pipeline chunk: 4 Mi elements (16 MiB of fp32 grads), so
 // a 1B-param shard crosses ~240 chunks and the first and last copies, which
 // nothing overlaps, are a small part of the step. ZERO_OFFLOAD_CHUNK_ELEMENTS
@@ -107,10 +128,21 @@ std::vector<FlatOptimizer::Span> FlatOptimizer::spans_of(const partition::FlatGr
   return spans;
 }
 
+// Named as DeepSpeed's optimizers name their state: Adam's exp_avg and
+// exp_avg_sq, SGD's momentum in exp_avg, Lion's exp_avg (DeepSpeedCPULion),
+// Adagrad's sum of squares in exp_avg_sq (DeepSpeedCPUAdagrad).
 void FlatOptimizer::init_state(partition::FlatGroup& g) const {
-  g.exp_avg = at::zeros_like(g.master);
-  if (config_.optimizer.type != OptimizerType::SGD) g.exp_avg_sq = at::zeros_like(g.master);
-  else if (config_.optimizer.momentum == 0.0) g.exp_avg = at::Tensor();
+  const auto& o = config_.optimizer;
+  switch (o.type) {
+    case OptimizerType::SGD:
+      if (o.momentum != 0.0) g.exp_avg = at::zeros_like(g.master);
+      break;
+    case OptimizerType::Lion: g.exp_avg = at::zeros_like(g.master); break;
+    case OptimizerType::Adagrad: g.exp_avg_sq = at::full_like(g.master, o.initial_accumulator_value); break;
+    default:
+      g.exp_avg = at::zeros_like(g.master);
+      g.exp_avg_sq = at::zeros_like(g.master);
+  }
 }
 
 double FlatOptimizer::lr() const {
@@ -168,6 +200,10 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
   }
   const double rate = lr();
   ++optimizer_steps_;
+  if (config_.optimizer.type == OptimizerType::Lamb) {
+    update_lamb(groups, grads, rate, grad_scale);
+    return true;
+  }
   if (offload_staging_.size() != groups.size()) offload_staging_.resize(groups.size());
   for (size_t i = 0; i < groups.size(); ++i) update_group(i, groups[i], grads[i], rate, grad_scale);
   return true;
@@ -279,6 +315,100 @@ void FlatOptimizer::update_offloaded(OffloadStaging& staging, partition::FlatGro
   }
 }
 
+// LAMB's trust ratio is per param, and a param's elements may lie on
+// several ranks' shards. Pass 1 updates the moments over this rank's
+// fragments and sums, per param, p^2 and u^2 of its elements here; one
+// all-reduce (sum) of those 2 x (params) doubles over the data-parallel
+// group makes them whole-param sums on every rank (stage 0 holds whole
+// params: no all-reduce); pass 2 applies each fragment's step with its
+// param's ratio and writes the 16-bit params.
+void FlatOptimizer::update_lamb(std::vector<partition::FlatGroup>& groups, const std::vector<at::Tensor>& grads,
+                                double lr, float grad_scale) {
+  struct Piece {
+    size_t group;
+    int64_t begin, numel;  // in the master
+    int64_t slot;          // the param's index into the sums
+    int hyper;
+  };
+  std::vector<Piece> pieces;
+  int64_t slots = 0;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const auto& g = groups[gi];
+    if ((g.master.is_cpu() && !grads[gi].is_cpu()) ||
+        policy_.update_destination(g, dp_.rank()).device() != g.master.device())
+      throw std::invalid_argument("optimizer Lamb: offload_optimizer / offload_param to the host of a model on " +
+                                  grads[gi].device().str() + " is not supported yet");
+    std::unordered_map<int64_t, std::pair<int64_t, int>> slot_of;  // layout's param_index -> (slot, hyper)
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      auto it = group_of_.find(g.params[i].unsafeGetTensorImpl());
+      slot_of[g.layout.params[i].param_index] = {slots++, it == group_of_.end() ? 0 : it->second};
+    }
+    if (policy_.shard_optimizer_state) {
+      for (const auto& f : g.layout.fragments(dp_.rank())) {
+        const auto [slot, hyper] = slot_of.at(f.param_index);
+        pieces.push_back({gi, f.shard_offset, f.numel, slot, hyper});
+      }
+    } else {
+      for (const auto& p : g.layout.params) {
+        const auto [slot, hyper] = slot_of.at(p.param_index);
+        pieces.push_back({gi, p.offset, p.numel, slot, hyper});
+      }
+    }
+  }
+  const auto& o = config_.optimizer;
+  const auto hyper_of = [&](int hyper) {
+    const Hyper& hy = hypers_[hyper];
+    return optim::LambHyper{static_cast<float>(lr * hy.lr_scale), static_cast<float>(o.betas[0]),
+                            static_cast<float>(o.betas[1]), static_cast<float>(o.eps),
+                            static_cast<float>(hy.weight_decay), static_cast<float>(o.max_coeff),
+                            static_cast<float>(o.min_coeff), optimizer_steps_, o.bias_correction};
+  };
+  const c10::Device device = groups.empty() ? c10::Device(at::kCPU) : groups.front().master.device();
+  at::Tensor sums = at::zeros({2 * slots}, at::TensorOptions().dtype(at::kDouble).device(device));
+  for (const Piece& pc : pieces) {
+    auto& g = groups[pc.group];
+    const float* p = g.master.data_ptr<float>() + pc.begin;
+    const float* gr = grads[pc.group].data_ptr<float>() + pc.begin;
+    float* m = g.exp_avg.data_ptr<float>() + pc.begin;
+    float* v = g.exp_avg_sq.data_ptr<float>() + pc.begin;
+    double* sum = sums.data_ptr<double>() + 2 * pc.slot;
+    const c10::OptionalDeviceGuard on_device(guard_device(g.master));
+    if (g.master.is_cuda()) {
+#ifdef ZERO_WITH_CUDA
+      optim::cuda::lamb_moments(p, gr, m, v, pc.numel, hyper_of(pc.hyper), grad_scale, sum,
+                                c10::cuda::getCurrentCUDAStream(g.master.device().index()).stream());
+#endif
+    } else {
+      optim::lamb_moments(p, gr, m, v, pc.numel, hyper_of(pc.hyper), grad_scale, sum);
+    }
+  }
+  at::Tensor host = sums.to(at::kCPU);  // the ratios are computed on the host
+  if (policy_.shard_optimizer_state) comm_.all_reduce(dp_, host, comm::ReduceOp::Sum, "lamb norms")->wait();
+  const double* total = host.data_ptr<double>();
+  for (const Piece& pc : pieces) {
+    auto& g = groups[pc.group];
+    const optim::LambHyper h = hyper_of(pc.hyper);
+    const float ratio = optim::lamb_trust_ratio(total[2 * pc.slot], total[2 * pc.slot + 1], h);
+    const at::Tensor dest = policy_.update_destination(g, dp_.rank());
+    const auto kind = out_kind(dest, g);
+    void* out = kind == optim::Out16::None
+                    ? nullptr
+                    : static_cast<char*>(dest.data_ptr()) + pc.begin * optim::out16_bytes(kind);
+    float* p = g.master.data_ptr<float>() + pc.begin;
+    const float* m = g.exp_avg.data_ptr<float>() + pc.begin;
+    const float* v = g.exp_avg_sq.data_ptr<float>() + pc.begin;
+    const c10::OptionalDeviceGuard on_device(guard_device(g.master));
+    if (g.master.is_cuda()) {
+#ifdef ZERO_WITH_CUDA
+      optim::cuda::lamb_apply(p, m, v, pc.numel, h, ratio, out, kind,
+                              c10::cuda::getCurrentCUDAStream(g.master.device().index()).stream());
+#endif
+    } else {
+      optim::lamb_apply(p, m, v, pc.numel, h, ratio, out, kind);
+    }
+  }
+}
+
 void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad, const Span& s, double lr,
                                 float grad_scale, void* out16, optim::Out16 kind) {
   const Hyper& hy = hypers_[s.hyper];
@@ -293,6 +423,18 @@ void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad,
     float* buf = g.exp_avg.defined() ? g.exp_avg.data_ptr<float>() + s.begin : nullptr;
     if (g.master.is_cuda()) device_sgd(g.master.device(), master, gr, buf, s.numel, h, grad_scale, out, kind);
     else optim::sgd_update(master, gr, buf, s.numel, h, grad_scale, out, kind);
+  } else if (o.type == OptimizerType::Lion) {
+    // OneCycle moves Lion's beta1 too (FusedLion has betas, as Adam).
+    const auto betas = optim::scheduled_betas(config_.scheduler, scheduler_iter_).value_or(o.betas);
+    optim::LionHyper h{rate, static_cast<float>(betas[0]), static_cast<float>(betas[1]), wd};
+    float* m = g.exp_avg.data_ptr<float>() + s.begin;
+    if (g.master.is_cuda()) device_lion(g.master.device(), master, gr, m, s.numel, h, grad_scale, out, kind);
+    else optim::lion_update(master, gr, m, s.numel, h, grad_scale, out, kind);
+  } else if (o.type == OptimizerType::Adagrad) {
+    optim::AdagradHyper h{rate, static_cast<float>(o.eps), wd};
+    float* sum = g.exp_avg_sq.data_ptr<float>() + s.begin;
+    if (g.master.is_cuda()) device_adagrad(g.master.device(), master, gr, sum, s.numel, h, grad_scale, out, kind);
+    else optim::adagrad_update(master, gr, sum, s.numel, h, grad_scale, out, kind);
   } else {
     // OneCycle moves beta1 with the lr (bias correction then uses the
     // current beta1, as torch's Adam does when a scheduler sets its betas).

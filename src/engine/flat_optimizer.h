@@ -1,6 +1,6 @@
 // The optimizer over the flat groups' fp32 masters: global grad norm,
 // overflow check (fp16/bf16), DeepSpeed's clipping, the fused update
-// (optim/kernels: AdamW/Adam/SGD, writing the 16-bit params in the same
+// (optim/kernels: AdamW/Adam/SGD/Lion/Adagrad, writing the 16-bit params in the same
 // pass), the LR schedule, the loss scaler and the step counters. It knows
 // nothing of backward or of how params reach the ranks afterwards: the
 // engine reduces grads before step() and publishes params after it.
@@ -29,7 +29,8 @@ class FlatOptimizer {
   FlatOptimizer(const Config& config, const StagePolicy& policy, comm::Comm& comm, const comm::Group& dp,
                 std::function<void(const std::string&)> log);
 
-  // Optimizer state for a group whose master is set: moments (Adam), momentum (SGD).
+  // Optimizer state for a group whose master is set: moments (Adam),
+  // momentum (SGD, Lion), sum of squared grads (Adagrad).
   void init_state(partition::FlatGroup& g) const;
 
   // Param groups (torch's, DeepSpeed's model_parameters): hyper 0 is the
@@ -68,6 +69,10 @@ class FlatOptimizer {
     at::Tensor grads;   // the reduced grads, brought down
     at::Tensor params;  // the params' new 16-bit values, sent up
   };
+  // LAMB: two passes over every group with one all-reduce of the per-param
+  // norms between them (docs/design.md, "LAMB over flat shards").
+  void update_lamb(std::vector<partition::FlatGroup>& groups, const std::vector<at::Tensor>& grads, double lr,
+                   float grad_scale);
   void update_group(size_t index, partition::FlatGroup& g, const at::Tensor& grad, double lr, float grad_scale);
   void update_offloaded(OffloadStaging& staging, partition::FlatGroup& g, const at::Tensor& grad, double lr,
                         float grad_scale);

@@ -1,7 +1,9 @@
 #include "optim/kernels.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include <omp.h>
 
@@ -59,6 +61,49 @@ void sgd_chunk(float* __restrict p, const float* __restrict g, float* __restrict
 }
 
 ZERO_CLONES
+void lion_chunk(float* __restrict p, const float* __restrict g, float* __restrict m, int64_t n, const LionHyper h,
+                float grad_scale, void* __restrict out, Out16 kind) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float param = lion_element(p[i], g[i], m[i], h, grad_scale);
+    p[i] = param;
+    if (out) store_out(out, i, param, kind);
+  }
+}
+
+ZERO_CLONES
+void adagrad_chunk(float* __restrict p, const float* __restrict g, float* __restrict sum, int64_t n,
+                   const AdagradHyper h, float grad_scale, void* __restrict out, Out16 kind) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float param = adagrad_element(p[i], g[i], sum[i], h, grad_scale);
+    p[i] = param;
+    if (out) store_out(out, i, param, kind);
+  }
+}
+
+ZERO_CLONES
+void lamb_moments_chunk(const float* __restrict p, const float* __restrict g, float* __restrict m,
+                        float* __restrict v, int64_t n, const LambHyper h, float grad_scale, double* sums) {
+  double sp = 0.0, su = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float u = lamb_moments_element(p[i], g[i], m[i], v[i], h, grad_scale);
+    sp += static_cast<double>(p[i]) * p[i];
+    su += static_cast<double>(u) * u;
+  }
+  sums[0] = sp;
+  sums[1] = su;
+}
+
+ZERO_CLONES
+void lamb_apply_chunk(float* __restrict p, const float* __restrict m, const float* __restrict v, int64_t n,
+                      const LambHyper h, float scaled_step, void* __restrict out, Out16 kind) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float param = p[i] - scaled_step * lamb_direction(p[i], m[i], v[i], h);
+    p[i] = param;
+    if (out) store_out(out, i, param, kind);
+  }
+}
+
+ZERO_CLONES
 void downcast_chunk(const float* __restrict src, void* __restrict dst, int64_t n, Out16 kind) {
   for (int64_t i = 0; i < n; ++i) store_out(dst, i, src[i], kind);
 }
@@ -100,6 +145,51 @@ void sgd_update(float* p, const float* grad, float* momentum_buf, int64_t n, con
   if (kind == Out16::None) out16 = nullptr;
   parallel_chunks(n, [&](int64_t lo, int64_t len) {
     sgd_chunk(p + lo, grad + lo, buf ? buf + lo : nullptr, len, h, grad_scale, out_at(out16, lo, kind), kind);
+  });
+}
+
+void lion_update(float* p, const float* grad, float* exp_avg, int64_t n, const LionHyper& h, float grad_scale,
+                 void* out16, Out16 kind) {
+  if (kind == Out16::None) out16 = nullptr;
+  parallel_chunks(n, [&](int64_t lo, int64_t len) {
+    lion_chunk(p + lo, grad + lo, exp_avg + lo, len, h, grad_scale, out_at(out16, lo, kind), kind);
+  });
+}
+
+void adagrad_update(float* p, const float* grad, float* sum_sq, int64_t n, const AdagradHyper& h, float grad_scale,
+                    void* out16, Out16 kind) {
+  if (kind == Out16::None) out16 = nullptr;
+  parallel_chunks(n, [&](int64_t lo, int64_t len) {
+    adagrad_chunk(p + lo, grad + lo, sum_sq + lo, len, h, grad_scale, out_at(out16, lo, kind), kind);
+  });
+}
+
+void lamb_moments(const float* p, const float* grad, float* m, float* v, int64_t n, const LambHyper& h,
+                  float grad_scale, double* sums) {
+  // Per-chunk partial sums, added in chunk order: the same result whatever
+  // the thread count.
+  std::vector<double> partial(2 * ((n + kChunk - 1) / kChunk + 1), 0.0);
+  parallel_chunks(n, [&](int64_t lo, int64_t len) {
+    lamb_moments_chunk(p + lo, grad + lo, m + lo, v + lo, len, h, grad_scale, &partial[2 * (lo / kChunk)]);
+  });
+  for (size_t c = 0; c < partial.size(); c += 2) {
+    sums[0] += partial[c];
+    sums[1] += partial[c + 1];
+  }
+}
+
+float lamb_trust_ratio(double sumsq_p, double sumsq_u, const LambHyper& h) {
+  const double w = std::sqrt(sumsq_p), u = std::sqrt(sumsq_u);
+  if (w == 0.0 || u == 0.0) return 1.0f;
+  return static_cast<float>(std::clamp(w / u, static_cast<double>(h.min_coeff), static_cast<double>(h.max_coeff)));
+}
+
+void lamb_apply(float* p, const float* m, const float* v, int64_t n, const LambHyper& h, float ratio, void* out16,
+                Out16 kind) {
+  if (kind == Out16::None) out16 = nullptr;
+  const float scaled_step = lamb_step_size(h) * ratio;
+  parallel_chunks(n, [&](int64_t lo, int64_t len) {
+    lamb_apply_chunk(p + lo, m + lo, v + lo, len, h, scaled_step, out_at(out16, lo, kind), kind);
   });
 }
 

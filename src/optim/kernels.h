@@ -53,6 +53,54 @@ struct SgdHyper {
 void sgd_update(float* p, const float* grad, float* momentum_buf, int64_t n, const SgdHyper& h,
                 float grad_scale, void* out16 = nullptr, Out16 kind = Out16::None);
 
+struct LionHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float weight_decay = 0.0f;  // decoupled, as AdamW's
+};
+
+// Lion (Chen et al. 2023, DeepSpeed's FusedLion): p -= lr * sign(beta1 m +
+// (1 - beta1) g), then m = beta2 m + (1 - beta2) g; exp_avg updated in place.
+void lion_update(float* p, const float* grad, float* exp_avg, int64_t n, const LionHyper& h, float grad_scale,
+                 void* out16 = nullptr, Out16 kind = Out16::None);
+
+struct AdagradHyper {
+  float lr = 1e-2f;
+  float eps = 1e-10f;
+  float weight_decay = 0.0f;  // L2 into the grad, as torch's Adagrad
+};
+
+// Adagrad (torch.optim.Adagrad without lr_decay): sum += g^2, p -= lr g /
+// (sqrt(sum) + eps); the sum of squares (exp_avg_sq) updated in place.
+void adagrad_update(float* p, const float* grad, float* sum_sq, int64_t n, const AdagradHyper& h, float grad_scale,
+                    void* out16 = nullptr, Out16 kind = Out16::None);
+
+struct LambHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // inside the update, as DeepSpeed's FusedLamb
+  float max_coeff = 10.0f, min_coeff = 0.01f;  // the trust ratio's clamp
+  int64_t step = 1;           // 1-based, after this update
+  bool bias_correction = true;
+};
+
+// LAMB (You et al. 2020) in DeepSpeed's FusedLamb form, two passes because
+// the trust ratio needs norms of whole params first. Pass 1 updates m, v
+// from grad * grad_scale and adds sum p^2 and sum u^2 of these n elements
+// (u = m / (sqrt(v) + eps) + wd p) into sums[0], sums[1].
+void lamb_moments(const float* p, const float* grad, float* m, float* v, int64_t n, const LambHyper& h,
+                  float grad_scale, double* sums);
+// The trust ratio of a param from its summed squares: ||p|| / ||u||
+// clamped to [min_coeff, max_coeff]; 1 when either norm is 0.
+float lamb_trust_ratio(double sumsq_p, double sumsq_u, const LambHyper& h);
+// Pass 2: p -= lr sqrt(1 - beta2^t) / (1 - beta1^t) * ratio * u (u
+// recomputed from m, v, p), the 16-bit copy written in the same pass.
+void lamb_apply(float* p, const float* m, const float* v, int64_t n, const LambHyper& h, float ratio,
+                void* out16 = nullptr, Out16 kind = Out16::None);
+
 // Casts n fp32 values to bf16/fp16 (round to nearest even), as the kernels do.
 void downcast(const float* src, void* dst, int64_t n, Out16 kind);
 

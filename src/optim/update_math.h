@@ -57,4 +57,52 @@ ZERO_HOST_DEVICE inline float sgd_element(float param, float grad, float* moment
   return param - h.lr * grad;
 }
 
+// Updates the momentum and returns the new param. sign(0) is 0, as torch's
+// and DeepSpeed's: a zero interpolation leaves the param (but not its decay).
+ZERO_HOST_DEVICE inline float lion_element(float param, float grad, float& m, const LionHyper& h,
+                                           float grad_scale) {
+  grad *= grad_scale;
+  param *= 1.0f - h.lr * h.weight_decay;
+  const float c = h.beta1 * m + (1.0f - h.beta1) * grad;
+  // Branch-free: the signs of a random shard mispredict half the time.
+  const float sign = static_cast<float>((c > 0.0f) - (c < 0.0f));
+  m = h.beta2 * m + (1.0f - h.beta2) * grad;
+  return param - h.lr * sign;
+}
+
+// Updates the sum of squared grads and returns the new param, in torch's
+// order: the decayed grad squared into the sum, then lr * g / (sqrt + eps).
+ZERO_HOST_DEVICE inline float adagrad_element(float param, float grad, float& sum, const AdagradHyper& h,
+                                              float grad_scale) {
+  grad = grad * grad_scale + h.weight_decay * param;
+  const float s = sum + grad * grad;
+  sum = s;
+  return param - h.lr * grad / (sqrtf(s) + h.eps);
+}
+
+// LAMB's pass 1 per element: m and v (no bias correction: it is in the
+// step size, as DeepSpeed's FusedLamb). Returns the update direction u.
+ZERO_HOST_DEVICE inline float lamb_moments_element(float param, float grad, float& m, float& v, const LambHyper& h,
+                                                   float grad_scale) {
+  grad *= grad_scale;
+  const float mi = h.beta1 * m + (1.0f - h.beta1) * grad;
+  const float vi = h.beta2 * v + (1.0f - h.beta2) * grad * grad;
+  m = mi;
+  v = vi;
+  return mi / (sqrtf(vi) + h.eps) + h.weight_decay * param;
+}
+
+// LAMB's update direction from the stored moments (pass 2 recomputes it
+// rather than storing it: one buffer fewer, the same float ops).
+ZERO_HOST_DEVICE inline float lamb_direction(float param, float m, float v, const LambHyper& h) {
+  return m / (sqrtf(v) + h.eps) + h.weight_decay * param;
+}
+
+inline float lamb_step_size(const LambHyper& h) {
+  if (!h.bias_correction) return h.lr;
+  const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), h.step);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), h.step);
+  return static_cast<float>(h.lr * std::sqrt(bc2) / bc1);
+}
+
 }  // namespace zero::optim

@@ -365,6 +365,56 @@ TEST(ConfigClientOptimizer, WithOptimizerFromCode) {
   EXPECT_THROW(zero::with_optimizer(both, zero::OptimizerConfig::adamw(1e-3)), zero::ConfigError);
 }
 
+// DeepSpeed's Lion (FusedLion / DeepSpeedCPULion) and Adagrad
+// (torch.optim.Adagrad / DeepSpeedCPUAdagrad): their constructors' defaults.
+TEST(ConfigOptimizerScheduler, LionAndAdagrad) {
+  Config l = Config::from_string(R"({"optimizer": {"type": "lion", "params": {"weight_decay": 0.1}}})");
+  EXPECT_EQ(l.optimizer.type, zero::OptimizerType::Lion);
+  EXPECT_DOUBLE_EQ(l.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(l.optimizer.betas[0], 0.9);
+  EXPECT_DOUBLE_EQ(l.optimizer.betas[1], 0.999);
+  EXPECT_DOUBLE_EQ(l.optimizer.weight_decay, 0.1);
+  Config a = Config::from_string(R"({"optimizer": {"type": "Adagrad", "params": {"initial_accumulator_value": 0.1}}})");
+  EXPECT_EQ(a.optimizer.type, zero::OptimizerType::Adagrad);
+  EXPECT_DOUBLE_EQ(a.optimizer.lr, 1e-2);
+  EXPECT_DOUBLE_EQ(a.optimizer.eps, 1e-10);
+  EXPECT_DOUBLE_EQ(a.optimizer.initial_accumulator_value, 0.1);
+  for (const Config& c : {l, a}) {
+    const Config back = Config::from_json(c.to_json());
+    EXPECT_EQ(back.optimizer.type, c.optimizer.type);
+    EXPECT_DOUBLE_EQ(back.optimizer.lr, c.optimizer.lr);
+    EXPECT_DOUBLE_EQ(back.optimizer.eps, c.optimizer.eps);
+    EXPECT_EQ(back.optimizer.betas, c.optimizer.betas);
+  }
+  EXPECT_EQ(zero::OptimizerConfig::lion().betas[1], 0.999);
+  EXPECT_DOUBLE_EQ(zero::OptimizerConfig::adagrad(0.1, 0.0, 1e-8).eps, 1e-8);
+  expect_error(R"({"optimizer": {"type": "Lion", "params": {"eps": 1e-8}}})", {"optimizer.params.eps"});
+  expect_error(R"({"optimizer": {"type": "Lion", "params": {"betas": [0.9, 1.5]}}})", {"optimizer.params.betas"});
+  expect_error(R"({"optimizer": {"type": "Adagrad", "params": {"betas": [0.9, 0.99]}}})",
+               {"optimizer.params.betas"});
+  expect_error(R"({"optimizer": {"type": "Adagrad", "params": {"lr_decay": 0.1}}})", {"optimizer.params.lr_decay"});
+}
+
+// DeepSpeed's Lamb (FusedLamb): its constructor's defaults and keys.
+TEST(ConfigOptimizerScheduler, Lamb) {
+  Config c = Config::from_string(R"({"optimizer": {"type": "LAMB", "params": {"max_coeff": 0.3, "min_coeff": 0.01}}})");
+  EXPECT_EQ(c.optimizer.type, zero::OptimizerType::Lamb);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(c.optimizer.max_coeff, 0.3);
+  EXPECT_TRUE(c.optimizer.bias_correction);
+  const Config back = Config::from_json(c.to_json());
+  EXPECT_EQ(back.optimizer.type, zero::OptimizerType::Lamb);
+  EXPECT_DOUBLE_EQ(back.optimizer.max_coeff, 0.3);
+  EXPECT_DOUBLE_EQ(back.optimizer.min_coeff, 0.01);
+  EXPECT_EQ(zero::OptimizerConfig::lamb(1e-3).type, zero::OptimizerType::Lamb);
+  expect_error(R"({"optimizer": {"type": "Lamb", "params": {"min_coeff": 2, "max_coeff": 1}}})",
+               {"optimizer.params.min_coeff"});
+  expect_error(R"({"optimizer": {"type": "Lamb", "params": {"eps_inside_sqrt": true}}})",
+               {"optimizer.params.eps_inside_sqrt"});
+  expect_error(R"({"optimizer": {"type": "Muon"}})", {"optimizer.type"});
+}
+
 TEST(ConfigLogging, WallClockBreakdownAndCsvMonitor) {
   Config d = Config::from_string("{}");
   EXPECT_FALSE(d.wall_clock_breakdown);

@@ -23,10 +23,12 @@
 //     |ours - exact| <= u * sum_t (k_p * P_t + k_d(t) * D_t)
 // with k_p, k_d counted per kernel below. The hyperparameters given to the
 // oracle are the kernel's fp32 values, so both compute the same function.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 
 #include <gtest/gtest.h>
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -73,6 +75,32 @@ void sgd_step(at::Tensor& p, const at::Tensor& g, at::Tensor& buf, const SgdHype
   cuda::sgd_update(pd.data_ptr<float>(), gd.data_ptr<float>(), bd.data_ptr<float>(), p.numel(), h, 1.0f, nullptr,
                    Out16::None, nullptr);
   p.copy_(pd), buf.copy_(bd);
+#endif
+}
+
+void lion_step(at::Tensor& p, const at::Tensor& g, at::Tensor& m, const LionHyper& h) {
+  if (g_where == Where::Cpu) {
+    lion_update(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), p.numel(), h, 1.0f);
+    return;
+  }
+#ifdef ZERO_HAVE_CUDA
+  auto pd = p.cuda(), gd = g.cuda(), md = m.cuda();
+  cuda::lion_update(pd.data_ptr<float>(), gd.data_ptr<float>(), md.data_ptr<float>(), p.numel(), h, 1.0f, nullptr,
+                    Out16::None, nullptr);
+  p.copy_(pd), m.copy_(md);
+#endif
+}
+
+void adagrad_step(at::Tensor& p, const at::Tensor& g, at::Tensor& sum, const AdagradHyper& h) {
+  if (g_where == Where::Cpu) {
+    adagrad_update(p.data_ptr<float>(), g.data_ptr<float>(), sum.data_ptr<float>(), p.numel(), h, 1.0f);
+    return;
+  }
+#ifdef ZERO_HAVE_CUDA
+  auto pd = p.cuda(), gd = g.cuda(), sd = sum.cuda();
+  cuda::adagrad_update(pd.data_ptr<float>(), gd.data_ptr<float>(), sd.data_ptr<float>(), p.numel(), h, 1.0f,
+                       nullptr, Out16::None, nullptr);
+  p.copy_(pd), sum.copy_(sd);
 #endif
 }
 
@@ -191,6 +219,120 @@ double sgd_ratio(int64_t n, int steps, const SgdHyper& h, SgdHyper kernel) {
 
 double sgd_ratio(int64_t n, int steps, const SgdHyper& h) { return sgd_ratio(n, steps, h, h); }
 
+// Lion against its update written in fp64 torch (torch has no Lion).
+// Roundings per step, kernels.cpp lion_chunk: decay = 1 - lr*wd and p*decay
+// (~3u of P, +1 for lr*wd's rounding), p - step (1u of P, and of lr): the
+// step itself is exactly +-lr. The sign is exact where the fp64
+// interpolation c is farther from 0 than its fp32 error: c = b1 m + (1-b1) g
+// rounds 3 times and m carries 3u of M per step (M = b2 M + (1-b2)|g|), so
+// |c - c32| <= u (3t + 3) C with C = b1 M + (1-b1)|g|. An element whose |c|
+// is within 4x that at some step may take the other sign: it is left out
+// from then on (and counted: a handful of a random start's elements).
+double lion_ratio(int64_t n, int steps, const LionHyper& h, LionHyper kernel, int64_t* ambiguous = nullptr) {
+  const auto tr = make_trajectory(n, steps);
+  const double lr = h.lr, b1 = h.beta1, b2 = h.beta2, wd = h.weight_decay;
+  auto exact = tr.p0.to(at::kDouble), m64 = at::zeros({n}, at::kDouble);
+  auto p = tr.p0.clone(), m = at::zeros({n});
+  auto M = at::zeros({n}, at::kDouble), bound = at::zeros({n}, at::kDouble);
+  auto unsure = at::zeros({n}, at::kBool);
+  for (int t = 1; t <= steps; ++t) {
+    const auto& g = tr.grads[t - 1];
+    const auto g64 = g.to(at::kDouble);
+    lion_step(p, g, m, kernel);
+    const auto prev = exact.clone();
+    const auto c = b1 * m64 + (1 - b1) * g64;
+    const auto C = b1 * M + (1 - b1) * g64.abs();
+    unsure |= c.abs() <= 4 * kU * (3.0 * t + 3) * C;
+    exact = exact * (1 - lr * wd) - lr * c.sign();
+    m64 = b2 * m64 + (1 - b2) * g64;
+    M = b2 * M + (1 - b2) * g64.abs();
+    bound += kU * (5 * prev.abs() + lr);
+  }
+  if (ambiguous) *ambiguous = unsure.sum().item<int64_t>();
+  const auto keep = unsure.logical_not();
+  return worst_ratio(p.masked_select(keep), exact.masked_select(keep), bound.masked_select(keep));
+}
+
+double lion_ratio(int64_t n, int steps, const LionHyper& h) { return lion_ratio(n, steps, h, h); }
+
+// Adagrad against torch's Adagrad in fp64. Roundings per step, kernels.cpp
+// adagrad_chunk, relative to D = lr G / sqrt(S) (G = |g| + wd |p|, S the sum
+// of G^2): grad = g*scale + wd*p (3u of G); grad*grad and the sum (2u, and
+// the square doubles grad's 3: 8u of S per step, so 8t after t steps), the
+// sqrt halves it (4t) and adds 1, +eps (1), lr*grad (1, and grad's 3), the
+// division (1), the update's share of p - update (1): k_d = 4t + 8; k_p = 1.
+// L2 decay feeds an error e in p back as wd e in the grad, moving the update
+// by at most 2 lr wd e / sqrt(S) (the grad's share and the sum's, since
+// grad^2 <= S): the growth factor below.
+double adagrad_ratio(int64_t n, int steps, const AdagradHyper& h, AdagradHyper kernel) {
+  const auto tr = make_trajectory(n, steps);
+  const double lr = h.lr, eps = h.eps, wd = h.weight_decay;
+  auto exact = tr.p0.to(at::kDouble).set_requires_grad(true);
+  torch::optim::Adagrad opt({exact}, torch::optim::AdagradOptions(lr).eps(eps).weight_decay(wd));
+  auto p = tr.p0.clone(), sum = at::zeros({n});
+  auto S = at::zeros({n}, at::kDouble), bound = at::zeros({n}, at::kDouble);
+  auto growth = at::ones({n}, at::kDouble);
+  for (int t = 1; t <= steps; ++t) {
+    const auto& g = tr.grads[t - 1];
+    const auto prev = exact.detach().clone();
+    adagrad_step(p, g, sum, kernel);
+    exact.mutable_grad() = g.to(at::kDouble);
+    opt.step();
+    const auto G = g.to(at::kDouble).abs() + wd * prev.abs();
+    S = S + G * G;
+    const auto denom = S.sqrt() + eps;
+    bound += kU * (prev.abs() + (4.0 * t + 8) * lr * G / denom);
+    growth *= 1 + 2 * lr * wd / denom;
+  }
+  bound *= growth;
+  return worst_ratio(p, exact.detach(), bound);
+}
+
+double adagrad_ratio(int64_t n, int steps, const AdagradHyper& h) { return adagrad_ratio(n, steps, h, h); }
+
+// LAMB's two passes over one param against the same update in fp64
+// torch. Roundings per step, relative to D = step_size * ratio * |u| (U =
+// |m|/(sqrt(v)+eps) + wd|p| on absolute grads, as Adam's bound): m and v
+// as Adam's (4t and 3t + 1 for the sqrt), +eps, the division, wd*p and the
+// sum (4), the ratio from fp64 sums of fp32 squares (~2 u: the squares and
+// the sqrt's), step_size * ratio and its product with u (2), the share of
+// p - step (1): k_d = 7t + 12; k_p = 1. The ratio also carries an error in
+// p into every later step: a relative 1 + u per step, far below the rest.
+double lamb_ratio(int64_t n, int steps, const LambHyper& h, LambHyper kernel) {
+  const auto tr = make_trajectory(n, steps);
+  const double b1 = h.beta1, b2 = h.beta2, eps = h.eps, wd = h.weight_decay;
+  auto exact = tr.p0.to(at::kDouble), m64 = at::zeros({n}, at::kDouble), v64 = at::zeros({n}, at::kDouble);
+  auto p = tr.p0.clone(), m = at::zeros({n}), v = at::zeros({n});
+  auto M = at::zeros({n}, at::kDouble), bound = at::zeros({n}, at::kDouble);
+  for (int t = 1; t <= steps; ++t) {
+    const auto& g = tr.grads[t - 1];
+    const auto g64 = g.to(at::kDouble);
+    kernel.step = t;
+    double sums[2] = {0.0, 0.0};
+    lamb_moments(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, kernel, 1.0f,
+                 sums);
+    lamb_apply(p.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, kernel,
+               lamb_trust_ratio(sums[0], sums[1], kernel));
+    const auto prev = exact.clone();
+    m64 = b1 * m64 + (1 - b1) * g64;
+    v64 = b2 * v64 + (1 - b2) * g64 * g64;
+    M = b1 * M + (1 - b1) * g64.abs();
+    const auto u = m64 / (v64.sqrt() + eps) + wd * exact;
+    const double ratio = std::clamp(exact.norm().item<double>() / u.norm().item<double>(),
+                                    static_cast<double>(h.min_coeff), static_cast<double>(h.max_coeff));
+    const double step_size = h.lr * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t));
+    exact = exact - step_size * ratio * u;
+    const auto D = step_size * ratio * (M / (v64.sqrt() + eps) + wd * prev.abs());
+    bound += kU * (prev.abs() + (7.0 * t + 12) * D);
+  }
+  return worst_ratio(p, exact, bound);
+}
+
+const LambHyper kLamb{1e-2f, 0.9f, 0.999f, 1e-6f, 0.1f, 10.0f, 0.01f, 1, true};
+
+const LionHyper kLion{1e-2f, 0.9f, 0.99f, 0.1f};
+const AdagradHyper kAdagrad{1e-1f, 1e-10f, 0.05f};
+
 const AdamHyper kAdamW{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, true, true};
 const AdamHyper kAdamL2{1e-3f, 0.9f, 0.999f, 1e-8f, 0.05f, 1, false, true};
 SgdHyper sgd_hyper(bool nesterov) { return {0.1f, 0.9f, 0.0f, 0.01f, nesterov, false}; }
@@ -219,6 +361,48 @@ TEST(SgdKernel, MatchesTorchSgd) {
   for (bool nesterov : {false, true}) EXPECT_LE(sgd_ratio(70001, 6, sgd_hyper(nesterov)), 1.0) << "nesterov " << nesterov;
 }
 
+TEST(LionKernel, MatchesThePapersUpdate) {
+  for (int64_t n : {1, 17, (1 << 16) + 3, 300001}) {
+    int64_t ambiguous = 0;
+    EXPECT_LE(lion_ratio(n, 10, kLion, kLion, &ambiguous), 1.0) << "n = " << n;
+    EXPECT_LE(ambiguous, n / 10000 + 1) << "n = " << n;
+  }
+}
+
+TEST(LambKernel, MatchesTheFusedLambUpdate) {
+  for (int64_t n : {1, 17, (1 << 16) + 3, 300001}) EXPECT_LE(lamb_ratio(n, 10, kLamb, kLamb), 1.0) << "n = " << n;
+  auto wrong = kLamb;
+  wrong.weight_decay *= 1.01f;
+  EXPECT_GT(lamb_ratio(4099, 10, kLamb, wrong), 10.0) << "weight decay 1% off";
+  wrong = kLamb;
+  wrong.beta1 = 0.909f;
+  EXPECT_GT(lamb_ratio(4099, 10, kLamb, wrong), 10.0) << "beta1 1% off";
+  wrong = kLamb;
+  wrong.bias_correction = false;
+  EXPECT_GT(lamb_ratio(4099, 10, kLamb, wrong), 10.0) << "no bias correction";
+}
+
+TEST(AdagradKernel, MatchesTorchAdagrad) {
+  for (int64_t n : {1, 17, (1 << 16) + 3, 300001}) EXPECT_LE(adagrad_ratio(n, 10, kAdagrad), 1.0) << "n = " << n;
+}
+
+// The fused 16-bit write equals a separate cast of the updated params.
+TEST(LionAndAdagradKernels, WriteTheRoundedParamsInTheSamePass) {
+  const int64_t n = (1 << 16) + 5;
+  at::manual_seed(5);
+  for (auto [kind, dt] : {std::pair{Out16::BF16, at::kBFloat16}, std::pair{Out16::FP16Widened, at::kHalf}}) {
+    auto p = at::randn({n}), g = at::randn({n}), state = at::zeros({n});
+    auto out = kind == Out16::BF16 ? at::empty({n}, at::kBFloat16) : at::empty({n});
+    lion_update(p.data_ptr<float>(), g.data_ptr<float>(), state.data_ptr<float>(), n, kLion, 1.0f, out.data_ptr(),
+                kind);
+    EXPECT_TRUE(out.to(at::kFloat).equal(p.to(dt).to(at::kFloat)));
+    state.zero_();  // a sum of squares, not Lion's signed momentum
+    adagrad_update(p.data_ptr<float>(), g.data_ptr<float>(), state.data_ptr<float>(), n, kAdagrad, 0.5f,
+                   out.data_ptr(), kind);
+    EXPECT_TRUE(out.to(at::kFloat).equal(p.to(dt).to(at::kFloat)));
+  }
+}
+
 // The bounds are loose enough for any rounding order yet far below a real
 // mistake: a hyperparameter off by 1% (what a wrong default or a dropped
 // bias correction looks like, or smaller) exceeds them.
@@ -244,6 +428,21 @@ TEST(OptimizerBounds, CatchAWrongHyperparameter) {
     sgd.weight_decay *= 1.01f;
     EXPECT_GT(sgd_ratio(n, 6, sgd_hyper(nesterov), sgd), 10.0) << "weight decay 1% off, nesterov " << nesterov;
   }
+  auto lion = kLion;
+  lion.weight_decay *= 1.01f;
+  EXPECT_GT(lion_ratio(n, 10, kLion, lion), 10.0) << "Lion weight decay 1% off";
+  lion = kLion;
+  lion.beta1 = 0.5f;  // the sign hides small changes of beta1: a large one flips some
+  EXPECT_GT(lion_ratio(n, 10, kLion, lion), 10.0) << "Lion beta1 off";
+  lion = kLion;
+  lion.beta2 = 0.5f;
+  EXPECT_GT(lion_ratio(n, 10, kLion, lion), 10.0) << "Lion beta2 off";
+  auto adagrad = kAdagrad;
+  adagrad.weight_decay *= 1.01f;
+  EXPECT_GT(adagrad_ratio(n, 10, kAdagrad, adagrad), 10.0) << "Adagrad weight decay 1% off";
+  adagrad = kAdagrad;
+  adagrad.lr *= 1.01f;
+  EXPECT_GT(adagrad_ratio(n, 10, kAdagrad, adagrad), 10.0) << "Adagrad lr 1% off";
 }
 
 TEST(Downcast, BitExactWithATen) {
@@ -311,6 +510,43 @@ TEST_F(CudaKernels, AdamMatchesTorchAdamW) {
 
 TEST_F(CudaKernels, SgdMatchesTorchSgd) {
   for (bool nesterov : {false, true}) EXPECT_LE(sgd_ratio(70001, 6, sgd_hyper(nesterov)), 1.0) << "nesterov " << nesterov;
+}
+
+TEST_F(CudaKernels, LionAndAdagradMatchTheirOracles) {
+  for (int64_t n : {1, 300001}) {
+    EXPECT_LE(lion_ratio(n, 10, kLion), 1.0) << "Lion, n = " << n;
+    EXPECT_LE(adagrad_ratio(n, 10, kAdagrad), 1.0) << "Adagrad, n = " << n;
+  }
+}
+
+// LAMB's device passes against the CPU ones: the same float ops per
+// element (FMA contraction aside: a few ulps) and norms summed in fp64 in
+// another order (the ratio differs far below fp32's resolution).
+TEST_F(CudaKernels, LambMatchesTheCpuKernel) {
+  at::manual_seed(6);
+  const int64_t n = 300001;
+  auto p = at::randn({n}), m = at::zeros({n}), v = at::zeros({n});
+  auto pd = p.cuda(), md = m.cuda(), vd = v.cuda();
+  auto sums_d = at::zeros({2}, pd.options().dtype(at::kDouble));
+  auto out = at::empty({n}, pd.options().dtype(at::kBFloat16));
+  LambHyper h = kLamb;
+  for (int t = 1; t <= 5; ++t) {
+    h.step = t;
+    const auto g = at::randn({n});
+    const auto gd = g.cuda();
+    double sums[2] = {0.0, 0.0};
+    lamb_moments(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, h, 1.0f, sums);
+    lamb_apply(p.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, h, lamb_trust_ratio(sums[0], sums[1], h));
+    sums_d.zero_();
+    cuda::lamb_moments(pd.data_ptr<float>(), gd.data_ptr<float>(), md.data_ptr<float>(), vd.data_ptr<float>(), n, h,
+                       1.0f, sums_d.data_ptr<double>(), nullptr);
+    const auto host = sums_d.cpu();
+    const float ratio = lamb_trust_ratio(host[0].item<double>(), host[1].item<double>(), h);
+    cuda::lamb_apply(pd.data_ptr<float>(), md.data_ptr<float>(), vd.data_ptr<float>(), n, h, ratio, out.data_ptr(),
+                     Out16::BF16, nullptr);
+  }
+  EXPECT_TRUE(at::allclose(pd.cpu(), p, 1e-5, 1e-6));
+  EXPECT_TRUE(out.equal(pd.to(at::kBFloat16)));
 }
 
 TEST_F(CudaKernels, DowncastAndFusedWriteBitExactWithATen) {

@@ -22,6 +22,20 @@ void adam_update(float* p, const float* grad, float* m, float* v, int64_t n, con
 void sgd_update(float* p, const float* grad, float* momentum_buf, int64_t n, const SgdHyper& h,
                 float grad_scale, void* out16, Out16 kind, void* stream);
 
+void lion_update(float* p, const float* grad, float* exp_avg, int64_t n, const LionHyper& h, float grad_scale,
+                 void* out16, Out16 kind, void* stream);
+
+void adagrad_update(float* p, const float* grad, float* sum_sq, int64_t n, const AdagradHyper& h, float grad_scale,
+                    void* out16, Out16 kind, void* stream);
+
+// LAMB's passes (optim/kernels.h). `sums` is device memory: two doubles
+// the block sums are added to atomically (their order, and so the last bits
+// of the norms, may vary between runs).
+void lamb_moments(const float* p, const float* grad, float* m, float* v, int64_t n, const LambHyper& h,
+                  float grad_scale, double* sums, void* stream);
+void lamb_apply(float* p, const float* m, const float* v, int64_t n, const LambHyper& h, float ratio, void* out16,
+                Out16 kind, void* stream);
+
 // n fp32 values to bf16/fp16, round to nearest even.
 void downcast(const float* src, void* dst, int64_t n, Out16 kind, void* stream);
 
