@@ -65,6 +65,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr auto kGrace = std::chrono::seconds(3);  // SIGTERM -> SIGKILL
+// An agent's exit code when it stopped its ranks on another host's word
+// (node 0 passed a STOP on): the launcher names the host that failed, not
+// one that followed it, whichever agent happens to exit first.
+constexpr int kStoppedOnAnotherHostsWord = 75;
 
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
@@ -556,9 +560,11 @@ int main(int argc, char** argv) {
       if (rk.running) kill(-rk.pid, sig);
   };
   // `why` happened here (told to the other hosts) or elsewhere (`remote`).
-  auto begin_stop = [&](const std::string& why, int code, bool remote = false) {
+  bool exit_code_from_follower = false;  // exit_code is a follower's: the failing host's replaces it
+  auto begin_stop = [&](const std::string& why, int code, bool remote = false, bool quiet = false) {
     if (stopping) return;
-    std::fprintf(stderr, "zero-run: %s%s; stopping the other ranks\n", remote ? "" : where.c_str(), why.c_str());
+    if (!quiet)
+      std::fprintf(stderr, "zero-run: %s%s; stopping the other ranks\n", remote ? "" : where.c_str(), why.c_str());
     if (control && !remote) control->report_failure(where + why);
     stopping = true;
     exit_code = code;
@@ -579,15 +585,27 @@ int main(int argc, char** argv) {
         rk.running = false;
         close_stdin(r);
         const bool ok = WIFEXITED(rk.status) && WEXITSTATUS(rk.status) == 0;
-        if (!ok && !stopping)
-          begin_stop(children[r].label + " " + describe_exit(rk.status),
-                     WIFEXITED(rk.status) ? WEXITSTATUS(rk.status) : 128 + WTERMSIG(rk.status));
+        const int code = WIFEXITED(rk.status) ? WEXITSTATUS(rk.status) : 128 + WTERMSIG(rk.status);
+        const bool followed = fan_out && code == kStoppedOnAnotherHostsWord;
+        if (followed && !stopping) {
+          // The host that failed says so itself (its agent's line above);
+          // stop the rest, and take that host's exit code when it comes.
+          std::fprintf(stderr, "zero-run: %s stopped on another host's failure; stopping every host\n",
+                       children[r].label.c_str());
+          begin_stop("", 1, /*remote=*/true, /*quiet=*/true);
+          exit_code_from_follower = true;
+        } else if (!ok && !followed && stopping && exit_code_from_follower) {
+          exit_code = code;
+          exit_code_from_follower = false;
+        } else if (!ok && !stopping) {
+          begin_stop(children[r].label + " " + describe_exit(rk.status), code);
+        }
       } else {
         ++live;
       }
     }
     if (control)
-      if (auto why = control->poll(); why && !stopping) begin_stop(*why, 1, /*remote=*/true);
+      if (auto why = control->poll(); why && !stopping) begin_stop(*why, kStoppedOnAnotherHostsWord, /*remote=*/true);
     if (link && !stopping && !link->alive())
       begin_stop("this agent's stdin closed: the launcher (zero-run --hostfile) stopped the job, is gone, "
                  "or lost its link to this host", 1);

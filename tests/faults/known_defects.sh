@@ -12,7 +12,6 @@ KNOWN_DEFECTS=(
   "peer-blamed|hosts2 stage ? throw forward|named|*the stop messages blame*|"
   "peer-blamed|hosts2 stage ? throw backward|named|*the stop messages blame*|"
   "peer-blamed|hosts2 stage ? throw step|named|*the stop messages blame*|"
-  "agent-blamed|hosts2 stage *|named|*a message blames host *|zero-run --hostfile names the first agent to exit ('host B (node 1) exited with code 1; stopping the other ranks'), which may be one that only stopped because another host's rank failed"
   "cut-link-unnamed|linkcut stage ?|named|*blames host*|the agents have no heartbeat: a cut link is noticed only by the collective timeout (300 s by default; the suite sets 5 s), on whichever rank times out first, and that rank is named (on either host), never the link or the host cut off"
 )
 

@@ -198,4 +198,20 @@ out=$("$ZR" --hostfile "$tmp/hostfile" --host-exec "$tmp/shell_exec {host}" --ma
 check "a host-exec through a remote shell: the arguments arrive as given" \
   contains "$out" "[rank 3] <a b><it's><\$(touch $tmp/ran)><;touch $tmp/ran>"
 check "a host-exec through a remote shell: nothing in them runs" [ ! -e "$tmp/ran" ]
+# ---- the launcher names the host that failed, not one that followed it ----
+# Rank 0 (host A) exits 3; rank 1 (host A) ignores SIGTERM, so host A's agent
+# waits out its grace and exits last; host B's agent stops at once on node
+# 0's word. The launcher's stop messages must blame host A's rank 0 alone,
+# never host B's agent, and the job exit with rank 0's code.
+follow_prog=(bash -c 'case $RANK in 0) sleep 1; exit 3;; 1) trap "" TERM; sleep 30;; *) exec sleep 30;; esac')
+out=$("$ZR" --hostfile "$tmp/hostfile" --host-exec "ip netns exec {host}" --master-addr 10.231.0.1 --timeout 60 -- \
+  "${follow_prog[@]}" 2>&1)
+rc=$?
+stops=$(sed -n 's/^zero-run: \(.*\); stopping the other ranks$/\1/p' <<<"$out" | sort -u)
+check "a follower host: the job exits with the failing rank's code" [ $rc -eq 3 ]
+check "a follower host: the stop messages blame rank 0 on host $HOST_A alone" \
+  [ "$stops" = "host $HOST_A: rank 0 exited with code 3" ]
+[ "$stops" = "host $HOST_A: rank 0 exited with code 3" ] || echo "$out" | grep '^zero-run' | head -5
+check "a follower host: not named as failing" not contains "$out" "host $HOST_B (node 1) exited"
+
 finish
