@@ -1,7 +1,7 @@
 """Gloo's native flat allgather and reduce-scatter (libtorch 2.x) against
 what zero-cpp's Gloo backend does instead (allgather into per-rank views;
 all-to-all, then a local sum in rank order), 2 ranks, fp32, 1 thread each.
-Median ms per call, as JSON. The README's collectives table cites it.
+Median ms per call, as JSON. docs/collectives.md's table cites it.
 
     PYTHON bench/gloo_native_ops.py     (PYTHON: the torch environment's)
 """

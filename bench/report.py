@@ -205,7 +205,7 @@ def main():
                 f"{r['load_ms'] / 1000:.2f}", f"{r['load_over_plain']:.2f}"] for r in ck["runs"]])
 
     w("## Largest model per stage\n")
-    w("Measured separately (minutes per probe; see the README): a 1.02 B-param GPT (16 × 2304) trains with "
+    w("Measured separately (minutes per probe; see docs/benchmarks.md): a 1.02 B-param GPT (16 × 2304) trains with "
       "stage 3 on 2 ranks each limited to 12 GiB (`ulimit -v`); stage 0 stops at init under the same limit.\n")
     open(os.path.join(R, "report.md"), "w").write("\n".join(out) + "\n")
     print(f"report: {os.path.join(R, 'report.md')}")

@@ -102,7 +102,7 @@ N = H * L
 step = [json.loads(l) for l in open(sys.argv[1]) if '"event":"summary"' in l][0]["last_step_comm"]
 # Bytes between hosts, all hosts together, for a payload P (one rank's
 # count: the full buffer) per op and transport -- the algorithms' formulas
-# (README, "Groups spanning hosts"); fp32 here, so partial sums cost the same.
+# (docs/collectives.md, "Groups spanning hosts"); fp32 here, so partial sums cost the same.
 per = {"gloo": {"allgather": H * (N - 1) / N, "reduce_scatter": N - L, "all_reduce": 2 * H * (N - 1) / N},
        "hier": {"allgather": H - 1, "reduce_scatter": H - 1, "all_reduce": 2 * (H - 1)},
        "shm": {}}
