@@ -574,12 +574,20 @@ int64_t batch_product(std::initializer_list<std::pair<const char*, int64_t>> fac
 
 }  // namespace
 
-OptimizerConfig OptimizerConfig::adamw(double lr, double weight_decay, std::array<double, 2> betas, double eps) {
+namespace {
+// An optimizer chosen in code: its type and the settings every type has.
+OptimizerConfig given_optimizer(OptimizerType type, double lr, double weight_decay) {
   OptimizerConfig o;
-  o.type = OptimizerType::AdamW;
+  o.type = type;
   o.given = true;
   o.lr = lr;
   o.weight_decay = weight_decay;
+  return o;
+}
+}  // namespace
+
+OptimizerConfig OptimizerConfig::adamw(double lr, double weight_decay, std::array<double, 2> betas, double eps) {
+  OptimizerConfig o = given_optimizer(OptimizerType::AdamW, lr, weight_decay);
   o.betas = betas;
   o.eps = eps;
   return o;
@@ -593,32 +601,20 @@ OptimizerConfig OptimizerConfig::adam(double lr, double weight_decay, std::array
 }
 
 OptimizerConfig OptimizerConfig::sgd(double lr, double momentum, double weight_decay, bool nesterov) {
-  OptimizerConfig o;
-  o.type = OptimizerType::SGD;
-  o.given = true;
-  o.lr = lr;
+  OptimizerConfig o = given_optimizer(OptimizerType::SGD, lr, weight_decay);
   o.momentum = momentum;
-  o.weight_decay = weight_decay;
   o.nesterov = nesterov;
   return o;
 }
 
 OptimizerConfig OptimizerConfig::lion(double lr, double weight_decay, std::array<double, 2> betas) {
-  OptimizerConfig o;
-  o.type = OptimizerType::Lion;
-  o.given = true;
-  o.lr = lr;
-  o.weight_decay = weight_decay;
+  OptimizerConfig o = given_optimizer(OptimizerType::Lion, lr, weight_decay);
   o.betas = betas;
   return o;
 }
 
 OptimizerConfig OptimizerConfig::adagrad(double lr, double weight_decay, double eps) {
-  OptimizerConfig o;
-  o.type = OptimizerType::Adagrad;
-  o.given = true;
-  o.lr = lr;
-  o.weight_decay = weight_decay;
+  OptimizerConfig o = given_optimizer(OptimizerType::Adagrad, lr, weight_decay);
   o.eps = eps;
   return o;
 }

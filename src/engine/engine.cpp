@@ -15,8 +15,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/graph_task.h>
 #include <torch/nn/module.h>
 
 #include "engine/engine_impl.h"
