@@ -65,6 +65,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr auto kGrace = std::chrono::seconds(3);  // SIGTERM -> SIGKILL
+// The launcher's grace for its agents: each agent gives its own ranks kGrace,
+// then kills and reaps them and reports their exit code. Killing the agent
+// first would lose that code (the job would exit 137, not the failing rank's).
+constexpr auto kAgentGrace = kGrace + std::chrono::seconds(7);
 // An agent's exit code when it stopped its ranks on another host's word
 // (node 0 passed a STOP on): the launcher names the host that failed, not
 // one that followed it, whichever agent happens to exit first.
@@ -612,7 +616,7 @@ int main(int argc, char** argv) {
     if (g_signal && !stopping) begin_stop(std::string("received ") + strsignal(g_signal), 128 + g_signal);
     if (o.timeout_s && !stopping && Clock::now() - start > std::chrono::seconds(o.timeout_s))
       begin_stop("timed out after " + std::to_string(o.timeout_s) + " s", 124);
-    if (stopping && !killed && Clock::now() - stop_at > kGrace) {
+    if (stopping && !killed && Clock::now() - stop_at > (fan_out ? kAgentGrace : kGrace)) {
       stop_all(SIGKILL);
       killed = true;
     }

@@ -209,6 +209,7 @@ out=$("$ZR" --hostfile "$tmp/hostfile" --host-exec "ip netns exec {host}" --mast
 rc=$?
 stops=$(sed -n 's/^zero-run: \(.*\); stopping the other ranks$/\1/p' <<<"$out" | sort -u)
 check "a follower host: the job exits with the failing rank's code" [ $rc -eq 3 ]
+[ $rc -eq 3 ] || echo "  (exit code $rc)"
 check "a follower host: the stop messages blame rank 0 on host $HOST_A alone" \
   [ "$stops" = "host $HOST_A: rank 0 exited with code 3" ]
 [ "$stops" = "host $HOST_A: rank 0 exited with code 3" ] || echo "$out" | grep '^zero-run' | head -5
