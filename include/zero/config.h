@@ -120,6 +120,24 @@ const char* to_string(OffloadDevice);
 struct OffloadConfig {
   OffloadDevice device = OffloadDevice::None;
   bool pin_memory = true;
+  // device "nvme" (ZeRO-Infinity; docs/nvme.md): the directory the swap
+  // files go in (required), and DeepSpeed's tuning knobs with its defaults.
+  std::string nvme_path;
+  int64_t buffer_count = 4;          // offload_param's default is 5
+  int64_t buffer_size = 100'000'000;  // offload_param only
+  int64_t max_in_cpu = 1'000'000'000; // offload_param only
+  bool pipeline_read = false;   // offload_optimizer: read group k+1 while k is updated
+  bool pipeline_write = false;  // offload_optimizer: write group k-1 while k is updated
+};
+
+// The ds_config `aio` block: the asynchronous I/O engine behind NVMe
+// offload (io/aio_engine.h), with DeepSpeed's defaults.
+struct AioSettings {
+  int64_t block_size = 1 << 20;   // bytes per request piece
+  int64_t queue_depth = 8;        // pieces in flight per thread
+  int64_t thread_count = 1;       // intra_op_parallelism (thread_count in DeepSpeed < 0.15)
+  bool single_submit = false;
+  bool overlap_events = true;
 };
 
 struct ZeroConfig {
@@ -141,8 +159,11 @@ struct ZeroConfig {
   // false skips the global grad norm at fp32 stages 1-2 (DeepSpeed's rule: only
   // without clipping or optimizer offload); last_grad_norm() is then NaN.
   bool compute_grad_norm = true;
-  // Validated (offload_param needs stage 3); on CPU the state already lives
-  // in host memory, so they change nothing yet.
+  // offload_param needs stage 3. "cpu": on a CPU model the state already
+  // lives in host memory, so it changes nothing; on a GPU model the state
+  // (and stage 3's param shards) live in host memory. "nvme" (the optimizer
+  // only, so far): the fp32 master and optimizer state live in swap files
+  // under nvme_path, paged in group by group for the step (docs/nvme.md).
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param;
   // (reduce_scatter, allgather_partitions, allgather_bucket_size,
@@ -178,6 +199,7 @@ struct Config {
     std::string output_path;
     std::string job_name = "DeepSpeedJobName";
   } csv_monitor;
+  AioSettings aio;  // NVMe offload's I/O engine
   FP16Config fp16;
   BF16Config bf16;
   OptimizerConfig optimizer;

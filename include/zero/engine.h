@@ -48,7 +48,10 @@ struct StateBytes {
   int64_t grads = 0;      // grad buffers and grad shards
   int64_t master = 0;     // fp32 master weights not aliasing the params
   int64_t optimizer = 0;  // optimizer state (Adam moments, SGD momentum)
-  int64_t total() const { return params + grads + master + optimizer; }
+  int64_t total() const { return params + grads + master + optimizer; }  // in memory
+  // Master and optimizer state in this rank's NVMe swap file
+  // (offload_optimizer.device "nvme"); not in total().
+  int64_t nvme = 0;
 };
 
 // An optimizer param group (torch's param groups; DeepSpeed's

@@ -268,22 +268,45 @@ OffloadConfig read_offload(ObjectReader& zero, const std::string& key, bool is_p
   r.auto_means_default();
   auto dev = r.get_choice("device", "none", {"none", "cpu", "nvme"});
   c.device = dev == "cpu" ? OffloadDevice::CPU : dev == "nvme" ? OffloadDevice::NVMe : OffloadDevice::None;
-  if (c.device == OffloadDevice::NVMe)
-    r.fail("device", "= \"nvme\" is not supported by zero-cpp (none or cpu)");
+  if (c.device == OffloadDevice::NVMe && is_param)
+    r.fail("device", "= \"nvme\" is not supported by zero-cpp yet (none or cpu; offload_optimizer takes nvme)");
   c.pin_memory = r.get_bool("pin_memory", true);  // DeepSpeed >= 0.19.5
-  // NVMe / pipelining knobs: only meaningful for the unsupported nvme device.
-  r.accept_any("nvme_path");
-  r.accept_any("buffer_count");
-  r.accept_any("buffer_size");
-  r.accept_any("max_in_cpu");
-  if (!is_param) {
-    r.accept_any("pipeline_read");
-    r.accept_any("pipeline_write");
-    r.accept_any("fast_init");
+  // DeepSpeed's null means unset; required only where it is used.
+  if (const json* v = r.find("nvme_path"); v && !v->is_null()) {
+    if (!v->is_string() || v->get<std::string>().empty()) r.fail_value("nvme_path", *v, "a directory path");
+    c.nvme_path = v->get<std::string>();
+  }
+  if (c.device == OffloadDevice::NVMe && c.nvme_path.empty())
+    r.fail("nvme_path", "is required with device \"nvme\": the directory (on a fast local disk) for the swap files");
+  c.buffer_count = r.get_int("buffer_count", is_param ? 5 : 4, 0, 1 << 20);
+  if (is_param) {
+    c.buffer_size = r.get_size("buffer_size", c.buffer_size);
+    c.max_in_cpu = r.get_size("max_in_cpu", c.max_in_cpu);
+  } else {
+    c.pipeline_read = r.get_bool("pipeline_read", false);
+    c.pipeline_write = r.get_bool("pipeline_write", false);
+    r.get_bool("fast_init", false);  // how DeepSpeed fills its swap files at start; ours are written once
     r.unsupported_unless("ratio", 1.0);
     r.unsupported_unless("super_offload", false);
     r.accept_any("cpuadam_cores_perc");
   }
+  r.finish();
+  return c;
+}
+
+AioSettings read_aio(ObjectReader& top) {
+  AioSettings c;
+  ObjectReader r = top.child("aio");
+  r.auto_means_default();
+  c.block_size = r.get_size("block_size", c.block_size);
+  if (c.block_size <= 0 || c.block_size % 4096 != 0)
+    r.fail("block_size", "= " + std::to_string(c.block_size) +
+                             " must be a positive multiple of 4096 (direct I/O moves whole 4 KiB blocks)");
+  c.queue_depth = r.get_int("queue_depth", c.queue_depth, 1, 4096);
+  c.thread_count = r.get_int("intra_op_parallelism", c.thread_count, 1, 256, {"thread_count"});
+  c.single_submit = r.get_bool("single_submit", c.single_submit);
+  c.overlap_events = r.get_bool("overlap_events", c.overlap_events);
+  r.unsupported_unless("use_gds", false);  // GPUDirect Storage
   r.finish();
   return c;
 }
@@ -467,6 +490,16 @@ Config Config::from_json(const json& j) {
                                     to_string(c.param_dtype()) + "; compute in fp32 or in the storage dtype");
   }
 
+  if (c.zero.offload_optimizer.device == OffloadDevice::NVMe) {
+    // LAMB's two passes would page every group's state in twice.
+    if (c.optimizer.type == OptimizerType::Lamb)
+      throw ConfigError("ds_config: optimizer Lamb with zero_optimization.offload_optimizer.device = \"nvme\" is "
+                        "not supported yet (device \"cpu\" is)");
+    if (c.stage3_gather_fp32_master)
+      throw ConfigError("ds_config: zero_cpp.stage3_gather_fp32_master gathers the fp32 masters, which "
+                        "zero_optimization.offload_optimizer.device = \"nvme\" keeps on disk; use one of them");
+  }
+
   // DeepSpeed keys whose default is the only behaviour zero-cpp has.
   top.unsupported_unless("prescale_gradients", false);
   top.unsupported_unless("gradient_predivide_factor", 1.0);
@@ -507,7 +540,7 @@ Config Config::from_json(const json& j) {
   top.unsupported_unless("memory_breakdown", false);
   top.accept_any("zero_allow_untested_optimizer");  // any optimizer zero-cpp has is its own
   top.accept_any("checkpoint");
-  top.accept_any("aio");  // NVMe I/O tuning; NVMe offload itself is rejected
+  c.aio = read_aio(top);
   for (const char* block : {"amp", "tensorboard", "wandb", "comet", "flops_profiler",
                             "comms_logger", "autotuning", "elasticity", "curriculum_learning",
                             "data_efficiency", "compression_training",
@@ -785,10 +818,23 @@ json Config::to_json() const {
              {"zero_hpz_partition_size", z.hpz_partition_size},
              {"compute_grad_norm", z.compute_grad_norm},
              {"offload_optimizer", {{"device", to_string(z.offload_optimizer.device)},
-                                    {"pin_memory", z.offload_optimizer.pin_memory}}},
+                                    {"pin_memory", z.offload_optimizer.pin_memory},
+                                    {"buffer_count", z.offload_optimizer.buffer_count},
+                                    {"pipeline_read", z.offload_optimizer.pipeline_read},
+                                    {"pipeline_write", z.offload_optimizer.pipeline_write}}},
              {"offload_param", {{"device", to_string(z.offload_param.device)},
-                                {"pin_memory", z.offload_param.pin_memory}}}};
+                                {"pin_memory", z.offload_param.pin_memory},
+                                {"buffer_count", z.offload_param.buffer_count},
+                                {"buffer_size", z.offload_param.buffer_size},
+                                {"max_in_cpu", z.offload_param.max_in_cpu}}}};
+  for (const auto& [key, o] : {std::pair{"offload_optimizer", &z.offload_optimizer}, {"offload_param", &z.offload_param}})
+    zj[key]["nvme_path"] = o->nvme_path.empty() ? json(nullptr) : json(o->nvme_path);
   j["zero_optimization"] = zj;
+  j["aio"] = {{"block_size", aio.block_size},
+              {"queue_depth", aio.queue_depth},
+              {"intra_op_parallelism", aio.thread_count},
+              {"single_submit", aio.single_submit},
+              {"overlap_events", aio.overlap_events}};
   return j;
 }
 

@@ -113,6 +113,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> model_replicated(const
 void fill_state(CheckpointTarget& m, const RangeReader& read, bool master_only) {
   at::NoGradGuard no_grad;
   for (auto& g : m.groups) {
+    auto state = m.optimizer.resident(g, /*write=*/true);  // NVMe offload: paged in, written back
     const auto mine = pieces(m, g, m.dp.rank());
     for (auto& [kind, t] : state_kinds(g)) {
       if (master_only && kind != "master") continue;
@@ -122,6 +123,7 @@ void fill_state(CheckpointTarget& m, const RangeReader& read, bool master_only) 
         read(name, kind, f.param_offset, f.param_offset + f.numel, host.data_ptr<float>() + f.shard_offset);
       if (!host.is_same(t)) t.copy_(host);
     }
+    state.done();
   }
 }
 
@@ -328,13 +330,18 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
   if (writes)
     for (const auto& g : m.groups) {
       const auto mine = pieces(m, g, m.dp.rank());
+      // State on NVMe is paged in and copied, since the writer writes at the
+      // end: the save holds this rank's whole state in memory (docs/nvme.md).
+      auto state = m.optimizer.resident(g, /*write=*/false);
+      const bool swapped = m.optimizer.swapped_bytes() > 0;
       for (const auto& [kind, t] : state_kinds(g)) {
-        const at::Tensor& host = t.is_cpu() ? t : host_copies.emplace_back(t.to(at::kCPU));
+        const at::Tensor& host = t.is_cpu() && !swapped ? t : host_copies.emplace_back(t.to(at::kCPU, false, true));
         for (const auto& [name, f] : mine) {
           writer.add(ckpt::tensor_name(name, kind), "F32", {f.numel}, host.data_ptr<float>() + f.shard_offset);
           any = true;
         }
       }
+      state.done();
     }
   // Frozen params and buffers: replicated, so rank 0 writes them whole
   // (floating-point ones in at least fp32, whatever the compute dtype).

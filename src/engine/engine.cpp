@@ -321,8 +321,10 @@ void Engine::Impl::params_from_masters() {
     for (auto& g : groups) {
       at::Tensor dest = policy.update_destination(g, dp.rank());
       if (dest.data_ptr() == g.master.data_ptr()) continue;  // fp32: the master is the params
+      auto master = optimizer.resident(g, /*write=*/false);  // NVMe offload: paged in
       // Round as the kernel does (an fp32 destination of a widened group too).
       dest.copy_(dest.scalar_type() == g.storage_dtype ? g.master : g.master.to(g.storage_dtype));
+      master.done();
     }
   }
   policy.publish_updated_params(groups, comm, dp, stage3.get());
@@ -347,6 +349,7 @@ StateBytes Engine::Impl::state_bytes() const {
       b.master += resident(g.master);
     b.optimizer += resident(g.exp_avg) + resident(g.exp_avg_sq);
   }
+  b.nvme = optimizer.swapped_bytes();
   return b;
 }
 

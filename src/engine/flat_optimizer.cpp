@@ -11,6 +11,8 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "common/guard_device.h"
+#include "memory/page_buffer.h"
+#include "offload/optimizer_swapper.h"
 #include "optim/kernels.h"
 #include "optim/lr_schedule.h"
 
@@ -96,7 +98,21 @@ optim::Out16 out_kind(const at::Tensor& dest, const partition::FlatGroup& g) {
 FlatOptimizer::FlatOptimizer(const Config& config, const StagePolicy& policy, comm::Comm& comm,
                              const comm::Group& dp, std::function<void(const std::string&)> log)
     : config_(config), policy_(policy), hypers_{{1.0, config.optimizer.weight_decay}}, comm_(comm), dp_(dp),
-      log_(std::move(log)), scaler_(config.fp16) {}
+      log_(std::move(log)), scaler_(config.fp16) {
+  const OffloadConfig& off = config.zero.offload_optimizer;
+  if (off.device == OffloadDevice::NVMe) {
+    offload::SwapperOptions o;
+    o.nvme_path = off.nvme_path;
+    o.pipeline_read = off.pipeline_read;
+    o.pipeline_write = off.pipeline_write;
+    o.aio = {config.aio.block_size, static_cast<int>(config.aio.queue_depth), static_cast<int>(config.aio.thread_count),
+             config.aio.single_submit, config.aio.overlap_events};
+    o.rank = dp.rank();
+    swapper_ = std::make_unique<offload::OptimizerSwapper>(std::move(o));
+  }
+}
+
+FlatOptimizer::~FlatOptimizer() = default;
 
 void FlatOptimizer::set_param_groups(std::vector<Hyper> hypers, std::unordered_map<const void*, int> group_of) {
   hypers_ = std::move(hypers);
@@ -131,17 +147,82 @@ std::vector<FlatOptimizer::Span> FlatOptimizer::spans_of(const partition::FlatGr
 // Named as DeepSpeed's optimizers name their state: Adam's exp_avg and
 // exp_avg_sq, SGD's momentum in exp_avg, Lion's exp_avg (DeepSpeedCPULion),
 // Adagrad's sum of squares in exp_avg_sq (DeepSpeedCPUAdagrad).
-void FlatOptimizer::init_state(partition::FlatGroup& g) const {
+void FlatOptimizer::init_state(partition::FlatGroup& g) {
   const auto& o = config_.optimizer;
+  // State bound for the swap file is page-backed, so its pages can leave
+  // memory while its address stays.
+  const auto zeros = [&] {
+    return swapper_ ? memory::zeros_flat(g.master.numel(), at::kFloat, at::kCPU, /*shared=*/false)
+                    : at::zeros_like(g.master);
+  };
   switch (o.type) {
     case OptimizerType::SGD:
-      if (o.momentum != 0.0) g.exp_avg = at::zeros_like(g.master);
+      if (o.momentum != 0.0) g.exp_avg = zeros();
       break;
-    case OptimizerType::Lion: g.exp_avg = at::zeros_like(g.master); break;
-    case OptimizerType::Adagrad: g.exp_avg_sq = at::full_like(g.master, o.initial_accumulator_value); break;
+    case OptimizerType::Lion: g.exp_avg = zeros(); break;
+    case OptimizerType::Adagrad: g.exp_avg_sq = zeros().fill_(o.initial_accumulator_value); break;
     default:
-      g.exp_avg = at::zeros_like(g.master);
-      g.exp_avg_sq = at::zeros_like(g.master);
+      g.exp_avg = zeros();
+      g.exp_avg_sq = zeros();
+  }
+  if (!swapper_) return;
+  const auto aliases = [&](const at::Tensor& t) {
+    return t.defined() && t.storage().is_alias_of(g.master.storage());
+  };
+  std::vector<at::Tensor> swapped;
+  if (!aliases(g.param_flat) && !aliases(g.param_shard)) {  // fp32 on a host model: the master is the params
+    if (!memory::page_backed(g.master) || g.master.data_ptr() != g.master.storage().data()) {
+      at::Tensor paged = memory::zeros_flat(g.master.numel(), at::kFloat, at::kCPU, /*shared=*/false);
+      paged.copy_(g.master);
+      g.master = paged;
+    }
+    swapped.push_back(g.master);
+  }
+  for (const at::Tensor* t : {&g.exp_avg, &g.exp_avg_sq})
+    if (t->defined()) swapped.push_back(*t);
+  if (swapped.empty()) return;
+  const std::string label = "group " + std::to_string(swap_slot_.size()) + " ('" + g.names.front() + "', " +
+                            std::to_string(g.params.size()) + " params)";
+  swap_slot_[g.master.data_ptr()] = swapper_->adopt(std::move(swapped), label);
+}
+
+int FlatOptimizer::swap_slot_of(const partition::FlatGroup& g) const {
+  if (!swapper_) return -1;
+  const auto it = swap_slot_.find(g.master.data_ptr());
+  return it == swap_slot_.end() ? -1 : it->second;
+}
+
+int64_t FlatOptimizer::swapped_bytes() const { return swapper_ ? swapper_->file_bytes() : 0; }
+
+FlatOptimizer::ResidentState FlatOptimizer::resident(const partition::FlatGroup& g, bool write) {
+  const int slot = swap_slot_of(g);
+  return ResidentState(slot < 0 ? nullptr : swapper_.get(), slot, write);
+}
+
+FlatOptimizer::ResidentState::ResidentState(offload::OptimizerSwapper* swapper, int slot, bool write)
+    : swapper_(swapper), slot_(slot), write_(write) {
+  if (swapper_) swapper_->acquire(slot_);
+}
+
+FlatOptimizer::ResidentState::ResidentState(ResidentState&& other) noexcept
+    : swapper_(other.swapper_), slot_(other.slot_), write_(other.write_) {
+  other.swapper_ = nullptr;
+}
+
+void FlatOptimizer::ResidentState::done() {
+  if (!swapper_) return;
+  auto* s = swapper_;
+  swapper_ = nullptr;
+  s->release(slot_, write_);
+  s->flush();
+}
+
+FlatOptimizer::ResidentState::~ResidentState() {
+  if (!swapper_) return;
+  try {
+    swapper_->release(slot_, /*dirty=*/false);  // changes dropped: the disk keeps the last whole copy
+  } catch (...) {
+    // Its pages stay; the next acquire uses them as they are.
   }
 }
 
@@ -205,7 +286,26 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
     return true;
   }
   if (offload_staging_.size() != groups.size()) offload_staging_.resize(groups.size());
-  for (size_t i = 0; i < groups.size(); ++i) update_group(i, groups[i], grads[i], rate, grad_scale);
+  if (!swapper_) {
+    for (size_t i = 0; i < groups.size(); ++i) update_group(i, groups[i], grads[i], rate, grad_scale);
+    return true;
+  }
+  // ZeRO-Infinity: group i's state comes in from the swap file, is updated
+  // and goes back; group i+1's is read meanwhile (pipeline_read), group i's
+  // write overlaps group i+1's update (pipeline_write).
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const int slot = swap_slot_of(groups[i]);
+    if (slot >= 0) swapper_->acquire(slot);
+    if (config_.zero.offload_optimizer.pipeline_read)
+      for (size_t j = i + 1; j < groups.size(); ++j)
+        if (const int next = swap_slot_of(groups[j]); next >= 0) {
+          swapper_->prefetch(next);
+          break;
+        }
+    update_group(i, groups[i], grads[i], rate, grad_scale);
+    if (slot >= 0) swapper_->release(slot, /*dirty=*/true);
+  }
+  swapper_->flush();
   return true;
 }
 

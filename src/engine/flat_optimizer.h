@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <unordered_map>
 #include <string>
 #include <vector>
@@ -22,16 +23,48 @@
 #include "optim/kernels.h"
 #include "zero/config.h"
 
+namespace zero::offload {
+class OptimizerSwapper;
+}
+
 namespace zero {
 
 class FlatOptimizer {
  public:
   FlatOptimizer(const Config& config, const StagePolicy& policy, comm::Comm& comm, const comm::Group& dp,
                 std::function<void(const std::string&)> log);
+  ~FlatOptimizer();
 
   // Optimizer state for a group whose master is set: moments (Adam),
-  // momentum (SGD, Lion), sum of squared grads (Adagrad).
-  void init_state(partition::FlatGroup& g) const;
+  // momentum (SGD, Lion), sum of squared grads (Adagrad). With
+  // offload_optimizer on NVMe the master (unless it is the params
+  // themselves, fp32 on a host model) and the state then go to the swap
+  // file (offload/optimizer_swapper.h).
+  void init_state(partition::FlatGroup& g);
+
+  // A group's master and optimizer state in memory while alive, for code
+  // outside the step that reads or writes them (checkpoints, gathered-params
+  // write-backs): nothing to do unless they are on NVMe. `done()` ends the
+  // use -- written back when `write` -- and reports an I/O failure; a scope
+  // left without it (an exception) drops its changes, keeping the copy on disk.
+  class ResidentState {
+   public:
+    ResidentState(offload::OptimizerSwapper* swapper, int slot, bool write);
+    ResidentState(ResidentState&& other) noexcept;
+    ResidentState(const ResidentState&) = delete;
+    ResidentState& operator=(const ResidentState&) = delete;
+    ResidentState& operator=(ResidentState&&) = delete;
+    ~ResidentState();
+    void done();
+
+   private:
+    offload::OptimizerSwapper* swapper_;
+    int slot_;
+    bool write_;
+  };
+  ResidentState resident(const partition::FlatGroup& g, bool write);
+  // Bytes of optimizer state in this rank's swap file (0 without NVMe offload).
+  int64_t swapped_bytes() const;
 
   // Param groups (torch's, DeepSpeed's model_parameters): hyper 0 is the
   // config's; a param in `group_of` uses hypers[index] instead.
@@ -97,6 +130,9 @@ class FlatOptimizer {
   int64_t scheduler_iter_ = -1;  // DeepSpeed's last_batch_iteration
   double last_grad_norm_ = 0.0;
   std::vector<OffloadStaging> offload_staging_;  // by group, when the optimizer is offloaded
+  std::unique_ptr<offload::OptimizerSwapper> swapper_;  // offload_optimizer.device "nvme"
+  std::unordered_map<const void*, int> swap_slot_;       // a group's master -> its slot in swapper_
+  int swap_slot_of(const partition::FlatGroup& g) const;  // -1: nothing of it swapped
 };
 
 }  // namespace zero

@@ -15,19 +15,21 @@ namespace {
 // After params changed outside the optimizer (modified in a gathered scope):
 // the fp32 masters, and params sharded at rest, follow. 16-bit params write
 // only the elements that changed, so the others keep their fp32 precision.
-void masters_from_params(const StagePolicy& policy, int rank, partition::FlatGroup& g) {
+void masters_from_params(const StagePolicy& policy, int rank, FlatOptimizer& optimizer, partition::FlatGroup& g) {
   at::NoGradGuard no_grad;
   if (g.param_shard.defined()) g.param_shard.copy_(g.own_slot(g.param_flat, rank));
   // On the master's device: the host when the optimizer is offloaded.
   const at::Tensor src = policy.update_destination(g, rank).to(g.master.device());
   if (src.data_ptr() == g.master.data_ptr()) return;  // fp32: the master is that memory
+  auto master = optimizer.resident(g, /*write=*/true);  // NVMe offload: paged in, written back
   if (g.storage_dtype == at::kFloat) {
     g.master.copy_(src);
-    return;
+  } else {
+    // Compared in the storage dtype: an fp32 (widened) param holds 16-bit values.
+    const auto changed = src.to(g.storage_dtype).ne(g.master.to(g.storage_dtype));
+    g.master.copy_(at::where(changed, src.to(at::kFloat), g.master));
   }
-  // Compared in the storage dtype: an fp32 (widened) param holds 16-bit values.
-  const auto changed = src.to(g.storage_dtype).ne(g.master.to(g.storage_dtype));
-  g.master.copy_(at::where(changed, src.to(at::kFloat), g.master));
+  master.done();
 }
 
 }  // namespace
@@ -94,7 +96,7 @@ void Engine::GatheredParameters::finish() {
   for (size_t gi : groups_)
     works.push_back(m.comm.broadcast(m.dp, m.groups[gi].param_flat, *modifier_rank_, "params modified in a gathered scope"));
   for (auto& w : works) w->wait();
-  for (size_t gi : groups_) masters_from_params(m.policy, m.dp.rank(), m.groups[gi]);
+  for (size_t gi : groups_) masters_from_params(m.policy, m.dp.rank(), m.optimizer, m.groups[gi]);
   m.comm.broadcast_coalesced(m.dp, replicated_, *modifier_rank_, "frozen params and buffers modified in a gathered scope");
 }
 
@@ -125,11 +127,15 @@ std::map<std::string, at::Tensor> Engine::state_dict(bool rank0_only) {
   const bool keep = !rank0_only || m.dp.rank() == 0;
   std::map<std::string, at::Tensor> out;
   for (const auto& g : m.groups) {
+    auto master = m.optimizer.resident(g, /*write=*/false);  // NVMe offload: paged in
     at::Tensor full = g.master;  // stage 0: every rank holds every master
     if (m.policy.shard_optimizer_state) {
       full = at::empty({g.layout.padded_numel}, g.master.options());
       m.comm.all_gather(m.dp, full, g.master, "state_dict")->wait();
+    } else if (m.optimizer.swapped_bytes() > 0) {
+      full = g.master.clone();  // its pages leave with `master`
     }
+    master.done();
     if (!keep) continue;
     for (size_t i = 0; i < g.params.size(); ++i) {
       const auto& s = g.layout.params[i];

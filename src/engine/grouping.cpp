@@ -60,8 +60,10 @@ void place_offloaded(partition::FlatGroup& g, const GroupingContext& ctx) {
     g.param_shard = host(g.param_shard, z.offload_param.pin_memory);
     if (master_is_shard) g.master = g.param_shard;
   }
-  if (z.offload_optimizer.device == OffloadDevice::CPU && !g.master.is_cpu())
-    g.master = host(g.master, z.offload_optimizer.pin_memory);
+  // NVMe: unpinned (the optimizer makes it page-backed for its swap file;
+  // the transfers go through the optimizer's pinned staging buffers).
+  if (z.offload_optimizer.device != OffloadDevice::None && !g.master.is_cpu())
+    g.master = host(g.master, z.offload_optimizer.device == OffloadDevice::CPU && z.offload_optimizer.pin_memory);
 }
 
 // The master the optimizer updates, and the params in their dtypes: fp32

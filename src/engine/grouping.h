@@ -33,7 +33,7 @@ struct GroupingContext {
   const Config& config;
   const StagePolicy& policy;
   const Precision& precision;
-  const FlatOptimizer& optimizer;  // sets up each group's optimizer state
+  FlatOptimizer& optimizer;  // sets up each group's optimizer state
   comm::Comm& comm;
   const comm::Group& dp;
 };

@@ -13,6 +13,7 @@
 //   tensor's (a missing device guard), host syncs (counted).
 //
 // Every case skips, saying why, where neither is available.
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -258,6 +259,25 @@ TEST(DeviceEngine, StagesZeroToThreeMatchTheCpuReference) {
 // 003: each block flattened there as it is built), blocks gathered and
 // released around their forward and backward in device memory. Fails on a
 // GPT that makes any tensor (its causal mask) on the host.
+// ZeRO-Infinity's optimizer offload on a device model: the master and
+// moments live in a swap file, paged into host memory group by group, and
+// the update runs there between the same pinned transfers as ZeRO-Offload's
+// (offload_optimizer "cpu"): the same params, bit for bit, at stages 1-3.
+TEST(DeviceEngine, NvmeOptimizerOffloadMatchesCpuOffload) {
+  SKIP_WITHOUT_DEVICE();
+  const std::string dir = "/tmp/zero-test-device-nvme-" + std::to_string(world().rank());
+  std::filesystem::create_directories(dir);
+  for (const char* dtype : {"fp32", "bf16"})
+    for (int stage = 1; stage <= 3; ++stage) {
+      SCOPED_TRACE(std::string(dtype) + " stage " + std::to_string(stage));
+      nlohmann::json j = mlp_config(stage, dtype, /*offload=*/true).to_json();
+      j["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", dir}, {"pipeline_read", true}};
+      EXPECT_EQ(max_abs_diff(train_mlp(Config::from_json(j), dev()), train_mlp(mlp_config(stage, dtype, true), dev())),
+                0.0);
+    }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DeviceEngine, GptStage3MatchesTheCpuRun) {
   SKIP_WITHOUT_DEVICE();
   RunSpec s;

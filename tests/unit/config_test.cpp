@@ -75,7 +75,7 @@ TEST(ConfigDocExamples, ValuesAsDocumented) {
 
 TEST(ConfigDocExamples, UnsupportedFeaturesAreNamed) {
   const std::map<std::string, std::string> expected{
-      {"zero3_nvme.json", "zero_optimization.offload_optimizer.device = \"nvme\""},
+      {"zero3_nvme.json", "zero_optimization.offload_param.device = \"nvme\" is not supported"},
       {"zero3_mics.json", "zero_optimization.mics_shard_size = 8 is not supported"},
       // hpZ is built (its size is checked against the hosts by the engine); qwZ is not.
       {"zeropp.json", "zero_optimization.zero_quantized_weights = true is not supported"},
@@ -453,3 +453,60 @@ TEST(ConfigOptimizerScheduler, Values) {
 }
 
 }  // namespace
+
+// ZeRO-Infinity's keys with DeepSpeed's defaults and meanings; what cannot
+// be honoured is named.
+TEST(ConfigNvme, OffloadAndAioKeysAreDeepSpeeds) {
+  Config d = Config::from_string(R"({"train_batch_size": 8})");
+  EXPECT_EQ(d.zero.offload_optimizer.buffer_count, 4);
+  EXPECT_EQ(d.zero.offload_param.buffer_count, 5);
+  EXPECT_EQ(d.zero.offload_param.buffer_size, 100000000);
+  EXPECT_EQ(d.zero.offload_param.max_in_cpu, 1000000000);
+  EXPECT_FALSE(d.zero.offload_optimizer.pipeline_read);
+  EXPECT_EQ(d.aio.block_size, 1048576);
+  EXPECT_EQ(d.aio.queue_depth, 8);
+  EXPECT_EQ(d.aio.thread_count, 1);
+  EXPECT_FALSE(d.aio.single_submit);
+  EXPECT_TRUE(d.aio.overlap_events);
+
+  Config c = Config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme", "pipeline_read": true,
+                            "pipeline_write": true, "buffer_count": 8, "fast_init": false}},
+      "aio": {"block_size": 262144, "queue_depth": 32, "thread_count": 2, "single_submit": true,
+              "overlap_events": false}})");
+  EXPECT_EQ(c.zero.offload_optimizer.device, zero::OffloadDevice::NVMe);
+  EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/local_nvme");
+  EXPECT_TRUE(c.zero.offload_optimizer.pipeline_read);
+  EXPECT_TRUE(c.zero.offload_optimizer.pipeline_write);
+  EXPECT_EQ(c.aio.block_size, 262144);
+  EXPECT_EQ(c.aio.queue_depth, 32);
+  EXPECT_EQ(c.aio.thread_count, 2);  // thread_count: intra_op_parallelism's older name
+  EXPECT_TRUE(c.aio.single_submit);
+  EXPECT_FALSE(c.aio.overlap_events);
+  // What a config says survives to_json.
+  Config again = Config::from_json(c.to_json());
+  EXPECT_EQ(again.zero.offload_optimizer.nvme_path, "/local_nvme");
+  EXPECT_TRUE(again.zero.offload_optimizer.pipeline_write);
+  EXPECT_EQ(again.aio.queue_depth, 32);
+
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})",
+       "offload_optimizer.nvme_path is required"},
+      {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": 3}}})",
+       "offload_optimizer.nvme_path"},
+      {R"({"aio": {"block_size": 1000}})", "aio.block_size = 1000 must be a positive multiple of 4096"},
+      {R"({"aio": {"queue_depth": 0}})", "aio.queue_depth"},
+      {R"({"aio": {"use_gds": true}})", "aio.use_gds"},
+      {R"({"optimizer": {"type": "Lamb"}, "zero_optimization": {"stage": 2,
+           "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})", "optimizer Lamb with"},
+  };
+  for (const auto& [json, message] : bad) {
+    SCOPED_TRACE(json);
+    try {
+      Config::from_string(json);
+      ADD_FAILURE() << "accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+}

@@ -1,0 +1,104 @@
+// ZeRO-Infinity's optimizer swapper (offload_optimizer.device "nvme"): each
+// flat group's fp32 master and optimizer state live in this rank's swap
+// file, and in memory only while the optimizer step (or a checkpoint, or a
+// gathered-params write-back) uses them.
+//
+// The tensors keep their address throughout: they are page-backed buffers
+// (memory/page_buffer.h) whose pages are released to the OS once written
+// out, and restored then read back in place. A stray access while they are
+// on disk stops the process naming the group (memory/release_guard.h)
+// instead of reading zeros.
+//
+// Each group's state is a slot, in one of four states (the only transitions
+// are in optimizer_swapper.cpp's `Slot` functions):
+//
+//   OnDisk --prefetch--> Reading --acquire--> Resident --release(dirty)--> Writing
+//     ^                                          |                           |
+//     +------------- release(clean) -------------+<------ retire ------------+
+//
+// The step pipelines them as DeepSpeed's PipelinedOptimizerSwapper does:
+// while group k is updated, k+1 is read (pipeline_read) and k-1 written
+// (pipeline_write); so at most three groups' state is in memory at once,
+// one without pipelining.
+//
+// The swap file is scratch: created under nvme_path, unlinked at once (so
+// no exit, however abrupt, leaves it behind or lets anything read it), its
+// space reserved with fallocate as each group arrives (a full disk is an
+// error at engine construction, not mid-step).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "io/aio_engine.h"
+
+namespace zero::offload {
+
+struct SwapperOptions {
+  std::string nvme_path;       // the directory for the swap file
+  bool pipeline_read = false;  // read the next group during this one's update
+  bool pipeline_write = false; // write this group during the next one's update
+  io::AioConfig aio;
+  int rank = 0;                // names the file and the messages
+};
+
+class OptimizerSwapper {
+ public:
+  // Opens the swap file; throws std::runtime_error naming nvme_path and
+  // what is wrong with it (missing, not a directory, not writable, no
+  // direct I/O).
+  explicit OptimizerSwapper(SwapperOptions options);
+  OptimizerSwapper(const OptimizerSwapper&) = delete;
+  OptimizerSwapper& operator=(const OptimizerSwapper&) = delete;
+  ~OptimizerSwapper();  // waits for I/O in flight; the file goes with its descriptor
+
+  // Takes one group's state to disk: `tensors` are contiguous fp32 CPU
+  // buffers, page-backed (memory::zeros_flat, flat_copy_of) and starting at
+  // their storage's start; written, then their pages released. Returns the
+  // group's slot. `label` names the group in messages.
+  int adopt(std::vector<at::Tensor> tensors, const std::string& label);
+
+  // Starts reading a slot's state back (nothing if it is in memory or on its way).
+  void prefetch(int slot);
+  // The slot's state in memory, for reading and writing, until release().
+  void acquire(int slot);
+  // Done with the slot: written back when `dirty` (in the background with
+  // pipeline_write; the previous background write is finished first), its
+  // pages then released.
+  void release(int slot, bool dirty);
+  // Finishes every background write and releases those pages.
+  void flush();
+
+  const SwapperOptions& options() const { return options_; }
+  int64_t file_bytes() const { return file_bytes_; }  // reserved on disk
+  int resident_slots() const;                          // in memory now (any state but OnDisk)
+
+ private:
+  enum class State { OnDisk, Reading, Resident, Writing };
+  struct Slot {
+    std::vector<at::Tensor> tensors;
+    std::vector<int64_t> offsets;  // of each tensor in the file
+    std::vector<io::AioEngine::Ticket> in_flight;
+    std::string label;
+    State state = State::Resident;
+  };
+  Slot& slot(int index);
+  void start_transfer(Slot& s, bool write);
+  void finish_transfer(Slot& s, const char* what);
+  void release_pages(Slot& s);
+  void retire_writes();  // every Writing slot -> OnDisk
+  std::string where(const Slot& s) const;
+
+  SwapperOptions options_;
+  std::string path_;
+  std::unique_ptr<io::DirectFile> file_;
+  std::unique_ptr<io::AioEngine> engine_;
+  std::vector<Slot> slots_;
+  int64_t file_bytes_ = 0;
+};
+
+}  // namespace zero::offload
