@@ -57,5 +57,18 @@ for doc in "${docs[@]}"; do
   done < <(grep -oE '\./run [a-z][a-z-]*' "$doc" | sed 's/^\.\/run //')
 done
 
+# A copy of the stock example (README.md, docs/getting-started.md) is the
+# file itself: a ```cpp block holding its marker line must equal
+# examples/stock/main.cpp (the install test builds and runs that file).
+marker='// Stage and precision (fp32, bf16, fp16) come from the config alone.'
+for doc in "${docs[@]}"; do
+  grep -qF -- "$marker" "$doc" || continue
+  n=$((n + 1))
+  awk -v m="$marker" '/^```cpp$/ { buf = ""; inb = 1; next }
+       inb && /^```$/ { if (index(buf, m)) { printf "%s", buf; exit } inb = 0; next }
+       inb { buf = buf $0 "\n" }' "$doc" | diff -q - examples/stock/main.cpp >/dev/null ||
+    bad "$doc: its copy of the stock example differs from examples/stock/main.cpp"
+done
+
 echo "docs_links: $n citations checked in ${#docs[@]} files"
 exit $fail
