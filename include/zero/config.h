@@ -162,8 +162,10 @@ struct ZeroConfig {
   /// false skips the global grad norm at fp32 stages 1-2 (DeepSpeed's rule: only
   /// without clipping or optimizer offload); last_grad_norm() is then NaN.
   bool compute_grad_norm = true;
-  /// Validated (offload_param needs stage 3); on CPU the state already lives
-  /// in host memory, so they change nothing yet.
+  /// Validated (offload_param needs stage 3). With a CPU model they change
+  /// nothing (the state already lives in host memory); with a CUDA model they
+  /// keep the optimizer state (and at stage 3 the param shards) in host memory
+  /// (ZeRO-Offload; docs/gpu.md).
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param;  ///< (see offload_optimizer)
   // (reduce_scatter, allgather_partitions, allgather_bucket_size,
