@@ -1,6 +1,7 @@
-// Where this process sits in the job, read from the variables the common
-// launchers set: torchrun / zero-run (RANK, WORLD_SIZE, ...), mpirun
-// (OMPI_COMM_WORLD_*) and srun (SLURM_*). No torch here.
+/// @file
+/// Where this process sits in the job, read from the variables the common
+/// launchers set: torchrun / zero-run (RANK, WORLD_SIZE, ...), mpirun
+/// (OMPI_COMM_WORLD_*) and srun (SLURM_*). No torch here.
 #pragma once
 
 #include <functional>
@@ -8,27 +9,29 @@
 
 namespace zero::comm {
 
+/// This process's place in the job, as its launcher described it.
 struct LaunchEnv {
-  std::string launcher;  // "torchrun", "mpirun", "srun" or "none" (single process)
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  int local_world_size = 1;  // 0: the launcher did not say
-  std::string master_addr;  // empty for a single process without a launcher
-  int master_port = 0;
-  // Identifies this job (e.g. for naming shared-memory segments); from
-  // ZERO_JOB_ID, TORCHELASTIC_RUN_ID, SLURM_JOB_ID or the master address/port.
+  std::string launcher;  ///< "torchrun", "mpirun", "srun" or "none" (single process)
+  int rank = 0;  ///< RANK (or OMPI_COMM_WORLD_RANK, SLURM_PROCID)
+  int world_size = 1;  ///< WORLD_SIZE (or OMPI_COMM_WORLD_SIZE, SLURM_NTASKS)
+  int local_rank = 0;  ///< LOCAL_RANK: the rank among this host's ranks
+  int local_world_size = 1;  ///< 0: the launcher did not say
+  std::string master_addr;  ///< empty for a single process without a launcher
+  int master_port = 0;  ///< MASTER_PORT: the rendezvous port (0 for a single process)
+  /// Identifies this job (e.g. for naming shared-memory segments); from
+  /// ZERO_JOB_ID, TORCHELASTIC_RUN_ID, SLURM_JOB_ID or the master address/port.
   std::string job_id;
 };
 
+/// Looks up one environment variable (getenv, or a test's table).
 using GetEnv = std::function<const char*(const char*)>;
 
-// Throws std::runtime_error naming the missing or inconsistent variable.
+/// Throws std::runtime_error naming the missing or inconsistent variable.
 LaunchEnv read_launch_env(const GetEnv& getenv);
-LaunchEnv read_launch_env();  // from the process environment
+LaunchEnv read_launch_env();  ///< from the process environment
 
-// The name prefix of this job's shared-memory segments ("zero-" + the job
-// id made file-name safe); zero-run removes files with it after the job.
+/// The name prefix of this job's shared-memory segments ("zero-" + the job
+/// id made file-name safe); zero-run removes files with it after the job.
 std::string shm_segment_prefix(const std::string& job_id);
 
 }  // namespace zero::comm

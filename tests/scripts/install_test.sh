@@ -18,7 +18,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 cmake --install "$B" --prefix "$tmp/prefix" > "$tmp/install.txt" 2>&1
 check "cmake --install succeeds" [ $? -eq 0 ]
-for f in bin/zero-run bin/zero-train bin/zero-ckpt include/zero/engine.h lib/cmake/zero/zeroConfig.cmake; do
+for f in bin/zero-run bin/zero-train bin/zero-ckpt bin/zero-selfcheck include/zero/engine.h lib/cmake/zero/zeroConfig.cmake; do
   check "installed $f" [ -e "$tmp/prefix/$f" ]
 done
 check "private headers stay private" [ ! -e "$tmp/prefix/include/zero/grad_reducer.h" ]
