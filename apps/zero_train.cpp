@@ -320,6 +320,7 @@ int main(int argc, char** argv) {
           {"peak_pss_bytes", peak_pss},  // the largest step-end sample
           {"peak_gpu_bytes", peak_device_bytes(device)},
           {"model_state_bytes", engine.state_bytes().total()},
+          {"nvme_state_bytes", engine.state_bytes().nvme},  // offload_optimizer "nvme": in the swap file
           {"skipped_steps", engine.skipped_steps()},
           {"backward_chunks", args.backward_chunks},
           {"coalesce", args.coalesce},
