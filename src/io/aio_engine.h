@@ -106,6 +106,7 @@ class AioEngine {
   const AioConfig& config() const { return config_; }
 
  private:
+  Ticket submit(const DirectFile& file, char* buffer, int64_t bytes, int64_t offset, bool is_read);
   struct Impl;
   AioConfig config_;
   std::unique_ptr<Impl> impl_;
