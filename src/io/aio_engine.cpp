@@ -538,8 +538,10 @@ AioEngine::Ticket AioEngine::submit(const DirectFile& file, char* buffer, int64_
   }
   if (pieces == 0) return ticket;
   // Contiguous shares of whole pieces, one per thread (fewer when there are
-  // fewer pieces than threads).
+  // fewer pieces than threads); the first share goes to the threads in turn,
+  // so requests of one piece spread over all of them.
   const int64_t threads = std::min<int64_t>(config_.thread_count, pieces);
+  const int64_t first_worker = static_cast<int64_t>(ticket % static_cast<uint64_t>(config_.thread_count));
   const int64_t per = pieces / threads, extra = pieces % threads;
   int64_t first = 0;
   for (int64_t t = 0; t < threads; ++t) {
@@ -547,7 +549,7 @@ AioEngine::Ticket AioEngine::submit(const DirectFile& file, char* buffer, int64_
     const int64_t start = first * config_.block_size;
     const int64_t end = std::min(bytes, (first + n) * config_.block_size);
     first += n;
-    Worker& w = *impl_->workers[static_cast<size_t>(t)];
+    Worker& w = *impl_->workers[static_cast<size_t>((first_worker + t) % config_.thread_count)];
     {
       std::lock_guard<std::mutex> lock(w.mu);
       w.queue.push_back(Share{request, file.fd(), buffer + start, offset + start, end - start});
