@@ -15,7 +15,8 @@
 // the same bytes of the same file. Each figure is the best of R runs
 // (default 3), ours and fio's interleaved. The
 // JSON on stdout gives every config's GB/s (1e9 bytes/s), each side's best
-// per direction and ours/fio's. Progress goes to stderr. Our buffer is
+// per direction and ours/fio's, and config by config (threads = numjobs)
+// the median ratio and how many reach 0.9. Progress goes to stderr. Our buffer is
 // an AlignedBuffer (from 2 MiB: transparent huge pages, as the swappers'
 // buffers are); --buffer plain gives it 4 KiB pages (MADV_NOHUGEPAGE), as
 // fio's own buffers have. Without fio (not
@@ -275,6 +276,26 @@ int main(int argc, char** argv) {
         s["fio_best_GBps"] = best[d][1].gbps;
         s["fio_best"] = best[d][1].config;
         s["zero_over_fio"] = best[d][0].gbps / best[d][1].gbps;
+        // Config by config (same block size and depth, threads = numjobs):
+        // less at the mercy of one lucky run than the ratio of the bests.
+        std::vector<double> ratios;
+        for (const auto& z : configs) {
+          if (z["direction"] != names[d] || z["engine"] != "zero") continue;
+          for (const auto& f : configs) {
+            if (f["direction"] == names[d] && f["engine"] == "fio" && f["block_size"] == z["block_size"] &&
+                f["queue_depth"] == z["queue_depth"] && f["numjobs"] == z["threads"] && f["GBps"] > 0) {
+              ratios.push_back(z["GBps"].get<double>() / f["GBps"].get<double>());
+            }
+          }
+        }
+        if (!ratios.empty()) {
+          std::sort(ratios.begin(), ratios.end());
+          const size_t n = ratios.size();
+          s["per_config_zero_over_fio_median"] = n % 2 ? ratios[n / 2] : (ratios[n / 2 - 1] + ratios[n / 2]) / 2;
+          s["per_config_at_least_0.9"] =
+              std::to_string(std::count_if(ratios.begin(), ratios.end(), [](double r) { return r >= 0.9; })) + "/" +
+              std::to_string(n);
+        }
       }
       result["summary"][names[d]] = s;
     }
