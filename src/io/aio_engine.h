@@ -9,8 +9,8 @@
 // compute, wait.
 //
 // Alignment: buffers, offsets and lengths must be multiples of kAlignment
-// (O_DIRECT's rule); a request that is not is refused with a message naming
-// which value. Errors (EIO, ENOSPC, a short transfer) surface at wait(), as
+// (O_DIRECT's rule); a request that is not is refused (std::invalid_argument)
+// with a message naming which value. Errors (EIO, ENOSPC, a short transfer) surface at wait(), as
 // IoError naming the file, the offset and the cause.
 //
 // No torch header: the swappers wrap their tensors' memory.
@@ -87,6 +87,11 @@ class AioEngine {
  public:
   using Ticket = uint64_t;
 
+  // Starts thread_count workers, each with its ring. Throws
+  // std::invalid_argument naming the aio key of a value it cannot honour
+  // (block_size not a positive multiple of kAlignment or over 1 GiB,
+  // queue_depth outside 1..4096, thread_count outside 1..256), IoError
+  // when the kernel refuses io_uring.
   explicit AioEngine(const AioConfig& config);
   AioEngine(const AioEngine&) = delete;
   AioEngine& operator=(const AioEngine&) = delete;
@@ -106,6 +111,7 @@ class AioEngine {
   const AioConfig& config() const { return config_; }
 
  private:
+  Ticket submit(const DirectFile& file, char* buffer, int64_t bytes, int64_t offset, bool is_read);
   struct Impl;
   AioConfig config_;
   std::unique_ptr<Impl> impl_;

@@ -10,7 +10,8 @@
 #     there) an overlay on /usr whites out every file of the packages the GPU
 #     machine lacks (nlohmann-json, Gloo's headers, GoogleTest/GoogleMock with
 #     /usr/src/googletest, Google Benchmark, OpenSSL's development files
-#     (libssl-dev; its runtime, libssl3, stays); make and procps, which it need
+#     (libssl-dev; its runtime, libssl3, stays), liburing (liburing-dev and its
+#     runtime liburing2: the build links liburing.a); make and procps, which it need
 #     not have: the paths come from `dpkg -L`), ccache (the machine has none;
 #     the build keeps its cache through CMAKE_<LANG>_COMPILER_LAUNCHER, so
 #     find_program and `command -v` see no ccache but compiles still hit)
@@ -31,10 +32,11 @@ set -u
 
 # The packages a GPU machine does not have (Debian 12 names): the development
 # files it is known or presumed to lack (libssl-dev: its python3 has ssl, so
-# the runtime libssl3 is there, but nothing says the headers are), and make and procps (pgrep, ps), which its image
+# the runtime libssl3 is there, but nothing says the headers are), liburing (dev files
+# and runtime: none there), and make and procps (pgrep, ps), which its image
 # need not have (it has CMake and ninja).
 HIDDEN_PACKAGES=(nlohmann-json3-dev libgloo-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
-  libbenchmark1debian libssl-dev make procps)
+  libbenchmark1debian libssl-dev liburing-dev liburing2 make procps)
 
 skip() { echo "skipped: $*"; exit 77; }
 
@@ -61,7 +63,8 @@ if [ "${1:-}" = --inside ]; then
   for f in /usr/include/nlohmann/json.hpp /usr/share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake \
     /usr/include/gloo/config.h /usr/include/gtest/gtest.h /usr/src/googletest/CMakeLists.txt \
     /usr/lib/x86_64-linux-gnu/libgtest.a /usr/include/benchmark/benchmark.h /usr/include/openssl/hmac.h \
-    /usr/lib/x86_64-linux-gnu/libcrypto.so /usr/bin/ccache /usr/bin/make /usr/bin/pgrep; do
+    /usr/lib/x86_64-linux-gnu/libcrypto.so /usr/include/liburing.h /usr/lib/x86_64-linux-gnu/liburing.a \
+    /usr/lib/x86_64-linux-gnu/liburing.so.2 /usr/bin/ccache /usr/bin/make /usr/bin/pgrep; do
     [ ! -e "$f" ] || { echo "rehearsal: $f still visible"; exit 1; }
   done
   ! /usr/bin/python3 -c 'import numpy.core' 2>/dev/null || { echo "rehearsal: the system python still has numpy"; exit 1; }
