@@ -41,7 +41,7 @@ struct BF16Config {
   bool enabled = false;
 };
 
-enum class OptimizerType { Adam, AdamW, SGD, Lion, Adagrad, Lamb };
+enum class OptimizerType { Adam, AdamW, SGD, Lion, Adagrad, Lamb, Muon };
 const char* to_string(OptimizerType);
 
 struct OptimizerConfig {
@@ -62,6 +62,13 @@ struct OptimizerConfig {
   // step size carries Adam's bias correction.
   double max_coeff = 10.0, min_coeff = 0.01;
   bool bias_correction = true;
+  // Muon (DeepSpeed's MuonWithAuxAdam): `lr` and `momentum` (0.95) are the
+  // Muon params' (2-D+ weights whose name holds neither "embed" nor
+  // "lm_head"); the others run AdamW at adam_lr with betas (0.9, 0.95) and
+  // eps 1e-10. ns_method: "gram" or "standard" (the same orthogonalisation;
+  // computed here by the standard quintic Newton-Schulz iteration, 5 steps).
+  double adam_lr = 3e-4;
+  std::string ns_method = "gram";
 
   // An optimizer from code (zero::with_optimizer below), run by the same
   // fused kernels as the config's.
@@ -76,6 +83,10 @@ struct OptimizerConfig {
   static OptimizerConfig adagrad(double lr = 1e-2, double weight_decay = 0.0, double eps = 1e-10);
   static OptimizerConfig lamb(double lr = 1e-3, double weight_decay = 0.0, std::array<double, 2> betas = {0.9, 0.999},
                               double eps = 1e-8);
+  // DeepSpeed's Muon: lr 0.02 and momentum 0.95 for the Muon params, the
+  // AdamW fallback at adam_lr 3e-4, betas (0.9, 0.95), eps 1e-10.
+  static OptimizerConfig muon(double lr = 0.02, double weight_decay = 0.0, double momentum = 0.95,
+                              double adam_lr = 3e-4, std::array<double, 2> betas = {0.9, 0.95}, double eps = 1e-10);
 };
 
 enum class SchedulerType { None, WarmupLR, WarmupDecayLR, WarmupCosineLR, LRRangeTest, OneCycle };
