@@ -453,6 +453,36 @@ TEST(Optimizers, CheckpointsResumeExactly) {
       }
 }
 
+// Muon's momentum lives beside the master in the flat layout (exp_avg), so
+// a checkpoint saved at stage 3 resumes at stage 1 (and 0): 3 + 3 steps
+// equal one process's 6 within the one-process bound above.
+TEST(Optimizers, MuonMomentumResumesAtAnotherStage) {
+  StockMlp solo_model = mlp();
+  zero::Engine solo(*solo_model, config(OptimizerType::Muon, 0), world().comm(), solo_group(), groups_of(solo_model));
+  for (int s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch(s);
+    solo.backward((solo.forward(solo_model, x) - y).pow(2).mean());
+    solo.step();
+  }
+  const auto dir = ckpt_dir("optim-muon-reshard");
+  {
+    StockMlp first = mlp();
+    zero::Engine e(*first, config(OptimizerType::Muon, 3), world().comm(), dp_group(), groups_of(first));
+    train(e, first, 0, 3);
+    e.save_checkpoint(dir, "step3");
+  }
+  for (int stage : {1, 0}) {
+    SCOPED_TRACE("resumed at stage " + std::to_string(stage));
+    StockMlp model = mlp();
+    zero::Engine resumed(*model, config(OptimizerType::Muon, stage), world().comm(), dp_group(), groups_of(model));
+    resumed.load_checkpoint(dir);
+    train(resumed, model, 3, kSteps);
+    EXPECT_LT(max_abs_diff(resumed.full_parameters(), solo.full_parameters()), 4e-6)
+        << worst_param(resumed.full_parameters(), solo.full_parameters());
+  }
+  remove_dir(dir);
+}
+
 // Lion's exp_avg is not SGD's momentum nor Adam's moment, though the
 // buffers share a name: another type's state is refused, naming both.
 TEST(Optimizers, AnotherTypesStateIsRefused) {
