@@ -1,8 +1,8 @@
 // Each optimizer over a flat fp32 buffer: zero-cpp's fused kernel against
 // the torch reference on the same tensor sizes, side by side in one run --
-// torch::optim::AdamW and torch::optim::Adagrad, and Lion and LAMB as
-// whole-tensor torch ops (what a user without fused ones runs; torch has
-// neither).
+// torch::optim::AdamW and torch::optim::Adagrad, and Lion, LAMB and Muon
+// as whole-tensor torch ops (what a user without fused ones runs; torch has
+// none of them).
 //
 //   build/bench/bench_adam --benchmark_format=json
 //
@@ -16,6 +16,7 @@
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adamw.h>
 
+#include "engine/muon_step.h"
 #include "optim/kernels.h"
 
 namespace {
@@ -147,6 +148,40 @@ void BM_TorchLamb(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * n);
 }
 
+// Muon on one [d, 4d] matrix (a transformer's MLP weight): the fused
+// momentum, the Newton-Schulz orthogonalisation (at::matmul, fp32) and the
+// fused apply, as one owner runs them; against the same step in torch ops.
+void BM_ZeroMuon(benchmark::State& state) {
+  const int64_t d = state.range(0), n = 4 * d * d;
+  zero::optim::set_kernel_threads(at::get_num_threads());
+  auto p = at::randn({n}), g = at::randn({n}), m = at::zeros({n}), in = at::empty({n});
+  const zero::optim::MuonHyper h{0.02f, 0.95f, 0.01f};
+  for (auto _ : state) {
+    zero::optim::muon_momentum(g.data_ptr<float>(), m.data_ptr<float>(), in.data_ptr<float>(), n, h, 1.0f);
+    const at::Tensor u = zero::muon_orthogonalize(in.view({d, 4 * d}), {d, 4 * d}).contiguous();
+    zero::optim::muon_apply(p.data_ptr<float>(), u.data_ptr<float>(), n, h);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+
+void BM_TorchMuon(benchmark::State& state) {
+  const int64_t d = state.range(0);
+  auto p = at::randn({d, 4 * d}), g = at::randn({d, 4 * d}), m = at::zeros({d, 4 * d});
+  for (auto _ : state) {
+    m.lerp_(g, 0.05);
+    at::Tensor x = g.lerp(m, 0.95);
+    x = x / (x.norm() + 1e-7);
+    for (int i = 0; i < 5; ++i) {
+      const at::Tensor a = x.mm(x.t());
+      x = 3.4445 * x + (-4.7750 * a + 2.0315 * a.mm(a)).mm(x);
+    }
+    p.mul_(1 - 0.02 * 0.01).sub_(x * 0.02);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * 4 * d * d);
+}
+
 }  // namespace
 
 BENCHMARK(BM_ZeroAdamW)->Arg(10'000'000)->Arg(100'000'000)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -158,4 +193,6 @@ BENCHMARK(BM_ZeroAdagrad)->Arg(10'000'000)->Arg(100'000'000)->Unit(benchmark::kM
 BENCHMARK(BM_TorchAdagrad)->Arg(10'000'000)->Arg(100'000'000)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ZeroLamb)->Arg(10'000'000)->Arg(100'000'000)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_TorchLamb)->Arg(10'000'000)->Arg(100'000'000)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ZeroMuon)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_TorchMuon)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_MAIN();

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The optimizer step of each optimizer (AdamW, Lion, Adagrad, Lamb) at
+# The optimizer step of each optimizer (AdamW, Lion, Adagrad, Lamb, Muon) at
 # stages 0 and 3 on the 101M GPT (8 x 1024), 2 ranks, fp32: DeepSpeed's
 # wall_clock_breakdown "step" time (the update, and at stage 3 nothing
 # else; the params' all-gather is "step_allgather"), averaged over the run.
@@ -14,7 +14,7 @@ STEPS=${2:-4}
 bench_model big
 echo '{"bench": "optimizers", "model": "gpt 8x1024", "ranks": 2, "date": "'"$(date -u +%F)"'", "runs": ['
 first=1
-for opt in AdamW Lion Adagrad Lamb; do
+for opt in AdamW Lion Adagrad Lamb Muon; do
   for stage in 0 3; do
     bench_config "$stage" fp32
     # The same config with this optimizer and the timers printed once, at the last step.

@@ -47,7 +47,7 @@ struct BF16Config {
 };
 
 /// The optimizers the fused kernels run (the config's `optimizer.type`).
-enum class OptimizerType { Adam, AdamW, SGD, Lion, Adagrad, Lamb };
+enum class OptimizerType { Adam, AdamW, SGD, Lion, Adagrad, Lamb, Muon };
 /// Its ds_config spelling ("Adam", "AdamW", ...).
 const char* to_string(OptimizerType);
 
@@ -62,7 +62,7 @@ struct OptimizerConfig {
   /// DeepSpeed's "Adam" is decoupled-weight-decay Adam (AdamW) unless
   /// adam_w_mode is false; "AdamW" is always decoupled.
   bool adam_w_mode = true;
-  double momentum = 0.0;  ///< SGD
+  double momentum = 0.0;  ///< SGD; Muon (default 0.95 there)
   double dampening = 0.0;  ///< SGD
   bool nesterov = false;  ///< SGD
   double initial_accumulator_value = 0.0;  ///< Adagrad: where the sum of squared grads starts
@@ -70,6 +70,14 @@ struct OptimizerConfig {
   /// step size carries Adam's bias correction.
   double max_coeff = 10.0, min_coeff = 0.01;  ///< (see max_coeff)
   bool bias_correction = true;  ///< LAMB: the step size carries Adam's bias correction
+  /// Muon (DeepSpeed's MuonWithAuxAdam): `lr` and `momentum` (0.95) are the
+  /// Muon params' (2-D+ weights whose name holds neither "embed" nor
+  /// "lm_head"); the others run AdamW at adam_lr with betas (0.9, 0.95) and
+  /// eps 1e-10.
+  double adam_lr = 3e-4;
+  /// Muon: "gram" or "standard" (the same orthogonalisation; computed here by
+  /// the standard quintic Newton-Schulz iteration, 5 steps).
+  std::string ns_method = "gram";
 
   /// An optimizer from code (zero::with_optimizer below), run by the same
   /// fused kernels as the config's.
@@ -87,6 +95,10 @@ struct OptimizerConfig {
   /// LAMB (DeepSpeed's FusedLamb), DeepSpeed's defaults.
   static OptimizerConfig lamb(double lr = 1e-3, double weight_decay = 0.0, std::array<double, 2> betas = {0.9, 0.999},
                               double eps = 1e-8);
+  /// DeepSpeed's Muon: lr 0.02 and momentum 0.95 for the Muon params, the
+  /// AdamW fallback at adam_lr 3e-4, betas (0.9, 0.95), eps 1e-10.
+  static OptimizerConfig muon(double lr = 0.02, double weight_decay = 0.0, double momentum = 0.95,
+                              double adam_lr = 3e-4, std::array<double, 2> betas = {0.9, 0.95}, double eps = 1e-10);
 };
 
 /// The learning-rate schedules of the `scheduler` block (DeepSpeed's names); None: the constant lr.

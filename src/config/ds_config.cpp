@@ -122,10 +122,21 @@ void read_betas(ObjectReader& p, OptimizerConfig& c) {
   c.betas = {(*b)[0].get<double>(), (*b)[1].get<double>()};
 }
 
+// OneCycle's cycle_momentum moves an Adam-type optimizer's beta1; Muon's
+// two kinds of param have two momenta (DeepSpeed's OneCycle finds no betas
+// in MuonWithAuxAdam's defaults), so that pairing is refused.
+void check_optimizer_with_scheduler(const Config& c) {
+  if (c.optimizer.type == OptimizerType::Muon && c.scheduler.type == SchedulerType::OneCycle &&
+      c.scheduler.cycle_momentum)
+    throw ConfigError("ds_config: scheduler OneCycle with cycle_momentum = true is not supported with optimizer "
+                      "Muon; set scheduler.params.cycle_momentum to false");
+}
+
 OptimizerConfig read_optimizer(ObjectReader& top) {
   OptimizerConfig c;
   ObjectReader r = top.child("optimizer");
-  auto type = r.get_opt_choice("type", {"Adam", "AdamW", "SGD", "Lion", "Adagrad", "Lamb"}, /*ignore_case=*/true);
+  auto type = r.get_opt_choice("type", {"Adam", "AdamW", "SGD", "Lion", "Adagrad", "Lamb", "Muon"},
+                                /*ignore_case=*/true);
   ObjectReader p = r.child("params");
   r.finish();
   if (!type) {
@@ -137,6 +148,7 @@ OptimizerConfig read_optimizer(ObjectReader& top) {
            : *type == "SGD"  ? OptimizerType::SGD
            : *type == "Lion" ? OptimizerType::Lion
            : *type == "Lamb" ? OptimizerType::Lamb
+           : *type == "Muon" ? OptimizerType::Muon
                              : OptimizerType::Adagrad;
   if (p.find("max_grad_norm"))
     p.fail("max_grad_norm", "is not an optimizer parameter; use the top-level gradient_clipping");
@@ -144,6 +156,7 @@ OptimizerConfig read_optimizer(ObjectReader& top) {
   if (c.type == OptimizerType::Lion) c = OptimizerConfig::lion();
   if (c.type == OptimizerType::Adagrad) c = OptimizerConfig::adagrad();
   if (c.type == OptimizerType::Lamb) c = OptimizerConfig::lamb();
+  if (c.type == OptimizerType::Muon) c = OptimizerConfig::muon();
   c.lr = p.get_double("lr", c.lr, 0.0, 1e6);
   c.weight_decay = p.get_double("weight_decay", c.weight_decay, 0.0, 1e6);
   if (c.type == OptimizerType::SGD) {
@@ -163,6 +176,18 @@ OptimizerConfig read_optimizer(ObjectReader& top) {
     if (c.min_coeff > c.max_coeff) p.fail("min_coeff", "must not exceed max_coeff");
     p.unsupported_unless("eps_inside_sqrt", false);
     p.unsupported_unless("amsgrad", false);
+  } else if (c.type == OptimizerType::Muon) {
+    // DeepSpeed's engine passes these to MuonWithAuxAdam: lr to both kinds
+    // of param, muon_lr / adam_lr override it for one kind; momentum and
+    // ns_method to the Muon params, betas and eps to the AdamW ones.
+    if (p.find("lr")) c.adam_lr = c.lr;
+    c.lr = p.get_double("muon_lr", c.lr, 0.0, 1e6);
+    c.adam_lr = p.get_double("adam_lr", c.adam_lr, 0.0, 1e6);
+    c.momentum = p.get_double("momentum", c.momentum, 0.0, 1.0);
+    if (c.momentum >= 1.0) p.fail("momentum", "must be in [0, 1)");
+    c.ns_method = p.get_choice("ns_method", c.ns_method, {"gram", "standard"});
+    read_betas(p, c);
+    c.eps = p.get_double("eps", c.eps, 0.0, 1.0);
   } else if (c.type == OptimizerType::Adagrad) {
     // torch.optim.Adagrad's keys (DeepSpeed builds it without offload;
     // DeepSpeedCPUAdagrad takes lr, eps, weight_decay).
@@ -350,6 +375,7 @@ ZeroConfig read_zero(ObjectReader& top) {
              {"stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save"});
   r.get_bool("ignore_unused_parameters", true);
   r.get_bool("round_robin_gradients", false);
+  r.get_bool("save_muon_momentum_buffer_in_memory", false);
   c.compute_grad_norm = r.get_bool("compute_grad_norm", c.compute_grad_norm);
   c.offload_optimizer = read_offload(r, "offload_optimizer", false);
   c.offload_param = read_offload(r, "offload_param", true);
@@ -390,7 +416,6 @@ ZeroConfig read_zero(ObjectReader& top) {
                        {"stage3_use_all_reduce_for_fetch_params"});
   r.unsupported_unless("allgather_sequential", false, {"stage3_allgather_sequential"});
   r.unsupported_unless("enable_sanity_checks", false);
-  r.unsupported_unless("save_muon_momentum_buffer_in_memory", false);
   r.unsupported_unless("parameter_alignment", false);  // params are packed; alignment is the group's
   r.unsupported_unless("zenflow", nullptr);
   // Python class names cannot match C++ modules: declare zero::Unit<> instead.
@@ -425,6 +450,7 @@ const char* to_string(OptimizerType t) {
     case OptimizerType::Lion: return "Lion";
     case OptimizerType::Adagrad: return "Adagrad";
     case OptimizerType::Lamb: return "Lamb";
+    case OptimizerType::Muon: return "Muon";
     default: return "AdamW";
   }
 }
@@ -492,9 +518,11 @@ Config Config::from_json(const json& j) {
 
   if (c.zero.offload_optimizer.device == OffloadDevice::NVMe) {
     // LAMB's two passes would page every group's state in twice.
-    if (c.optimizer.type == OptimizerType::Lamb)
-      throw ConfigError("ds_config: optimizer Lamb with zero_optimization.offload_optimizer.device = \"nvme\" is "
-                        "not supported yet (device \"cpu\" is)");
+    // LAMB's two passes would page every group's state in twice; Muon's
+    // owners need whole matrices' momentum inputs from every group at once.
+    if (c.optimizer.type == OptimizerType::Lamb || c.optimizer.type == OptimizerType::Muon)
+      throw ConfigError(std::string("ds_config: optimizer ") + to_string(c.optimizer.type) +
+                        " with zero_optimization.offload_optimizer.device = \"nvme\" is not supported yet");
     if (c.stage3_gather_fp32_master)
       throw ConfigError("ds_config: zero_cpp.stage3_gather_fp32_master gathers the fp32 masters, which "
                         "zero_optimization.offload_optimizer.device = \"nvme\" keeps on disk; use one of them");
@@ -559,6 +587,7 @@ Config Config::from_json(const json& j) {
 
   if (c.zero.offload_optimizer.device != OffloadDevice::None && c.zero.stage == 0)
     throw ConfigError("ds_config: zero_optimization.offload_optimizer requires stage 1, 2 or 3");
+  check_optimizer_with_scheduler(c);
   if (!c.zero.compute_grad_norm && c.gradient_clipping > 0)
     throw ConfigError("ds_config: zero_optimization.compute_grad_norm = false requires "
                       "gradient_clipping = 0 (it is " + json(c.gradient_clipping).dump() + ")");
@@ -658,6 +687,15 @@ OptimizerConfig OptimizerConfig::lamb(double lr, double weight_decay, std::array
   return o;
 }
 
+OptimizerConfig OptimizerConfig::muon(double lr, double weight_decay, double momentum, double adam_lr,
+                                      std::array<double, 2> betas, double eps) {
+  OptimizerConfig o = adamw(lr, weight_decay, betas, eps);
+  o.type = OptimizerType::Muon;
+  o.momentum = momentum;
+  o.adam_lr = adam_lr;
+  return o;
+}
+
 Config with_optimizer(Config config, OptimizerConfig optimizer) {
   if (config.optimizer.given)
     throw ConfigError("ds_config: has an \"optimizer\" block and an optimizer was passed from code; keep one");
@@ -666,6 +704,7 @@ Config with_optimizer(Config config, OptimizerConfig optimizer) {
   optimizer.given = true;
   config.optimizer = optimizer;
   if (config.scheduler.warmup_max_lr_follows_optimizer) config.scheduler.warmup_max_lr = optimizer.lr;
+  check_optimizer_with_scheduler(config);
   return config;
 }
 
@@ -760,6 +799,12 @@ json Config::to_json() const {
       p["bias_correction"] = optimizer.bias_correction;
       p["max_coeff"] = optimizer.max_coeff;
       p["min_coeff"] = optimizer.min_coeff;
+    } else if (optimizer.type == OptimizerType::Muon) {
+      p["momentum"] = optimizer.momentum;
+      p["adam_lr"] = optimizer.adam_lr;
+      p["ns_method"] = optimizer.ns_method;
+      p["betas"] = optimizer.betas;
+      p["eps"] = optimizer.eps;
     } else if (optimizer.type == OptimizerType::Adagrad) {
       p["eps"] = optimizer.eps;
       p["initial_accumulator_value"] = optimizer.initial_accumulator_value;

@@ -11,6 +11,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "common/guard_device.h"
+#include "engine/muon_step.h"
 #include "memory/page_buffer.h"
 #include "offload/optimizer_swapper.h"
 #include "optim/kernels.h"
@@ -283,6 +284,15 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
   ++optimizer_steps_;
   if (config_.optimizer.type == OptimizerType::Lamb) {
     update_lamb(groups, grads, rate, grad_scale);
+    return true;
+  }
+  if (config_.optimizer.type == OptimizerType::Muon) {  // docs/design.md, "Muon over flat shards"
+    muon_update(groups, grads, {config_.optimizer, policy_, comm_, dp_, rate, grad_scale, optimizer_steps_,
+                                [&](const at::Tensor& p) {
+                                  auto it = group_of_.find(p.unsafeGetTensorImpl());
+                                  const Hyper& hy = hypers_[it == group_of_.end() ? 0 : it->second];
+                                  return std::make_pair(hy.lr_scale, hy.weight_decay);
+                                }});
     return true;
   }
   if (offload_staging_.size() != groups.size()) offload_staging_.resize(groups.size());

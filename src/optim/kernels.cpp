@@ -104,6 +104,22 @@ void lamb_apply_chunk(float* __restrict p, const float* __restrict m, const floa
 }
 
 ZERO_CLONES
+void muon_momentum_chunk(const float* __restrict g, float* __restrict m, float* __restrict out, int64_t n,
+                         const MuonHyper h, float grad_scale) {
+  for (int64_t i = 0; i < n; ++i) out[i] = muon_momentum_element(g[i], m[i], h, grad_scale);
+}
+
+ZERO_CLONES
+void muon_apply_chunk(float* __restrict p, const float* __restrict u, int64_t n, const MuonHyper h,
+                      void* __restrict out, Out16 kind) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float param = muon_apply_element(p[i], u[i], h);
+    p[i] = param;
+    if (out) store_out(out, i, param, kind);
+  }
+}
+
+ZERO_CLONES
 void downcast_chunk(const float* __restrict src, void* __restrict dst, int64_t n, Out16 kind) {
   for (int64_t i = 0; i < n; ++i) store_out(dst, i, src[i], kind);
 }
@@ -190,6 +206,19 @@ void lamb_apply(float* p, const float* m, const float* v, int64_t n, const LambH
   const float scaled_step = lamb_step_size(h) * ratio;
   parallel_chunks(n, [&](int64_t lo, int64_t len) {
     lamb_apply_chunk(p + lo, m + lo, v + lo, len, h, scaled_step, out_at(out16, lo, kind), kind);
+  });
+}
+
+void muon_momentum(const float* grad, float* m, float* nesterov, int64_t n, const MuonHyper& h, float grad_scale) {
+  parallel_chunks(n, [&](int64_t lo, int64_t len) {
+    muon_momentum_chunk(grad + lo, m + lo, nesterov + lo, len, h, grad_scale);
+  });
+}
+
+void muon_apply(float* p, const float* update, int64_t n, const MuonHyper& h, void* out16, Out16 kind) {
+  if (kind == Out16::None) out16 = nullptr;
+  parallel_chunks(n, [&](int64_t lo, int64_t len) {
+    muon_apply_chunk(p + lo, update + lo, len, h, out_at(out16, lo, kind), kind);
   });
 }
 

@@ -101,6 +101,22 @@ float lamb_trust_ratio(double sumsq_p, double sumsq_u, const LambHyper& h);
 void lamb_apply(float* p, const float* m, const float* v, int64_t n, const LambHyper& h, float ratio,
                 void* out16 = nullptr, Out16 kind = Out16::None);
 
+struct MuonHyper {
+  float lr = 0.02f;
+  float momentum = 0.95f;
+  float weight_decay = 0.0f;  // decoupled: p *= 1 - lr * wd
+};
+
+// Muon's element-wise halves (Jordan et al. 2024, as DeepSpeed's
+// muon_update): around them, Newton-Schulz orthogonalises each whole
+// matrix (engine/muon_step.cpp). Momentum: m = lerp(m, g, 1 - beta) with g
+// = grad * grad_scale, and the Nesterov input lerp(g, m, beta) written to
+// `nesterov` (the matrix's piece the orthogonalisation reads).
+void muon_momentum(const float* grad, float* m, float* nesterov, int64_t n, const MuonHyper& h, float grad_scale);
+// Apply: p = p * (1 - lr wd) - lr * update, the 16-bit copy in the same pass.
+void muon_apply(float* p, const float* update, int64_t n, const MuonHyper& h, void* out16 = nullptr,
+                Out16 kind = Out16::None);
+
 // Casts n fp32 values to bf16/fp16 (round to nearest even), as the kernels do.
 void downcast(const float* src, void* dst, int64_t n, Out16 kind);
 

@@ -105,4 +105,25 @@ inline float lamb_step_size(const LambHyper& h) {
   return static_cast<float>(h.lr * std::sqrt(bc2) / bc1);
 }
 
+// torch's lerp (start + w (end - start), or end - (end - start)(1 - w)
+// for w >= 0.5), so Muon's momentum rounds as DeepSpeed's lerp_ does.
+ZERO_HOST_DEVICE inline float torch_lerp(float start, float end, float w) {
+  const float diff = end - start;
+  return w < 0.5f ? start + w * diff : end - diff * (1.0f - w);
+}
+
+// Muon's momentum per element: m = lerp(m, g, 1 - beta); returns the
+// Nesterov input lerp(g, m, beta).
+ZERO_HOST_DEVICE inline float muon_momentum_element(float grad, float& m, const MuonHyper& h, float grad_scale) {
+  grad *= grad_scale;
+  const float mi = torch_lerp(m, grad, 1.0f - h.momentum);
+  m = mi;
+  return torch_lerp(grad, mi, h.momentum);
+}
+
+// Muon's apply per element (DeepSpeed's order: decay, then the step).
+ZERO_HOST_DEVICE inline float muon_apply_element(float param, float update, const MuonHyper& h) {
+  return param * (1.0f - h.lr * h.weight_decay) - h.lr * update;
+}
+
 }  // namespace zero::optim

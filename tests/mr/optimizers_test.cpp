@@ -1,4 +1,4 @@
-// Lion, Adagrad and LAMB at every stage, against references in plain torch
+// Lion, Adagrad, LAMB and Muon at every stage, against references in plain torch
 // on the whole batch in one process: torch's own Adagrad, Lion written here
 // from the paper's update (Chen et al. 2023, Algorithm 2) in DeepSpeed's
 // FusedLion order, LAMB from You et al. 2020 as DeepSpeed's FusedLamb. Both with the weight-decay recipe's two param
@@ -15,6 +15,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adagrad.h>
 
+#include "engine/muon_step.h"
 #include "fixtures.h"
 
 namespace zero::test {
@@ -83,6 +84,58 @@ struct TorchLamb {
   }
 };
 
+// Muon as DeepSpeed's MuonWithAuxAdam (Jordan et al. 2024): for 2-D
+// weights not named embed / lm_head, momentum m = lerp(m, g, 1 - 0.95), the
+// Nesterov input lerp(g, m, 0.95) orthogonalised by 5 steps of the quintic
+// Newton-Schulz iteration (a, b, c = 3.4445, -4.7750, 2.0315, the wide
+// orientation, over its Frobenius norm + 1e-7), times sqrt(max(1, rows /
+// cols)); p = p (1 - lr wd) - lr u. Every other param: AdamW with betas
+// (0.9, 0.95), eps 1e-10, the same decoupled decay. Written from the rule,
+// in fp32 as the engine computes it (DeepSpeed's GPUs run the iteration in
+// bf16 / fp16).
+struct TorchMuon {
+  struct Group {
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    double lr, weight_decay;
+  };
+  std::vector<Group> groups;
+  double momentum = 0.95, beta1 = 0.9, beta2 = 0.95, eps = 1e-10;
+  std::map<const void*, std::pair<at::Tensor, at::Tensor>> state;
+  int step_count = 0;
+
+  static at::Tensor orthogonalize(at::Tensor g) {
+    const bool tall = g.size(0) > g.size(1);
+    at::Tensor x = tall ? g.t() : g;
+    x = x / (x.norm() + 1e-7);
+    for (int i = 0; i < 5; ++i) {
+      const at::Tensor a = x.mm(x.t());
+      x = 3.4445 * x + (-4.7750 * a + 2.0315 * a.mm(a)).mm(x);
+    }
+    return (tall ? x.t() : x) * std::sqrt(std::max(1.0, static_cast<double>(g.size(0)) / g.size(1)));
+  }
+
+  void step() {
+    at::NoGradGuard no_grad;
+    ++step_count;
+    for (auto& g : groups)
+      for (auto& [name, p] : g.params) {
+        auto& [m, v] = state.try_emplace(p.unsafeGetTensorImpl(), at::zeros_like(p), at::zeros_like(p)).first->second;
+        const at::Tensor grad = p.grad().clone();
+        at::Tensor u;
+        if (muon_uses(name, p.dim())) {
+          m.lerp_(grad, 1 - momentum);
+          u = orthogonalize(grad.lerp(m, momentum));
+        } else {
+          m.lerp_(grad, 1 - beta1);
+          v.lerp_(grad * grad, 1 - beta2);
+          u = (m / (1 - std::pow(beta1, step_count))) / ((v / (1 - std::pow(beta2, step_count))).sqrt() + eps);
+        }
+        p.mul_(1 - g.lr * g.weight_decay);
+        p.sub_(u * g.lr);
+      }
+  }
+};
+
 // The reference: the whole batch, torch's clip_grad_norm_ (DeepSpeed's
 // clip: max_norm / (norm + 1e-6) when under 1), the optimizer's step.
 // `grouped` false: one group at kLr with decay everywhere (the oracle's
@@ -94,11 +147,16 @@ std::map<std::string, at::Tensor> reference(OptimizerType type, bool grouped, do
   else recipe[1].lr = kNoDecayLr;
   TorchLion lion;
   TorchLamb lamb;
+  TorchMuon muon;
+  std::map<const void*, std::string> name_of;
+  for (const auto& item : ref->named_parameters()) name_of[item.value().unsafeGetTensorImpl()] = item.key();
   std::vector<torch::optim::OptimizerParamGroup> adagrad_groups;
   for (const auto& g : recipe) {
     const double lr = g.lr.value_or(kLr), wd = g.weight_decay.value_or(kDecay);
     lion.groups.push_back({g.params, lr, wd});
     lamb.groups.push_back({g.params, lr, wd});
+    muon.groups.push_back({{}, lr, wd});
+    for (const auto& p : g.params) muon.groups.back().params.emplace_back(name_of.at(p.unsafeGetTensorImpl()), p);
     adagrad_groups.emplace_back(g.params, std::make_unique<torch::optim::AdagradOptions>(
                                               torch::optim::AdagradOptions(lr).weight_decay(wd).eps(1e-10)));
   }
@@ -110,6 +168,7 @@ std::map<std::string, at::Tensor> reference(OptimizerType type, bool grouped, do
     if (clip > 0) torch::nn::utils::clip_grad_norm_(ref->parameters(), clip);
     if (type == OptimizerType::Lion) lion.step();
     else if (type == OptimizerType::Lamb) lamb.step();
+    else if (type == OptimizerType::Muon) muon.step();
     else adagrad.step();
   }
   std::map<std::string, at::Tensor> out;
@@ -192,11 +251,110 @@ TEST(Optimizers, LambMatchesItsReferenceAndOneProcessAtEveryStage) {
   }
 }
 
+// Muon's orthogonalisation needs each whole matrix, whose pieces lie on
+// several shards at stages 1-3 (fc1.weight's 128 elements straddle shards
+// at 2 and 4 ranks): against the torch reference and against one process.
+// Bounds: the sharded runs' grads differ from one process's in summation
+// order (~1e-7 relative); the momentum is element-wise (the same float ops)
+// and the owner's Newton-Schulz runs the same at:: ops on the same shape,
+// so only that input difference propagates. Each quintic step multiplies a
+// relative perturbation by at most its slope at 0, 3.4445 (5 steps: < 500);
+// the update's elements are at most sqrt(rows / cols) * 1.2 (~1.2 here), so
+// a step moves a param by < lr * 1.2 * 500 * 1e-7 = 6e-7, 6 steps < 4e-6.
+// The reference computes the same formulas (its lerp_ is the kernel's
+// torch_lerp; its AdamW params' step the fused one's, ~1 ulp per step
+// apart), so the same bound holds for it. Measured when written, at 2 and
+// 4 ranks: 9e-8 against the reference, 6e-8 against one process.
+TEST(Optimizers, MuonMatchesItsReferenceAndOneProcessAtEveryStage) {
+  expect_matches_reference(OptimizerType::Muon, 4e-6);
+  StockMlp solo_model = mlp();
+  zero::Engine solo(*solo_model, config(OptimizerType::Muon, 0), world().comm(), solo_group(), groups_of(solo_model));
+  for (int s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch(s);
+    solo.backward((solo.forward(solo_model, x) - y).pow(2).mean());
+    solo.step();
+  }
+  const auto one_process = solo.full_parameters();
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    StockMlp model = mlp();
+    zero::Engine engine(*model, config(OptimizerType::Muon, stage), world().comm(), dp_group(), groups_of(model));
+    train(engine, model, 0, kSteps);
+    EXPECT_LT(max_abs_diff(engine.full_parameters(), one_process), 4e-6)
+        << worst_param(engine.full_parameters(), one_process);
+  }
+}
+
+// DeepSpeed's set_optimizer_flags: Muon for params of 2+ dims whose name
+// holds neither "embed" nor "lm_head" (any case); AdamW for the rest.
+TEST(Optimizers, MuonParamsAreDeepSpeedsHiddenMatrices) {
+  EXPECT_TRUE(muon_uses("blocks.0.attn.qkv.weight", 2));
+  EXPECT_TRUE(muon_uses("conv.weight", 4));
+  EXPECT_FALSE(muon_uses("blocks.0.attn.qkv.bias", 1));
+  EXPECT_FALSE(muon_uses("tok_embed.weight", 2));
+  EXPECT_FALSE(muon_uses("wte_Embedding.weight", 2));
+  EXPECT_FALSE(muon_uses("lm_head.weight", 2));
+  EXPECT_FALSE(muon_uses("LM_HEAD.weight", 2));
+  // The orthogonalised update of a matrix: singular values near 1 (the
+  // quintic leaves them in about [0.7, 1.2]), whatever the input's scale.
+  at::manual_seed(3);
+  const at::Tensor g = at::randn({24, 40}) * 1e3;
+  const at::Tensor sv = at::linalg_svdvals(muon_orthogonalize(g, g.sizes()));
+  EXPECT_GT(sv.min().item<double>(), 0.5);
+  EXPECT_LT(sv.max().item<double>(), 1.3);
+  // A tall one is scaled by sqrt(rows / cols).
+  const at::Tensor tall = at::randn({40, 10});
+  const at::Tensor tsv = at::linalg_svdvals(muon_orthogonalize(tall, tall.sizes()));
+  EXPECT_GT(tsv.min().item<double>(), 0.5 * 2);
+  EXPECT_LT(tsv.max().item<double>(), 1.3 * 2);
+}
+
+// The collectives Muon adds (docs/design.md, "Muon over flat shards"): at
+// stages 1-3 two all-gathers -- the Nesterov inputs to the owners, the
+// updates back -- beyond AdamW's step; none at stage 0 (whole matrices).
+// Muon's matrices here: fc1.weight (128) and fc2.weight (16), so owners'
+// segments are 128 elements (fc1's owner); holders' segments are each
+// rank's share of the 144 Muon elements, at least 144 / N.
+TEST(Optimizers, MuonAddsTwoAllGathersAtStagesOneToThree) {
+  const auto step_counts = [](OptimizerType type, int stage) {
+    StockMlp model = mlp();
+    zero::Engine engine(*model, config(type, stage), world().comm(), dp_group(), groups_of(model));
+    auto [x, y] = batch(0);
+    const int r = dp_group()->rank();
+    engine.backward((engine.forward(model, x.narrow(0, 4 * r, 4)) - y.narrow(0, 4 * r, 4)).pow(2).mean());
+    const auto before = world().comm().counters().totals();
+    engine.step();
+    return comm::diff(world().comm().counters().totals(), before);
+  };
+  const int64_t n = dp_group()->size();
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto adam = step_counts(OptimizerType::AdamW, stage), muon = step_counts(OptimizerType::Muon, stage);
+    for (const char* op : {"all_reduce", "reduce_scatter", "broadcast"}) {
+      EXPECT_EQ(muon[op].calls, adam[op].calls) << op;
+      EXPECT_EQ(muon[op].bytes, adam[op].bytes) << op;
+    }
+    const int64_t calls = muon["allgather"].calls - adam["allgather"].calls;
+    const int64_t bytes = muon["allgather"].bytes - adam["allgather"].bytes;
+    if (stage == 0) {
+      EXPECT_EQ(calls, 0);
+      EXPECT_EQ(bytes, 0);
+      continue;
+    }
+    EXPECT_EQ(calls, 2);
+    ASSERT_EQ(bytes % (4 * n), 0);
+    const int64_t in_segment = bytes / (4 * n) - 128;
+    EXPECT_GE(in_segment, (144 + n - 1) / n);
+    EXPECT_LE(in_segment, 144);
+  }
+}
+
 // The optimizer from code trains as the config's.
 TEST(Optimizers, FromCodeMatchTheReferences) {
   for (auto [type, opt] : {std::pair{OptimizerType::Lion, OptimizerConfig::lion(kLr, kDecay)},
                            std::pair{OptimizerType::Adagrad, OptimizerConfig::adagrad(kLr, kDecay)},
-                           std::pair{OptimizerType::Lamb, OptimizerConfig::lamb(kLr, kDecay)}}) {
+                           std::pair{OptimizerType::Lamb, OptimizerConfig::lamb(kLr, kDecay)},
+                           std::pair{OptimizerType::Muon, OptimizerConfig::muon(kLr, kDecay, 0.95, kLr)}}) {
     SCOPED_TRACE(to_string(type));
     nlohmann::json j = config(type, 2).to_json();
     j.erase("optimizer");
@@ -227,7 +385,7 @@ int64_t count_beyond(const std::map<std::string, at::Tensor>& a, const std::map<
 // move. Those are counted: a few of the 193 elements (2 at bf16, 0 at fp16
 // when written), beyond the rounding and a tenth of lr.
 TEST(Optimizers, SixteenBitTracksTheReference) {
-  for (OptimizerType type : {OptimizerType::Lion, OptimizerType::Adagrad, OptimizerType::Lamb}) {
+  for (OptimizerType type : {OptimizerType::Lion, OptimizerType::Adagrad, OptimizerType::Lamb, OptimizerType::Muon}) {
     const auto want = reference(type, true, kClip);
     for (const char* dtype : {"bf16", "fp16"})
       for (int stage : {1, 3}) {
@@ -269,9 +427,10 @@ TEST(Optimizers, LambAddsOneAllReduceOfTwoDoublesPerParam) {
 }
 
 // Save after 3 steps, resume in a fresh engine: steps 4..6 bit for bit as
-// an uninterrupted run (the momentum or the sum of squares restored).
+// an uninterrupted run (the momentum or the sum of squares restored;
+// Muon's momentum and its AdamW params' moments).
 TEST(Optimizers, CheckpointsResumeExactly) {
-  for (OptimizerType type : {OptimizerType::Lion, OptimizerType::Adagrad, OptimizerType::Lamb})
+  for (OptimizerType type : {OptimizerType::Lion, OptimizerType::Adagrad, OptimizerType::Lamb, OptimizerType::Muon})
     for (const char* dtype : {"fp32", "bf16"})
       for (int stage : {0, 3}) {
         SCOPED_TRACE(std::string(to_string(type)) + " " + dtype + " stage " + std::to_string(stage));
@@ -294,6 +453,36 @@ TEST(Optimizers, CheckpointsResumeExactly) {
       }
 }
 
+// Muon's momentum lives beside the master in the flat layout (exp_avg), so
+// a checkpoint saved at stage 3 resumes at stage 1 (and 0): 3 + 3 steps
+// equal one process's 6 within the one-process bound above.
+TEST(Optimizers, MuonMomentumResumesAtAnotherStage) {
+  StockMlp solo_model = mlp();
+  zero::Engine solo(*solo_model, config(OptimizerType::Muon, 0), world().comm(), solo_group(), groups_of(solo_model));
+  for (int s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch(s);
+    solo.backward((solo.forward(solo_model, x) - y).pow(2).mean());
+    solo.step();
+  }
+  const auto dir = ckpt_dir("optim-muon-reshard");
+  {
+    StockMlp first = mlp();
+    zero::Engine e(*first, config(OptimizerType::Muon, 3), world().comm(), dp_group(), groups_of(first));
+    train(e, first, 0, 3);
+    e.save_checkpoint(dir, "step3");
+  }
+  for (int stage : {1, 0}) {
+    SCOPED_TRACE("resumed at stage " + std::to_string(stage));
+    StockMlp model = mlp();
+    zero::Engine resumed(*model, config(OptimizerType::Muon, stage), world().comm(), dp_group(), groups_of(model));
+    resumed.load_checkpoint(dir);
+    train(resumed, model, 3, kSteps);
+    EXPECT_LT(max_abs_diff(resumed.full_parameters(), solo.full_parameters()), 4e-6)
+        << worst_param(resumed.full_parameters(), solo.full_parameters());
+  }
+  remove_dir(dir);
+}
+
 // Lion's exp_avg is not SGD's momentum nor Adam's moment, though the
 // buffers share a name: another type's state is refused, naming both.
 TEST(Optimizers, AnotherTypesStateIsRefused) {
@@ -304,7 +493,8 @@ TEST(Optimizers, AnotherTypesStateIsRefused) {
     train(e, model, 0, 1);
     e.save_checkpoint(dir, "lion");
   }
-  for (OptimizerType other : {OptimizerType::SGD, OptimizerType::Adagrad, OptimizerType::AdamW, OptimizerType::Lamb}) {
+  for (OptimizerType other : {OptimizerType::SGD, OptimizerType::Adagrad, OptimizerType::AdamW, OptimizerType::Lamb,
+                              OptimizerType::Muon}) {
     nlohmann::json j = config(OptimizerType::Lion, 2).to_json();
     j["optimizer"] = {{"type", to_string(other)}, {"params", {{"lr", kLr}, {"momentum", 0.9}}}};
     if (other != OptimizerType::SGD) j["optimizer"]["params"].erase("momentum");

@@ -412,7 +412,50 @@ TEST(ConfigOptimizerScheduler, Lamb) {
                {"optimizer.params.min_coeff"});
   expect_error(R"({"optimizer": {"type": "Lamb", "params": {"eps_inside_sqrt": true}}})",
                {"optimizer.params.eps_inside_sqrt"});
-  expect_error(R"({"optimizer": {"type": "Muon"}})", {"optimizer.type"});
+}
+
+// DeepSpeed's Muon (MuonWithAuxAdam as its engine builds it): lr 0.02 and
+// momentum 0.95 for the Muon params, the AdamW ones at 3e-4 with betas
+// (0.9, 0.95), eps 1e-10; "lr" sets both, muon_lr / adam_lr one each.
+TEST(ConfigOptimizerScheduler, Muon) {
+  Config d = Config::from_string(R"({"optimizer": {"type": "muon"}})");
+  EXPECT_EQ(d.optimizer.type, zero::OptimizerType::Muon);
+  EXPECT_DOUBLE_EQ(d.optimizer.lr, 0.02);
+  EXPECT_DOUBLE_EQ(d.optimizer.adam_lr, 3e-4);
+  EXPECT_DOUBLE_EQ(d.optimizer.momentum, 0.95);
+  EXPECT_DOUBLE_EQ(d.optimizer.betas[0], 0.9);
+  EXPECT_DOUBLE_EQ(d.optimizer.betas[1], 0.95);
+  EXPECT_DOUBLE_EQ(d.optimizer.eps, 1e-10);
+  EXPECT_DOUBLE_EQ(d.optimizer.weight_decay, 0.0);
+  EXPECT_EQ(d.optimizer.ns_method, "gram");
+  Config both = Config::from_string(R"({"optimizer": {"type": "Muon", "params": {"lr": 0.01, "weight_decay": 0.1}}})");
+  EXPECT_DOUBLE_EQ(both.optimizer.lr, 0.01);
+  EXPECT_DOUBLE_EQ(both.optimizer.adam_lr, 0.01);
+  Config c = Config::from_string(R"({"optimizer": {"type": "Muon", "params": {"lr": 0.01, "muon_lr": 0.05,
+      "adam_lr": 1e-3, "momentum": 0.9, "ns_method": "standard", "betas": [0.8, 0.9], "eps": 1e-8}},
+      "zero_optimization": {"stage": 3, "save_muon_momentum_buffer_in_memory": true}})");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.05);
+  EXPECT_DOUBLE_EQ(c.optimizer.adam_lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.9);
+  EXPECT_EQ(c.optimizer.ns_method, "standard");
+  const Config back = Config::from_json(c.to_json());
+  EXPECT_EQ(back.optimizer.type, zero::OptimizerType::Muon);
+  EXPECT_DOUBLE_EQ(back.optimizer.lr, 0.05);
+  EXPECT_DOUBLE_EQ(back.optimizer.adam_lr, 1e-3);
+  EXPECT_DOUBLE_EQ(back.optimizer.momentum, 0.9);
+  EXPECT_DOUBLE_EQ(back.optimizer.betas[0], 0.8);
+  EXPECT_EQ(back.optimizer.ns_method, "standard");
+  const auto code = zero::OptimizerConfig::muon();
+  EXPECT_EQ(code.type, zero::OptimizerType::Muon);
+  EXPECT_DOUBLE_EQ(code.lr, 0.02);
+  EXPECT_DOUBLE_EQ(code.adam_lr, 3e-4);
+  expect_error(R"({"optimizer": {"type": "Muon", "params": {"ns_method": "svd"}}})", {"optimizer.params.ns_method"});
+  expect_error(R"({"optimizer": {"type": "Muon", "params": {"momentum": 1.0}}})", {"optimizer.params.momentum"});
+  expect_error(R"({"optimizer": {"type": "Muon", "params": {"nesterov": false}}})", {"optimizer.params.nesterov"});
+  expect_error(R"({"optimizer": {"type": "Muon"}, "scheduler": {"type": "OneCycle",
+      "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.01}}})", {"cycle_momentum", "Muon"});
+  EXPECT_NO_THROW(Config::from_string(R"({"optimizer": {"type": "Muon"}, "scheduler": {"type": "OneCycle",
+      "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.01, "cycle_momentum": false}}})"));
 }
 
 TEST(ConfigLogging, WallClockBreakdownAndCsvMonitor) {
@@ -499,6 +542,8 @@ TEST(ConfigNvme, OffloadAndAioKeysAreDeepSpeeds) {
       {R"({"aio": {"use_gds": true}})", "aio.use_gds"},
       {R"({"optimizer": {"type": "Lamb"}, "zero_optimization": {"stage": 2,
            "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})", "optimizer Lamb with"},
+      {R"({"optimizer": {"type": "Muon"}, "zero_optimization": {"stage": 2,
+           "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})", "optimizer Muon with"},
   };
   for (const auto& [json, message] : bad) {
     SCOPED_TRACE(json);

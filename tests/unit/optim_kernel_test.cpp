@@ -487,6 +487,43 @@ TEST(Downcast, WidenedKindsRoundThenStoreFp32) {
   }
 }
 
+// Muon's element-wise halves against the torch ops of DeepSpeed's
+// muon_update and MuonWithAuxAdam.step in fp32: m.lerp_(g, 1 - beta), the
+// Nesterov input g.lerp(m, beta), p.mul_(1 - lr wd).add_(u, -lr). The same
+// formulas (torch's lerp is torch_lerp), so they differ only where a clone
+// contracts a multiply-add into an FMA: about an ulp of the result per
+// step, carried on (m's decays by beta). Over 5 steps with |m| < 2.5 and
+// |p| < 6 here: 5 ulps, < 1.3e-6 and < 2.4e-6; bounds 2e-6 and 4e-6. A 1%
+// wrong momentum moves the Nesterov input by ~1e-2. The 16-bit copy is
+// the master rounded.
+TEST(MuonKernel, MatchesDeepSpeedsTorchOps) {
+  at::manual_seed(8);
+  const int64_t n = 300001;
+  const MuonHyper h{0.02f, 0.95f, 0.1f};
+  auto m = at::zeros({n}), mt = at::zeros({n}), p = at::randn({n}), pt = p.clone();
+  auto nesterov = at::empty({n});
+  auto out = at::empty({n}, at::kBFloat16);
+  for (int t = 0; t < 5; ++t) {
+    const auto g = at::randn({n});
+    muon_momentum(g.data_ptr<float>(), m.data_ptr<float>(), nesterov.data_ptr<float>(), n, h, 0.5f);
+    const auto gs = g * 0.5f;
+    mt.lerp_(gs, 1 - 0.95f);
+    EXPECT_LT((m - mt).abs().max().item<double>(), 2e-6) << "step " << t;
+    EXPECT_LT((nesterov - gs.lerp(mt, 0.95f)).abs().max().item<double>(), 2e-6) << "step " << t;
+    const auto u = at::randn({n});
+    muon_apply(p.data_ptr<float>(), u.data_ptr<float>(), n, h, out.data_ptr(), Out16::BF16);
+    pt.mul_(1 - 0.02f * 0.1f).add_(u, -0.02f);
+    EXPECT_LT((p - pt).abs().max().item<double>(), 4e-6) << "step " << t;
+    EXPECT_TRUE(out.view(at::kShort).equal(p.to(at::kBFloat16).view(at::kShort)));
+  }
+  MuonHyper wrong = h;
+  wrong.momentum = 0.9405f;
+  auto m2 = at::zeros({n});
+  const auto g = at::randn({n});
+  muon_momentum(g.data_ptr<float>(), m2.data_ptr<float>(), nesterov.data_ptr<float>(), n, wrong, 1.0f);
+  EXPECT_GT((nesterov - g.lerp(at::zeros({n}).lerp_(g, 0.05f), 0.95f)).abs().max().item<double>(), 1e-3);
+}
+
 #ifdef ZERO_HAVE_CUDA
 // The CUDA kernels (optim/cuda): the same bounds against the same fp64
 // oracle, and the fused 16-bit write bit-exact with ATen's cast. Skipped
@@ -545,6 +582,28 @@ TEST_F(CudaKernels, LambMatchesTheCpuKernel) {
     cuda::lamb_apply(pd.data_ptr<float>(), md.data_ptr<float>(), vd.data_ptr<float>(), n, h, ratio, out.data_ptr(),
                      Out16::BF16, nullptr);
   }
+  EXPECT_TRUE(at::allclose(pd.cpu(), p, 1e-5, 1e-6));
+  EXPECT_TRUE(out.equal(pd.to(at::kBFloat16)));
+}
+
+// Muon's device halves against the CPU ones (FMA contraction aside).
+TEST_F(CudaKernels, MuonMatchesTheCpuKernel) {
+  at::manual_seed(9);
+  const int64_t n = 300001;
+  const MuonHyper h{0.02f, 0.95f, 0.1f};
+  auto m = at::zeros({n}), p = at::randn({n}), in = at::empty({n});
+  auto md = m.cuda(), pd = p.cuda(), ind = in.cuda();
+  auto out = at::empty({n}, pd.options().dtype(at::kBFloat16));
+  for (int t = 0; t < 5; ++t) {
+    const auto g = at::randn({n}), u = at::randn({n});
+    const auto gd = g.cuda(), ud = u.cuda();
+    muon_momentum(g.data_ptr<float>(), m.data_ptr<float>(), in.data_ptr<float>(), n, h, 1.0f);
+    muon_apply(p.data_ptr<float>(), u.data_ptr<float>(), n, h);
+    cuda::muon_momentum(gd.data_ptr<float>(), md.data_ptr<float>(), ind.data_ptr<float>(), n, h, 1.0f, nullptr);
+    cuda::muon_apply(pd.data_ptr<float>(), ud.data_ptr<float>(), n, h, out.data_ptr(), Out16::BF16, nullptr);
+  }
+  EXPECT_TRUE(at::allclose(md.cpu(), m, 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(ind.cpu(), in, 1e-5, 1e-6));
   EXPECT_TRUE(at::allclose(pd.cpu(), p, 1e-5, 1e-6));
   EXPECT_TRUE(out.equal(pd.to(at::kBFloat16)));
 }

@@ -120,6 +120,26 @@ __global__ void lamb_apply_kernel(float* __restrict__ p, const float* __restrict
   }
 }
 
+__global__ void muon_momentum_kernel(const float* __restrict__ g, float* __restrict__ m, float* __restrict__ out,
+                                     int64_t n, MuonHyper h, float grad_scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float mi = m[i];
+    out[i] = muon_momentum_element(g[i], mi, h, grad_scale);
+    m[i] = mi;
+  }
+}
+
+__global__ void muon_apply_kernel(float* __restrict__ p, const float* __restrict__ u, int64_t n, MuonHyper h,
+                                  void* out16, Out16 kind) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float param = muon_apply_element(p[i], u[i], h);
+    p[i] = param;
+    if (out16) store16(out16, i, param, kind);
+  }
+}
+
 __global__ void downcast_kernel(const float* __restrict__ src, void* dst, int64_t n, Out16 kind) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -171,6 +191,19 @@ void lamb_apply(float* p, const float* m, const float* v, int64_t n, const LambH
   lamb_apply_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(p, m, v, n, h, lamb_step_size(h) * ratio,
                                                                        out16, kind);
   check_launch("lamb_apply");
+}
+
+void muon_momentum(const float* grad, float* m, float* nesterov, int64_t n, const MuonHyper& h, float grad_scale,
+                   void* stream) {
+  if (n == 0) return;
+  muon_momentum_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(grad, m, nesterov, n, h, grad_scale);
+  check_launch("muon_momentum");
+}
+
+void muon_apply(float* p, const float* update, int64_t n, const MuonHyper& h, void* out16, Out16 kind, void* stream) {
+  if (n == 0) return;
+  muon_apply_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(p, update, n, h, out16, kind);
+  check_launch("muon_apply");
 }
 
 void downcast(const float* src, void* dst, int64_t n, Out16 kind, void* stream) {

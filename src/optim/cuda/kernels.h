@@ -36,6 +36,11 @@ void lamb_moments(const float* p, const float* grad, float* m, float* v, int64_t
 void lamb_apply(float* p, const float* m, const float* v, int64_t n, const LambHyper& h, float ratio, void* out16,
                 Out16 kind, void* stream);
 
+// Muon's element-wise halves (optim/kernels.h).
+void muon_momentum(const float* grad, float* m, float* nesterov, int64_t n, const MuonHyper& h, float grad_scale,
+                   void* stream);
+void muon_apply(float* p, const float* update, int64_t n, const MuonHyper& h, void* out16, Out16 kind, void* stream);
+
 // n fp32 values to bf16/fp16, round to nearest even.
 void downcast(const float* src, void* dst, int64_t n, Out16 kind, void* stream);
 
