@@ -70,7 +70,8 @@ constexpr auto kGrace = std::chrono::seconds(3);  // SIGTERM -> SIGKILL
 // first would lose that code (the job would exit 137, not the failing rank's).
 constexpr auto kAgentGrace = kGrace + std::chrono::seconds(7);
 // An agent's exit code when it stopped its ranks on another host's word
-// (node 0 passed a STOP on): the launcher names the host that failed, not
+// (node 0 passed a STOP on), or node 0's when it lost contact with a host
+// (its line names that host): the launcher names the host that failed, not
 // one that followed it, whichever agent happens to exit first.
 constexpr int kStoppedOnAnotherHostsWord = 75;
 
@@ -421,6 +422,24 @@ std::vector<Child> host_agents(const Options& o, char** argv, const std::string&
   return out;
 }
 
+// ZERO_HEARTBEAT_TIMEOUT_S: how long an agent's peer may be silent before it
+// counts as lost (launch/job_control.h). An agent of --hostfile finds it
+// among the variables passed on for its ranks, ssh passing no environment.
+std::chrono::milliseconds heartbeat_timeout(const Options& o) {
+  constexpr const char* kName = "ZERO_HEARTBEAT_TIMEOUT_S";
+  std::optional<std::string> value;
+  if (const char* v = std::getenv(kName)) value = v;
+  const std::string prefix = std::string(kName) + "=";
+  for (const auto& kv : o.env)
+    if (kv.rfind(prefix, 0) == 0) value = kv.substr(prefix.size());
+  if (!value) return zero::launch::JobControl::kDefaultHeartbeatTimeout;
+  char* end = nullptr;
+  const double s = std::strtod(value->c_str(), &end);
+  if (end == value->c_str() || *end || !(s >= 0.5 && s <= 86400))
+    throw std::runtime_error(std::string(kName) + "='" + *value + "' is not a number of seconds in [0.5, 86400]");
+  return std::chrono::milliseconds(static_cast<long long>(s * 1000));
+}
+
 // This host's part in the job control of a job on several hosts. Node 0
 // checks its two ports here, on node 0, where they will be bound -- or,
 // given none (an agent of --hostfile), picks both here and tells the
@@ -428,13 +447,16 @@ std::vector<Child> host_agents(const Options& o, char** argv, const std::string&
 std::unique_ptr<zero::launch::JobControl> start_control(Options& o, const std::string& host, const std::string& secret,
                                                         zero::launch::LauncherLink* link) {
   using zero::launch::JobControl;
+  const auto connect_for = std::chrono::seconds(120);
+  const auto heartbeat = heartbeat_timeout(o);
   if (o.node_rank != 0) {
     int control_port = o.port + 1;
     if (o.port == 0) std::tie(o.port, control_port) = link->read_ports(Clock::now() + std::chrono::seconds(120));
-    return std::make_unique<JobControl>(o.nnodes, o.node_rank, o.addr, control_port, host, secret);
+    return std::make_unique<JobControl>(o.nnodes, o.node_rank, o.addr, control_port, host, secret, connect_for,
+                                        heartbeat);
   }
   if (o.port == 0) {
-    auto control = std::make_unique<JobControl>(o.nnodes, 0, o.addr, 0, host, secret);
+    auto control = std::make_unique<JobControl>(o.nnodes, 0, o.addr, 0, host, secret, connect_for, heartbeat);
     o.port = zero::launch::pick_free_port();
     const std::string report = zero::launch::ports_report(o.port, control->port());
     if (write(1, report.data(), report.size()) != static_cast<ssize_t>(report.size()))
@@ -446,7 +468,7 @@ std::unique_ptr<zero::launch::JobControl> start_control(Options& o, const std::s
                              (err == EADDRINUSE ? "is in use on host " + host
                                                 : "cannot be bound on host " + host + " (" + std::strerror(err) + ")") +
                              "; pick another --master-port");
-  return std::make_unique<JobControl>(o.nnodes, 0, o.addr, o.port + 1, host, secret);
+  return std::make_unique<JobControl>(o.nnodes, 0, o.addr, o.port + 1, host, secret, connect_for, heartbeat);
 }
 
 }  // namespace

@@ -12,7 +12,6 @@ KNOWN_DEFECTS=(
   "peer-blamed|hosts2 stage ? throw forward|named|*the stop messages blame*|"
   "peer-blamed|hosts2 stage ? throw backward|named|*the stop messages blame*|"
   "peer-blamed|hosts2 stage ? throw step|named|*the stop messages blame*|"
-  "cut-link-unnamed|linkcut stage ?|named|*blames host*|the agents have no heartbeat: a cut link is noticed only by the collective timeout (300 s by default; the suite sets 5 s), on whichever rank times out first, and that rank is named (on either host), never the link or the host cut off"
 )
 
 # known_defect CLASS CHECK WHY: the id of the known defect that explains it, if any.

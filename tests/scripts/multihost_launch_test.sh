@@ -11,7 +11,10 @@
 #   - node 0's ports are chosen on node 0 (the launcher's host has other
 #     ports free), and a port given that node 0 has in use is named;
 #   - a --host-exec whose first word is not ssh, going through a remote
-#     shell, does not re-split or interpret the program's arguments.
+#     shell, does not re-split or interpret the program's arguments;
+#   - the launcher names the host that failed, not one that followed it;
+#   - a cut link between the hosts is named by the agents' heartbeat (host B
+#     lost) within seconds, with no rank blamed.
 # Needs root (CAP_NET_ADMIN); exits 77 (ctest: skipped) when namespaces
 # cannot be made. Usage: multihost_launch_test.sh ZERO_RUN ZERO_TRAIN
 set -u
@@ -214,5 +217,29 @@ check "a follower host: the stop messages blame rank 0 on host $HOST_A alone" \
   [ "$stops" = "host $HOST_A: rank 0 exited with code 3" ]
 [ "$stops" = "host $HOST_A: rank 0 exited with code 3" ] || echo "$out" | grep '^zero-run' | head -5
 check "a follower host: not named as failing" not contains "$out" "host $HOST_B (node 1) exited"
+
+# ---- a cut link is named by the agents' heartbeat --------------------------
+# Every rank sleeps (no collective could time out); host B's link goes down
+# once all 4 run. Node 0's agent hears nothing from host B's for 5 s
+# (ZERO_HEARTBEAT_TIMEOUT_S) and must name host B, and every process go.
+"$ZR" --hostfile "$tmp/hostfile" --host-exec "ip netns exec {host}" --master-addr 10.231.0.1 --timeout 120 -- \
+  sleep 100 > "$tmp/cut.out" 2>&1 &
+job=$!
+for _ in $(seq 200); do [ "$(ip netns pids "$HOST_B" | wc -l)" -ge 3 ] && break; sleep 0.05; done
+sleep 1.5  # a heartbeat or two over the link first
+t0=$(now)
+ip -n "$HOST_B" link set zt0 down
+wait $job
+rc=$?
+took=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+ip -n "$HOST_B" link set zt0 up
+stops=$(sed -n 's/^zero-run: \(.*\); stopping the other ranks$/\1/p' "$tmp/cut.out")
+check "a cut link: the job stops, exit non-zero, within 15 s of the cut (took $took s)" \
+  bash -c '[ $1 -ne 0 ] && awk -v t="$2" "BEGIN { exit !(t < 15) }"' _ $rc "$took"
+check "a cut link: node 0's agent names host $HOST_B as the host it lost contact with" \
+  grep -q "^host $HOST_A: lost contact with host $HOST_B (node 1): nothing from its zero-run for 5.0 s" <<<"$stops"
+check "a cut link: no rank is blamed" not grep -qE "rank [0-9]+ (exited|was killed)" <<<"$stops"
+hosts_clear || { echo "     left: $(ip netns pids "$HOST_A" | wc -l) + $(ip netns pids "$HOST_B" | wc -l) processes"; kill_hosts; }
+grep '^zero-run' "$tmp/cut.out" | head -4 | sed 's/^/     /'
 
 finish
