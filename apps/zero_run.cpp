@@ -74,6 +74,12 @@ constexpr auto kAgentGrace = kGrace + std::chrono::seconds(7);
 // (its line names that host): the launcher names the host that failed, not
 // one that followed it, whichever agent happens to exit first.
 constexpr int kStoppedOnAnotherHostsWord = 75;
+// How long an agent waits, once a rank of its own failed because a peer went
+// away (the rank noted it: zero/launch_env.h), for the rank whose failure
+// that was to be named -- by this host or, through node 0, by another --
+// before it names its own. A rank that exits closes its connections before
+// its agent sees it gone: its peers fail on them first, on any host.
+constexpr auto kFollowerWait = std::chrono::seconds(5);
 
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
@@ -197,7 +203,28 @@ struct Rank {
   pid_t pid = -1;
   bool running = false;
   int status = 0;
+  int note = -1;          // the read end of its ZERO_RUN_NOTE_FD pipe (ranks only)
+  std::string note_text;  // what came there
 };
+
+// What rank `rk` noted before it exited: its failure came from a peer going
+// away ("" if it noted nothing).
+std::string peer_lost_note(Rank& rk) {
+  if (rk.note < 0) return "";
+  char buf[4096];
+  for (ssize_t n; (n = read(rk.note, buf, sizeof(buf))) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;  // EAGAIN: a child of the rank holds the write end
+    rk.note_text.append(buf, static_cast<size_t>(n));
+  }
+  close(rk.note);
+  rk.note = -1;
+  const std::string mark = zero::comm::kPeerLostNote;
+  const size_t at = rk.note_text.find(mark);
+  if (at == std::string::npos) return "";
+  std::string what = rk.note_text.substr(at + mark.size());
+  return what.substr(0, what.find('\n'));
+}
 
 std::string describe_exit(int status) {
   if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
@@ -308,12 +335,14 @@ struct Child {
   std::string setup;             // In::pipe: written there first (an agent's)
 };
 
-// Starts `c`; with Child::In::pipe, `*in` is the write end of its stdin.
+// Starts `c`; with Child::In::pipe, `*in` is the write end of its stdin;
+// with `note`, `*note` is the read end of its ZERO_RUN_NOTE_FD pipe.
 // Every descriptor of ours is close-on-exec: a child holds its own pipes
 // only (an agent's stdin must close when we go, whoever else we started).
-pid_t spawn(const Child& c, std::vector<Stream>& streams, int* in = nullptr) {
-  int out[2], err[2], input[2] = {-1, -1};
-  if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || (c.in == Child::In::pipe && pipe2(input, O_CLOEXEC))) {
+pid_t spawn(const Child& c, std::vector<Stream>& streams, int* in = nullptr, int* note = nullptr) {
+  int out[2], err[2], input[2] = {-1, -1}, notes[2] = {-1, -1};
+  if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || (c.in == Child::In::pipe && pipe2(input, O_CLOEXEC)) ||
+      (note && pipe2(notes, O_CLOEXEC))) {
     std::perror("zero-run: pipe");
     std::exit(1);
   }
@@ -333,6 +362,10 @@ pid_t spawn(const Child& c, std::vector<Stream>& streams, int* in = nullptr) {
       const size_t eq = kv.find('=');
       if (eq != std::string::npos) setenv(kv.substr(0, eq).c_str(), kv.c_str() + eq + 1, 1);
     }
+    if (note) {
+      fcntl(notes[1], F_SETFD, 0);  // this one it keeps
+      setenv(zero::comm::kRunNoteFdVariable, std::to_string(notes[1]).c_str(), 1);
+    }
     std::vector<char*> args;
     for (const auto& a : c.argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -342,6 +375,11 @@ pid_t spawn(const Child& c, std::vector<Stream>& streams, int* in = nullptr) {
   }
   setpgid(pid, pid);
   close(out[1]), close(err[1]);
+  if (note) {
+    close(notes[1]);
+    fcntl(notes[0], F_SETFL, fcntl(notes[0], F_GETFL) | O_NONBLOCK);
+    *note = notes[0];
+  }
   if (c.in == Child::In::pipe) {
     close(input[0]);
     fcntl(input[1], F_SETFL, fcntl(input[1], F_GETFL) | O_NONBLOCK);
@@ -555,7 +593,8 @@ int main(int argc, char** argv) {
   std::vector<int> stdin_of(children.size(), -1);
   std::vector<std::string> outbox(children.size());
   for (size_t r = 0; r < children.size(); ++r) {
-    ranks[r] = {spawn(children[r], streams, &stdin_of[r]), true, 0};
+    ranks[r].pid = spawn(children[r], streams, &stdin_of[r], fan_out ? nullptr : &ranks[r].note);
+    ranks[r].running = true;
     outbox[r] = children[r].setup;
   }
   if (fan_out && o.port == 0) streams.front().watch_ports = true;  // node 0's agent's stdout
@@ -585,6 +624,12 @@ int main(int argc, char** argv) {
     for (auto& rk : ranks)
       if (rk.running) kill(-rk.pid, sig);
   };
+  // A rank of ours failed because a peer went away: the failure that stopped
+  // the job is that peer's, named here or on another host within
+  // kFollowerWait; else this one is (follower_why, follower_code).
+  std::optional<Clock::time_point> follower_since;
+  std::string follower_why;
+  int follower_code = 0;
   // `why` happened here (told to the other hosts) or elsewhere (`remote`).
   bool exit_code_from_follower = false;  // exit_code is a follower's: the failing host's replaces it
   auto begin_stop = [&](const std::string& why, int code, bool remote = false, bool quiet = false) {
@@ -624,7 +669,21 @@ int main(int argc, char** argv) {
           exit_code = code;
           exit_code_from_follower = false;
         } else if (!ok && !stopping) {
-          begin_stop(children[r].label + " " + describe_exit(rk.status), code);
+          const std::string failed = children[r].label + " " + describe_exit(rk.status);
+          if (const std::string lost = peer_lost_note(rk); !lost.empty()) {
+            if (!follower_since) {
+              follower_since = Clock::now();
+              follower_why = failed + " after losing a peer (" + lost + "), and no other rank was named within " +
+                             std::to_string(kFollowerWait.count()) + " s";
+              follower_code = code;
+              std::fprintf(stderr,
+                           "zero-run: %s%s after losing a peer (%s); waiting up to %d s for the rank that failed "
+                           "first to be named\n",
+                           where.c_str(), failed.c_str(), lost.c_str(), static_cast<int>(kFollowerWait.count()));
+            }
+          } else {
+            begin_stop(failed, code);
+          }
         }
       } else {
         ++live;
@@ -638,13 +697,15 @@ int main(int argc, char** argv) {
     if (g_signal && !stopping) begin_stop(std::string("received ") + strsignal(g_signal), 128 + g_signal);
     if (o.timeout_s && !stopping && Clock::now() - start > std::chrono::seconds(o.timeout_s))
       begin_stop("timed out after " + std::to_string(o.timeout_s) + " s", 124);
+    if (follower_since && !stopping && Clock::now() - *follower_since > kFollowerWait)
+      begin_stop(follower_why, follower_code);
     if (stopping && !killed && Clock::now() - stop_at > (fan_out ? kAgentGrace : kGrace)) {
       stop_all(SIGKILL);
       killed = true;
     }
     bool open_streams = false;
     for (auto& s : streams) open_streams |= s.fd >= 0;
-    if (live == 0 && !open_streams) {
+    if (live == 0 && !open_streams && !follower_since) {
       if (!control || stopping) break;
       // This host's ranks are done; node 0 stays until every host's are
       // (the others stop theirs if it goes).

@@ -26,9 +26,14 @@
 
 namespace zero::comm {
 
+// A collective, the rendezvous or a group failed. One that says a peer went
+// away (its connection closed, its process exited) is noted for zero-run
+// (note_peer_lost in zero/launch_env.h): the peer's failure is what stopped
+// the job, and the launcher names that one.
 class CommError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit CommError(const std::string& what);
+  explicit CommError(const char* what) : CommError(std::string(what)) {}
 };
 
 // The ranks of a group issued different collectives (op, size, dtype or

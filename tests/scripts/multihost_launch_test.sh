@@ -12,7 +12,9 @@
 #     ports free), and a port given that node 0 has in use is named;
 #   - a --host-exec whose first word is not ssh, going through a remote
 #     shell, does not re-split or interpret the program's arguments;
-#   - the launcher names the host that failed, not one that followed it;
+#   - the launcher names the host that failed, not one that followed it, nor
+#     a rank on another host that failed on the failing rank's closed
+#     connection;
 #   - a cut link between the hosts is named by the agents' heartbeat (host B
 #     lost) within seconds, with no rank blamed.
 # Needs root (CAP_NET_ADMIN); exits 77 (ctest: skipped) when namespaces
@@ -217,6 +219,34 @@ check "a follower host: the stop messages blame rank 0 on host $HOST_A alone" \
   [ "$stops" = "host $HOST_A: rank 0 exited with code 3" ]
 [ "$stops" = "host $HOST_A: rank 0 exited with code 3" ] || echo "$out" | grep '^zero-run' | head -5
 check "a follower host: not named as failing" not contains "$out" "host $HOST_B (node 1) exited"
+
+# ---- a rank that exits or throws is blamed, not the peer that lost it -------
+# zero-train at stage 2, a rank failing at its 2nd step (ZERO_FAULT): its
+# Gloo connections close as it goes, a peer on the other host fails on one at
+# once ('Connection closed by peer') and notes it; its agent must wait for the
+# failing rank to be named, not name its own. Rank 3 (host B) exits, then rank
+# 0 (host A, node 0) throws in forward.
+echo '{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}}' > "$tmp/peer.json"
+for fault in 3:step:exit:2 0:forward:throw:2; do
+  IFS=: read -r frank _ fkind _ <<<"$fault"
+  fhost=$HOST_A; [ "$frank" -ge 2 ] && fhost=$HOST_B
+  fnode=0; [ "$frank" -ge 2 ] && fnode=1
+  fcode=3; [ "$fkind" = throw ] && fcode=1
+  out=$(ZERO_FAULT=$fault "$ZR" --hostfile "$tmp/hostfile" --host-exec "ip netns exec {host}" \
+    --master-addr 10.231.0.1 --timeout 60 -- "$ZT" --config "$tmp/peer.json" --layers 2 --d-model 32 --heads 2 \
+    --seq 16 --steps 6 2>&1)
+  rc=$?
+  # The launcher's own line ("host H (node k) exited ...") comes when that
+  # host's agent exits first; it may follow another's instead, and say nothing.
+  stops=$(sed -n 's/^zero-run: \(.*\); stopping the other ranks$/\1/p' <<<"$out" | sort -u |
+          grep -vxF "host $fhost (node $fnode) exited with code $fcode" | paste -sd'|')
+  want="host $fhost: rank $frank exited with code $fcode"
+  check "rank $frank (host $fhost) ${fkind}s: the job exits with its code $fcode" [ $rc -eq $fcode ]
+  check "rank $frank (host $fhost) ${fkind}s: the stop messages blame it alone" [ "$stops" = "$want" ]
+  [ "$stops" = "$want" ] || echo "     stop messages: $stops"
+  grep -q "after losing a peer" <<<"$out" && echo "     (a peer's agent waited: $(grep -o 'rank [0-9]* exited with code [0-9]* after losing a peer' <<<"$out" | head -1))"
+done
+kill_hosts
 
 # ---- a cut link is named by the agents' heartbeat --------------------------
 # Every rank sleeps (no collective could time out); host B's link goes down
