@@ -13,7 +13,9 @@
 // SIGKILL, and zero-run exits non-zero: a dead rank never leaves the job
 // hanging. On several hosts the agents (one zero-run per host) tell each
 // other through node 0's (launch/job_control.h), so a failure on one host
-// stops every host's ranks, with a message naming host and rank. At the end
+// stops every host's ranks, with a message naming host and rank (not a rank
+// that failed only because a peer went away: see kFollowerWait; a host that
+// goes silent is named by the agents' heartbeat). At the end
 // it removes any shared-memory segment of the job a killed rank left.
 // SIGINT/SIGTERM sent to zero-run are forwarded to every rank.
 //
@@ -38,10 +40,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -163,10 +167,23 @@ struct Stream {
   bool watch_ports = false;
   std::optional<std::pair<int, int>> ports;
 
+  // Called while out_fd cannot take more (an agent: keeps its job control going).
+  std::function<void()> while_blocked;
+
   void emit(const std::string& line) {
     std::string s = prefix + line;
     for (size_t off = 0; off < s.size();) {
-      ssize_t n = write(out_fd, s.data() + off, s.size() - off);
+      if (while_blocked) {
+        // Wait for room (a pipe: PIPE_BUF bytes write whole then), beating meanwhile.
+        pollfd p{out_fd, POLLOUT, 0};
+        const int r = ::poll(&p, 1, 200);
+        if (r == 0 || (r < 0 && errno == EINTR)) {
+          while_blocked();
+          continue;
+        }
+      }
+      ssize_t n = write(out_fd, s.data() + off, std::min<size_t>(s.size() - off, PIPE_BUF));
+      if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
       off += static_cast<size_t>(n);
     }
@@ -598,6 +615,15 @@ int main(int argc, char** argv) {
     outbox[r] = children[r].setup;
   }
   if (fan_out && o.port == 0) streams.front().watch_ports = true;  // node 0's agent's stdout
+  // An agent held up writing its ranks' output (a paused terminal, `| less`)
+  // still answers its peers: beats, and proves itself to node 0. A stop
+  // reason found meanwhile waits for the loop below.
+  std::optional<std::string> stop_while_blocked;
+  if (control)
+    for (auto& st : streams)
+      st.while_blocked = [&control, &stop_while_blocked] {
+        if (auto why = control->poll(); why && !stop_while_blocked) stop_while_blocked = why;
+      };
   bool ports_passed = false;
   auto close_stdin = [&](size_t r) {
     if (stdin_of[r] >= 0) close(stdin_of[r]);
@@ -655,6 +681,7 @@ int main(int argc, char** argv) {
       if (waitpid(rk.pid, &rk.status, WNOHANG) == rk.pid) {
         rk.running = false;
         close_stdin(r);
+        const std::string lost = peer_lost_note(rk);  // (and its pipe closed)
         const bool ok = WIFEXITED(rk.status) && WEXITSTATUS(rk.status) == 0;
         const int code = WIFEXITED(rk.status) ? WEXITSTATUS(rk.status) : 128 + WTERMSIG(rk.status);
         const bool followed = fan_out && code == kStoppedOnAnotherHostsWord;
@@ -670,7 +697,7 @@ int main(int argc, char** argv) {
           exit_code_from_follower = false;
         } else if (!ok && !stopping) {
           const std::string failed = children[r].label + " " + describe_exit(rk.status);
-          if (const std::string lost = peer_lost_note(rk); !lost.empty()) {
+          if (!lost.empty()) {
             if (!follower_since) {
               follower_since = Clock::now();
               follower_why = failed + " after losing a peer (" + lost + "), and no other rank was named within " +
@@ -689,8 +716,10 @@ int main(int argc, char** argv) {
         ++live;
       }
     }
-    if (control)
-      if (auto why = control->poll(); why && !stopping) begin_stop(*why, kStoppedOnAnotherHostsWord, /*remote=*/true);
+    if (control) {
+      auto why = stop_while_blocked ? std::exchange(stop_while_blocked, std::nullopt) : control->poll();
+      if (why && !stopping) begin_stop(*why, kStoppedOnAnotherHostsWord, /*remote=*/true);
+    }
     if (link && !stopping && !link->alive())
       begin_stop("this agent's stdin closed: the launcher (zero-run --hostfile) stopped the job, is gone, "
                  "or lost its link to this host", 1);

@@ -16,7 +16,8 @@
 #     a rank on another host that failed on the failing rank's closed
 #     connection;
 #   - a cut link between the hosts is named by the agents' heartbeat (host B
-#     lost) within seconds, with no rank blamed.
+#     lost) within seconds, with no rank blamed; an agent held up writing its
+#     ranks' output still beats.
 # Needs root (CAP_NET_ADMIN); exits 77 (ctest: skipped) when namespaces
 # cannot be made. Usage: multihost_launch_test.sh ZERO_RUN ZERO_TRAIN
 set -u
@@ -271,5 +272,18 @@ check "a cut link: node 0's agent names host $HOST_B as the host it lost contact
 check "a cut link: no rank is blamed" not grep -qE "rank [0-9]+ (exited|was killed)" <<<"$stops"
 hosts_clear || { echo "     left: $(ip netns pids "$HOST_A" | wc -l) + $(ip netns pids "$HOST_B" | wc -l) processes"; kill_hosts; }
 grep '^zero-run' "$tmp/cut.out" | head -4 | sed 's/^/     /'
+
+# ---- ... but an agent held up writing output is not silent ----------------
+# Host B's ranks print 2 MB each, 3 s in (its agent has joined node 0's by
+# then); the launcher's output goes to a pipe nobody reads for 12 s (a
+# paused terminal, `| less`), so host B's agent blocks writing it for about
+# 9 s. It must still beat: the job ends as it would, exit 0.
+"$ZR" --hostfile "$tmp/hostfile" --host-exec "ip netns exec {host}" --master-addr 10.231.0.1 --timeout 60 -- \
+  bash -c 'if [ "$RANK" -ge 2 ]; then sleep 3; head -c 2000000 /dev/zero | tr "\\0" x | fold -w 100; fi; sleep 3' \
+  2>&1 | { sleep 12; cat > "$tmp/paused.out"; }
+rc=${PIPESTATUS[0]}
+check "output paused 12 s: the job is not stopped as silent (exit $rc)" [ "$rc" -eq 0 ]
+[ "$rc" -eq 0 ] || grep "^zero-run" "$tmp/paused.out" | head -3 | sed "s/^/     /"
+kill_hosts
 
 finish
