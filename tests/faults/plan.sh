@@ -11,8 +11,8 @@
 # The victim rank and the pass that fails (the step, the save, the range
 # read) are drawn from the seed too. FAULT_CASES="LINE;LINE..." runs those
 # case lines instead (e.g. "hosts2 1 exit step 3 2;linkcut 2"); FAULT_ONLY=GLOB
-# keeps only the planned cases that match it (e.g. FAULT_ONLY='hosts2*|linkcut*'
-# is not a glob: use FAULT_ONLY='@(hosts2|linkcut)*').
+# (an extended glob) keeps only the cases that match it, e.g.
+# FAULT_ONLY='@(hosts2|linkcut)*' for the two-host cases of a seed.
 FAULT_KINDS=(kill throw exit)
 FAULT_POINTS=(forward backward step save load)
 
