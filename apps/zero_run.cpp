@@ -13,7 +13,9 @@
 // SIGKILL, and zero-run exits non-zero: a dead rank never leaves the job
 // hanging. On several hosts the agents (one zero-run per host) tell each
 // other through node 0's (launch/job_control.h), so a failure on one host
-// stops every host's ranks, with a message naming host and rank. At the end
+// stops every host's ranks, with a message naming host and rank (not a rank
+// that failed only because a peer went away: see kFollowerWait; a host that
+// goes silent is named by the agents' heartbeat). At the end
 // it removes any shared-memory segment of the job a killed rank left.
 // SIGINT/SIGTERM sent to zero-run are forwarded to every rank.
 //
@@ -38,10 +40,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -70,9 +74,16 @@ constexpr auto kGrace = std::chrono::seconds(3);  // SIGTERM -> SIGKILL
 // first would lose that code (the job would exit 137, not the failing rank's).
 constexpr auto kAgentGrace = kGrace + std::chrono::seconds(7);
 // An agent's exit code when it stopped its ranks on another host's word
-// (node 0 passed a STOP on): the launcher names the host that failed, not
+// (node 0 passed a STOP on), or node 0's when it lost contact with a host
+// (its line names that host): the launcher names the host that failed, not
 // one that followed it, whichever agent happens to exit first.
 constexpr int kStoppedOnAnotherHostsWord = 75;
+// How long an agent waits, once a rank of its own failed because a peer went
+// away (the rank noted it: zero/launch_env.h), for the rank whose failure
+// that was to be named -- by this host or, through node 0, by another --
+// before it names its own. A rank that exits closes its connections before
+// its agent sees it gone: its peers fail on them first, on any host.
+constexpr auto kFollowerWait = std::chrono::seconds(5);
 
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
@@ -156,10 +167,23 @@ struct Stream {
   bool watch_ports = false;
   std::optional<std::pair<int, int>> ports;
 
+  // Called while out_fd cannot take more (an agent: keeps its job control going).
+  std::function<void()> while_blocked;
+
   void emit(const std::string& line) {
     std::string s = prefix + line;
     for (size_t off = 0; off < s.size();) {
-      ssize_t n = write(out_fd, s.data() + off, s.size() - off);
+      if (while_blocked) {
+        // Wait for room (a pipe: PIPE_BUF bytes write whole then), beating meanwhile.
+        pollfd p{out_fd, POLLOUT, 0};
+        const int r = ::poll(&p, 1, 200);
+        if (r == 0 || (r < 0 && errno == EINTR)) {
+          while_blocked();
+          continue;
+        }
+      }
+      ssize_t n = write(out_fd, s.data() + off, std::min<size_t>(s.size() - off, PIPE_BUF));
+      if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
       off += static_cast<size_t>(n);
     }
@@ -196,7 +220,28 @@ struct Rank {
   pid_t pid = -1;
   bool running = false;
   int status = 0;
+  int note = -1;          // the read end of its ZERO_RUN_NOTE_FD pipe (ranks only)
+  std::string note_text;  // what came there
 };
+
+// What rank `rk` noted before it exited: its failure came from a peer going
+// away ("" if it noted nothing).
+std::string peer_lost_note(Rank& rk) {
+  if (rk.note < 0) return "";
+  char buf[4096];
+  for (ssize_t n; (n = read(rk.note, buf, sizeof(buf))) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;  // EAGAIN: a child of the rank holds the write end
+    rk.note_text.append(buf, static_cast<size_t>(n));
+  }
+  close(rk.note);
+  rk.note = -1;
+  const std::string mark = zero::comm::kPeerLostNote;
+  const size_t at = rk.note_text.find(mark);
+  if (at == std::string::npos) return "";
+  std::string what = rk.note_text.substr(at + mark.size());
+  return what.substr(0, what.find('\n'));
+}
 
 std::string describe_exit(int status) {
   if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
@@ -307,12 +352,14 @@ struct Child {
   std::string setup;             // In::pipe: written there first (an agent's)
 };
 
-// Starts `c`; with Child::In::pipe, `*in` is the write end of its stdin.
+// Starts `c`; with Child::In::pipe, `*in` is the write end of its stdin;
+// with `note`, `*note` is the read end of its ZERO_RUN_NOTE_FD pipe.
 // Every descriptor of ours is close-on-exec: a child holds its own pipes
 // only (an agent's stdin must close when we go, whoever else we started).
-pid_t spawn(const Child& c, std::vector<Stream>& streams, int* in = nullptr) {
-  int out[2], err[2], input[2] = {-1, -1};
-  if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || (c.in == Child::In::pipe && pipe2(input, O_CLOEXEC))) {
+pid_t spawn(const Child& c, std::vector<Stream>& streams, int* in = nullptr, int* note = nullptr) {
+  int out[2], err[2], input[2] = {-1, -1}, notes[2] = {-1, -1};
+  if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || (c.in == Child::In::pipe && pipe2(input, O_CLOEXEC)) ||
+      (note && pipe2(notes, O_CLOEXEC))) {
     std::perror("zero-run: pipe");
     std::exit(1);
   }
@@ -332,6 +379,10 @@ pid_t spawn(const Child& c, std::vector<Stream>& streams, int* in = nullptr) {
       const size_t eq = kv.find('=');
       if (eq != std::string::npos) setenv(kv.substr(0, eq).c_str(), kv.c_str() + eq + 1, 1);
     }
+    if (note) {
+      fcntl(notes[1], F_SETFD, 0);  // this one it keeps
+      setenv(zero::comm::kRunNoteFdVariable, std::to_string(notes[1]).c_str(), 1);
+    }
     std::vector<char*> args;
     for (const auto& a : c.argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -341,6 +392,11 @@ pid_t spawn(const Child& c, std::vector<Stream>& streams, int* in = nullptr) {
   }
   setpgid(pid, pid);
   close(out[1]), close(err[1]);
+  if (note) {
+    close(notes[1]);
+    fcntl(notes[0], F_SETFL, fcntl(notes[0], F_GETFL) | O_NONBLOCK);
+    *note = notes[0];
+  }
   if (c.in == Child::In::pipe) {
     close(input[0]);
     fcntl(input[1], F_SETFL, fcntl(input[1], F_GETFL) | O_NONBLOCK);
@@ -421,6 +477,24 @@ std::vector<Child> host_agents(const Options& o, char** argv, const std::string&
   return out;
 }
 
+// ZERO_HEARTBEAT_TIMEOUT_S: how long an agent's peer may be silent before it
+// counts as lost (launch/job_control.h). An agent of --hostfile finds it
+// among the variables passed on for its ranks, ssh passing no environment.
+std::chrono::milliseconds heartbeat_timeout(const Options& o) {
+  constexpr const char* kName = "ZERO_HEARTBEAT_TIMEOUT_S";
+  std::optional<std::string> value;
+  if (const char* v = std::getenv(kName)) value = v;
+  const std::string prefix = std::string(kName) + "=";
+  for (const auto& kv : o.env)
+    if (kv.rfind(prefix, 0) == 0) value = kv.substr(prefix.size());
+  if (!value) return zero::launch::JobControl::kDefaultHeartbeatTimeout;
+  char* end = nullptr;
+  const double s = std::strtod(value->c_str(), &end);
+  if (end == value->c_str() || *end || !(s >= 0.5 && s <= 86400))
+    throw std::runtime_error(std::string(kName) + "='" + *value + "' is not a number of seconds in [0.5, 86400]");
+  return std::chrono::milliseconds(static_cast<long long>(s * 1000));
+}
+
 // This host's part in the job control of a job on several hosts. Node 0
 // checks its two ports here, on node 0, where they will be bound -- or,
 // given none (an agent of --hostfile), picks both here and tells the
@@ -428,13 +502,16 @@ std::vector<Child> host_agents(const Options& o, char** argv, const std::string&
 std::unique_ptr<zero::launch::JobControl> start_control(Options& o, const std::string& host, const std::string& secret,
                                                         zero::launch::LauncherLink* link) {
   using zero::launch::JobControl;
+  const auto connect_for = std::chrono::seconds(120);
+  const auto heartbeat = heartbeat_timeout(o);
   if (o.node_rank != 0) {
     int control_port = o.port + 1;
     if (o.port == 0) std::tie(o.port, control_port) = link->read_ports(Clock::now() + std::chrono::seconds(120));
-    return std::make_unique<JobControl>(o.nnodes, o.node_rank, o.addr, control_port, host, secret);
+    return std::make_unique<JobControl>(o.nnodes, o.node_rank, o.addr, control_port, host, secret, connect_for,
+                                        heartbeat);
   }
   if (o.port == 0) {
-    auto control = std::make_unique<JobControl>(o.nnodes, 0, o.addr, 0, host, secret);
+    auto control = std::make_unique<JobControl>(o.nnodes, 0, o.addr, 0, host, secret, connect_for, heartbeat);
     o.port = zero::launch::pick_free_port();
     const std::string report = zero::launch::ports_report(o.port, control->port());
     if (write(1, report.data(), report.size()) != static_cast<ssize_t>(report.size()))
@@ -446,7 +523,7 @@ std::unique_ptr<zero::launch::JobControl> start_control(Options& o, const std::s
                              (err == EADDRINUSE ? "is in use on host " + host
                                                 : "cannot be bound on host " + host + " (" + std::strerror(err) + ")") +
                              "; pick another --master-port");
-  return std::make_unique<JobControl>(o.nnodes, 0, o.addr, o.port + 1, host, secret);
+  return std::make_unique<JobControl>(o.nnodes, 0, o.addr, o.port + 1, host, secret, connect_for, heartbeat);
 }
 
 }  // namespace
@@ -533,10 +610,20 @@ int main(int argc, char** argv) {
   std::vector<int> stdin_of(children.size(), -1);
   std::vector<std::string> outbox(children.size());
   for (size_t r = 0; r < children.size(); ++r) {
-    ranks[r] = {spawn(children[r], streams, &stdin_of[r]), true, 0};
+    ranks[r].pid = spawn(children[r], streams, &stdin_of[r], fan_out ? nullptr : &ranks[r].note);
+    ranks[r].running = true;
     outbox[r] = children[r].setup;
   }
   if (fan_out && o.port == 0) streams.front().watch_ports = true;  // node 0's agent's stdout
+  // An agent held up writing its ranks' output (a paused terminal, `| less`)
+  // still answers its peers: beats, and proves itself to node 0. A stop
+  // reason found meanwhile waits for the loop below.
+  std::optional<std::string> stop_while_blocked;
+  if (control)
+    for (auto& st : streams)
+      st.while_blocked = [&control, &stop_while_blocked] {
+        if (auto why = control->poll(); why && !stop_while_blocked) stop_while_blocked = why;
+      };
   bool ports_passed = false;
   auto close_stdin = [&](size_t r) {
     if (stdin_of[r] >= 0) close(stdin_of[r]);
@@ -563,6 +650,12 @@ int main(int argc, char** argv) {
     for (auto& rk : ranks)
       if (rk.running) kill(-rk.pid, sig);
   };
+  // A rank of ours failed because a peer went away: the failure that stopped
+  // the job is that peer's, named here or on another host within
+  // kFollowerWait; else this one is (follower_why, follower_code).
+  std::optional<Clock::time_point> follower_since;
+  std::string follower_why;
+  int follower_code = 0;
   // `why` happened here (told to the other hosts) or elsewhere (`remote`).
   bool exit_code_from_follower = false;  // exit_code is a follower's: the failing host's replaces it
   auto begin_stop = [&](const std::string& why, int code, bool remote = false, bool quiet = false) {
@@ -588,6 +681,7 @@ int main(int argc, char** argv) {
       if (waitpid(rk.pid, &rk.status, WNOHANG) == rk.pid) {
         rk.running = false;
         close_stdin(r);
+        const std::string lost = peer_lost_note(rk);  // (and its pipe closed)
         const bool ok = WIFEXITED(rk.status) && WEXITSTATUS(rk.status) == 0;
         const int code = WIFEXITED(rk.status) ? WEXITSTATUS(rk.status) : 128 + WTERMSIG(rk.status);
         const bool followed = fan_out && code == kStoppedOnAnotherHostsWord;
@@ -602,27 +696,45 @@ int main(int argc, char** argv) {
           exit_code = code;
           exit_code_from_follower = false;
         } else if (!ok && !stopping) {
-          begin_stop(children[r].label + " " + describe_exit(rk.status), code);
+          const std::string failed = children[r].label + " " + describe_exit(rk.status);
+          if (!lost.empty()) {
+            if (!follower_since) {
+              follower_since = Clock::now();
+              follower_why = failed + " after losing a peer (" + lost + "), and no other rank was named within " +
+                             std::to_string(kFollowerWait.count()) + " s";
+              follower_code = code;
+              std::fprintf(stderr,
+                           "zero-run: %s%s after losing a peer (%s); waiting up to %d s for the rank that failed "
+                           "first to be named\n",
+                           where.c_str(), failed.c_str(), lost.c_str(), static_cast<int>(kFollowerWait.count()));
+            }
+          } else {
+            begin_stop(failed, code);
+          }
         }
       } else {
         ++live;
       }
     }
-    if (control)
-      if (auto why = control->poll(); why && !stopping) begin_stop(*why, kStoppedOnAnotherHostsWord, /*remote=*/true);
+    if (control) {
+      auto why = stop_while_blocked ? std::exchange(stop_while_blocked, std::nullopt) : control->poll();
+      if (why && !stopping) begin_stop(*why, kStoppedOnAnotherHostsWord, /*remote=*/true);
+    }
     if (link && !stopping && !link->alive())
       begin_stop("this agent's stdin closed: the launcher (zero-run --hostfile) stopped the job, is gone, "
                  "or lost its link to this host", 1);
     if (g_signal && !stopping) begin_stop(std::string("received ") + strsignal(g_signal), 128 + g_signal);
     if (o.timeout_s && !stopping && Clock::now() - start > std::chrono::seconds(o.timeout_s))
       begin_stop("timed out after " + std::to_string(o.timeout_s) + " s", 124);
+    if (follower_since && !stopping && Clock::now() - *follower_since > kFollowerWait)
+      begin_stop(follower_why, follower_code);
     if (stopping && !killed && Clock::now() - stop_at > (fan_out ? kAgentGrace : kGrace)) {
       stop_all(SIGKILL);
       killed = true;
     }
     bool open_streams = false;
     for (auto& s : streams) open_streams |= s.fd >= 0;
-    if (live == 0 && !open_streams) {
+    if (live == 0 && !open_streams && !follower_since) {
       if (!control || stopping) break;
       // This host's ranks are done; node 0 stays until every host's are
       // (the others stop theirs if it goes).

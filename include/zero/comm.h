@@ -27,10 +27,15 @@
 
 namespace zero::comm {
 
-/// Any failure of a collective or of the process group: a timeout, a dead peer, a refused call.
+/// Any failure of a collective or of the process group: a timeout, a dead
+/// peer, a refused call. One that says a peer went away (its connection
+/// closed, its process exited) is noted for zero-run (note_peer_lost in
+/// zero/launch_env.h): the peer's failure is what stopped the job, and the
+/// launcher names that one.
 class CommError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit CommError(const std::string& what);  ///< notes a lost peer (above)
+  explicit CommError(const char* what) : CommError(std::string(what)) {}  ///< (see above)
 };
 
 /// The ranks of a group issued different collectives (op, size, dtype or

@@ -34,4 +34,19 @@ LaunchEnv read_launch_env();  ///< from the process environment
 /// id made file-name safe); zero-run removes files with it after the job.
 std::string shm_segment_prefix(const std::string& job_id);
 
+/// zero-run's note channel. Each rank zero-run starts gets ZERO_RUN_NOTE_FD,
+/// the write end of a pipe its agent reads when the rank exits. A rank whose
+/// collective failed because a peer went away (its connection closed or was
+/// reset, its process exited: CommError notes it, whatever the program then
+/// does) writes kPeerLostNote and the error there, so that the agent takes its
+/// exit for a consequence of another rank's failure, not for the failure
+/// (apps/zero_run.cpp: it waits a little for the failing rank to be named).
+constexpr const char* kRunNoteFdVariable = "ZERO_RUN_NOTE_FD";  ///< (see above)
+constexpr const char* kPeerLostNote = "peer-lost ";  ///< (see above)
+/// Whether a collective's error says that a peer went away.
+bool says_peer_lost(const std::string& error);
+/// Writes kPeerLostNote + the first line of `error` + "\n" to ZERO_RUN_NOTE_FD,
+/// the first time only; nothing without that variable.
+void note_peer_lost(const std::string& error);
+
 }  // namespace zero::comm

@@ -13,6 +13,10 @@
 
 namespace zero::comm {
 
+CommError::CommError(const std::string& what) : std::runtime_error(what) {
+  if (says_peer_lost(what)) note_peer_lost(what);
+}
+
 // ---- work handles ------------------------------------------------------------
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }

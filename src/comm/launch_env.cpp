@@ -1,5 +1,9 @@
 #include "zero/launch_env.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -126,6 +130,28 @@ std::string shm_segment_prefix(const std::string& job_id) {
   for (char& c : safe)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') c = '_';
   return "zero-" + safe;
+}
+
+bool says_peer_lost(const std::string& error) {
+  // Gloo's TCP pairs (a peer's socket closed, reset, or written to after it
+  // closed) and the shared-memory lane's liveness check (shm/lane.cpp).
+  for (const char* s : {"Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                        ") exited while this rank waited for it"})
+    if (error.find(s) != std::string::npos) return true;
+  return false;
+}
+
+void note_peer_lost(const std::string& error) {
+  static std::atomic<bool> noted{false};
+  const char* v = std::getenv(kRunNoteFdVariable);
+  if (!v || !*v || noted.exchange(true)) return;
+  char* end = nullptr;
+  const long fd = std::strtol(v, &end, 10);
+  if (*end || fd < 0 || fd > 1 << 20) return;
+  std::string line = kPeerLostNote + error.substr(0, std::min(error.find('\n'), size_t{400})) + "\n";
+  // One write of under PIPE_BUF bytes: whole or not at all, and it never
+  // blocks for long (the agent reads it when this process exits).
+  [[maybe_unused]] const ssize_t n = write(static_cast<int>(fd), line.data(), line.size());
 }
 
 }  // namespace zero::comm

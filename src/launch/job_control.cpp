@@ -76,9 +76,10 @@ int connect_to(const std::string& addr, int port, std::chrono::milliseconds wait
 }  // namespace
 
 JobControl::JobControl(int nnodes, int node_rank, std::string addr, int port, std::string host, std::string secret,
-                       std::chrono::seconds connect_for)
+                       std::chrono::seconds connect_for, std::chrono::milliseconds heartbeat_timeout)
     : nnodes_(nnodes), node_rank_(node_rank), addr_(std::move(addr)), host_(std::move(host)),
-      secret_(std::move(secret)), port_(port), connect_deadline_(Clock::now() + connect_for) {
+      secret_(std::move(secret)), port_(port), connect_deadline_(Clock::now() + connect_for),
+      heartbeat_timeout_(heartbeat_timeout) {
   if (node_rank_ != 0) return;  // connects in poll()
   listen_fd_ = bind_any(AF_INET, port_);
   if (listen_fd_ < 0 || listen(listen_fd_, 64) != 0) {
@@ -181,6 +182,7 @@ void JobControl::admit(Peer& p, const std::string& line) {
       return;
     }
   p.stage = Stage::proven;
+  p.heard = Clock::now();
   p.node = static_cast<int>(node);
   p.host = hello->host;
   p.nonce = hello->nonce;
@@ -208,6 +210,7 @@ std::optional<std::string> JobControl::greet(Peer& p, const std::string& line) {
       return drop("node 0's zero-run at " + where + " proved another secret than this job's (is " + kSecretVariable +
                   " the same on every host?)");
     p.stage = Stage::proven;
+    p.heard = Clock::now();
     if (failure_) send_line(p, "STOP " + *failure_);
     if (done_ && !failure_) send_line(p, "DONE"), done_sent_ = true;
     return std::nullopt;
@@ -225,6 +228,7 @@ std::optional<std::string> JobControl::read_from(Peer& p) {
   for (;;) {
     ssize_t n = recv(p.fd, buf, sizeof(buf), MSG_DONTWAIT);
     if (n > 0) {
+      p.heard = Clock::now();
       p.inbox.append(buf, static_cast<size_t>(n));
       if (p.inbox.size() > (p.proven() ? kMaxLine : kMaxUnprovenLine)) break;
       continue;
@@ -242,7 +246,9 @@ std::optional<std::string> JobControl::read_from(Peer& p) {
       else if (auto r = greet(p, line); r && !reason) reason = r;
       continue;
     }
-    if (line == "DONE") {
+    if (line == "BEAT") {
+      // (heard, above)
+    } else if (line == "DONE") {
       p.done = true;
     } else if (line.rfind("STOP ", 0) == 0 && !reason) {
       reason = line.substr(5);
@@ -318,12 +324,43 @@ std::optional<std::string> JobControl::poll() {
       }
     }
   }
+  if (auto r = beat(); r && !reason) reason = r;
   // Connections that proved nothing leave no trace.
   peers_.erase(std::remove_if(peers_.begin(), peers_.end(), [](const Peer& p) { return p.fd < 0 && !p.proven(); }),
                peers_.end());
   if (!reason || stopped_) return std::nullopt;
   stopped_ = true;
   return reason;
+}
+
+std::optional<std::string> JobControl::beat() {
+  const auto now = Clock::now();
+  if (now - last_beat_ >= kBeatEvery) {
+    last_beat_ = now;
+    for (auto& p : peers_)
+      if (p.fd >= 0 && p.proven() && !p.done) send_line(p, "BEAT");
+  }
+  const auto limit = heartbeat_timeout_ + (node_rank_ == 0 ? std::chrono::milliseconds(0) : kNodeKExtra);
+  char secs[32];
+  std::snprintf(secs, sizeof(secs), "%.1f", std::chrono::duration<double>(limit).count());
+  for (auto& p : peers_) {
+    if (p.fd < 0 || !p.proven() || p.done || now - p.heard <= limit) continue;
+    close(p.fd);
+    p.fd = -1;
+    if (stopped_) continue;  // stopping anyway: nothing to name
+    lost_contact_ = true;
+    if (node_rank_ != 0)
+      return "host " + host_ + ": lost contact with node 0's zero-run at " + addr_ + ":" + std::to_string(port_) +
+             ": nothing from it for " + secs +
+             " s (this host is cut off from it, or node 0's host or zero-run failed)";
+    const std::string reason = "host " + host_ + ": lost contact with host " + p.host + " (node " +
+                               std::to_string(p.node) + "): nothing from its zero-run for " + secs +
+                               " s (the host is down or frozen, its zero-run hangs, or the network between it and "
+                               "host " + host_ + " is cut)";
+    broadcast("STOP " + reason, &p);
+    return reason;
+  }
+  return std::nullopt;
 }
 
 void JobControl::report_failure(const std::string& why) {

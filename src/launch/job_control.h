@@ -8,6 +8,7 @@
 // each:
 //   STOP <reason>   my ranks failed (node k -> 0), or stop (0 -> all)
 //   DONE            my ranks all exited 0 (node k -> 0)
+//   BEAT            I am here (both ways, every second, once proven)
 // Nothing a connection says counts before its proof does: node 0 logs a
 // connection that closes, sends anything else first, proves the wrong
 // secret or stays silent for 10 s (one line each), drops it and goes on,
@@ -18,6 +19,18 @@
 // node k losing node 0 stops node k: no host keeps ranks running on its own
 // for longer than the agents' poll interval and the SIGTERM grace. Node k's
 // DONE is handed to node 0 before node k counts as finished (others_done).
+//
+// A connection can also go silent without closing: a cut link, a host that
+// froze or lost power, a firewall dropping packets. TCP says nothing for
+// minutes then, and the ranks would only notice when a collective times out
+// (300 s by default), naming whichever rank timed out first. So the proven
+// ends send each other BEAT every second, and an end that hears nothing for
+// `heartbeat_timeout` counts as lost: node 0 names the host it lost contact
+// with ("lost contact with host B (node 1): ..."), passes the STOP on to the
+// others and lost_contact() says so. Node k gives node 0 3 s longer before
+// it names node 0: when only the link between them is cut, node 0's word
+// (naming the host cut off) is the one that counts. A node that said DONE is
+// not waited for.
 #pragma once
 
 #include <chrono>
@@ -29,13 +42,20 @@ namespace zero::launch {
 
 class JobControl {
  public:
+  static constexpr std::chrono::milliseconds kDefaultHeartbeatTimeout{5000};
+  static constexpr std::chrono::milliseconds kBeatEvery{1000};
+  // Node k waits this much longer than node 0 before it names node 0 lost.
+  static constexpr std::chrono::milliseconds kNodeKExtra{3000};
+
   // Node 0 listens on `port` (all addresses; 0: one the OS picks, port()
   // says which), throwing std::runtime_error naming the port and `host` when
   // it cannot; node k connects to addr:port, retrying for `connect_for`
   // before it gives up (a stop reason). `secret` is the job's: every node
   // must hold the same.
+  // `heartbeat_timeout`: the silence after which a proven peer counts as lost.
   JobControl(int nnodes, int node_rank, std::string addr, int port, std::string host, std::string secret,
-             std::chrono::seconds connect_for = std::chrono::seconds(120));
+             std::chrono::seconds connect_for = std::chrono::seconds(120),
+             std::chrono::milliseconds heartbeat_timeout = kDefaultHeartbeatTimeout);
   ~JobControl();
   JobControl(const JobControl&) = delete;
   JobControl& operator=(const JobControl&) = delete;
@@ -52,6 +72,10 @@ class JobControl {
   void report_done();
   // Node 0: every other node has said DONE. Node k: its DONE went to node 0.
   bool others_done() const;
+  // The stop reason poll() returned was this node's own heartbeat timing out
+  // (node 0: a node went silent; node k: node 0 did), not a peer's STOP or a
+  // connection closing.
+  bool lost_contact() const { return lost_contact_; }
 
  private:
   // A connection's place in the handshake. Node 0's side: challenged ->
@@ -74,6 +98,7 @@ class JobControl {
     std::string inbox;
     bool done = false;
     std::chrono::steady_clock::time_point since;
+    std::chrono::steady_clock::time_point heard;  // its last bytes (once proven)
     bool proven() const { return stage == Stage::proven; }
   };
   void send_line(Peer& p, const std::string& line);
@@ -85,6 +110,8 @@ class JobControl {
   std::optional<std::string> greet(Peer& p, const std::string& line);
   void ignore(Peer& p, const std::string& why);
   void try_connect();
+  // Sends BEAT to proven peers when due; a stop reason when one went silent.
+  std::optional<std::string> beat();
 
   int nnodes_, node_rank_;
   std::string addr_, host_, secret_;
@@ -100,6 +127,9 @@ class JobControl {
   std::optional<std::string> pending_;    // a reason found while sending
   std::optional<std::string> stop_line_;  // node 0: the STOP sent, for a node joining after it
   int ignored_logged_ = 0;
+  std::chrono::milliseconds heartbeat_timeout_;
+  std::chrono::steady_clock::time_point last_beat_{};
+  bool lost_contact_ = false;
 };
 
 }  // namespace zero::launch

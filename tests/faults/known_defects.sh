@@ -8,11 +8,6 @@
 # check said was wrong. The first entry that matches explains it; the
 # description is on an entry's first line of each id.
 KNOWN_DEFECTS=(
-  "peer-blamed|hosts2 stage ? exit *|named|*the stop messages blame*|on several hosts a rank that exits (std::exit, or main returning after an exception) closes its Gloo connections before it is gone; a peer on the other host fails on the closed connection (its error says 'collective timeout 300 s' and 'Connection closed by peer'), and that peer's agent names it as the failing rank, beside the real one or alone"
-  "peer-blamed|hosts2 stage ? throw forward|named|*the stop messages blame*|"
-  "peer-blamed|hosts2 stage ? throw backward|named|*the stop messages blame*|"
-  "peer-blamed|hosts2 stage ? throw step|named|*the stop messages blame*|"
-  "cut-link-unnamed|linkcut stage ?|named|*blames host*|the agents have no heartbeat: a cut link is noticed only by the collective timeout (300 s by default; the suite sets 5 s), on whichever rank times out first, and that rank is named (on either host), never the link or the host cut off"
 )
 
 # known_defect CLASS CHECK WHY: the id of the known defect that explains it, if any.

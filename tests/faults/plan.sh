@@ -9,7 +9,10 @@
 # kind, point) classes (FAULT_ALL=1: all 60 in one run). Two hosts, at stage
 # SEED mod 4: 3 pairs drawn from the seed, each on a rank drawn among the 4.
 # The victim rank and the pass that fails (the step, the save, the range
-# read) are drawn from the seed too.
+# read) are drawn from the seed too. FAULT_CASES="LINE;LINE..." runs those
+# case lines instead (e.g. "hosts2 1 exit step 3 2;linkcut 2"); FAULT_ONLY=GLOB
+# (an extended glob) keeps only the cases that match it, e.g.
+# FAULT_ONLY='@(hosts2|linkcut)*' for the two-host cases of a seed.
 FAULT_KINDS=(kill throw exit)
 FAULT_POINTS=(forward backward step save load)
 
@@ -39,4 +42,12 @@ plan_cases() {
     CASES+=("hosts2 $ms $1 $2 $((RANDOM % 4)) $(fault_nth "$2")")
   done
   CASES+=("diskfull $(( (seed + 1) % 4 ))" "linkcut $ms")
+  if [ -n "${FAULT_CASES:-}" ]; then IFS=';' read -r -a CASES <<<"$FAULT_CASES"; fi
+  if [ -n "${FAULT_ONLY:-}" ]; then
+    local c kept=()
+    shopt -s extglob
+    # shellcheck disable=SC2053
+    for c in "${CASES[@]}"; do [[ "$c" == $FAULT_ONLY ]] && kept+=("$c"); done
+    CASES=("${kept[@]}")
+  fi
 }

@@ -72,17 +72,20 @@ names_disk_full() {
   [ -z "$WHY" ]
 }
 
-# names_cut OUT HOST: a cut link, seen by the ranks as collectives timing
-# out: every stop message that blames a rank or a host blames HOST's.
+# names_cut OUT HOST: a cut link, seen by the agents' heartbeat: a stop
+# message says "lost contact with host HOST", and every stop message that
+# blames a rank or a host blames HOST's.
 names_cut() {
   local out=$1 host=$2 v blamed=()
   while IFS= read -r v; do
+    [[ "$v" =~ lost\ contact\ with\ host\ ([^ :]+) ]] && blamed+=("${BASH_REMATCH[1]}")
     [[ "$v" =~ ^host\ ([^ :]+)(:\ rank|\ \(node) ]] && blamed+=("${BASH_REMATCH[1]}")
     [[ "$v" =~ ^rank\ [0-9]+ ]] && blamed+=("?")
   done < <(verdicts "$out")
   WHY=
   [ ${#blamed[@]} -gt 0 ] || WHY="no stop message blames a host"
-  for v in "${blamed[@]}"; do [ "$v" = "$host" ] || WHY="a stop message blames host $v, not $host"; done
+  verdicts "$out" | grep -q "lost contact with host $host " || WHY="${WHY:+$WHY; }no stop message says 'lost contact with host $host'"
+  for v in "${blamed[@]}"; do [ "$v" = "$host" ] || WHY="${WHY:+$WHY; }a stop message blames host $v, not $host"; done
   [ -z "$WHY" ] || WHY="$WHY: $(verdicts "$out" | paste -sd'|')"
   [ -z "$WHY" ]
 }

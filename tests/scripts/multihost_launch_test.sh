@@ -11,7 +11,13 @@
 #   - node 0's ports are chosen on node 0 (the launcher's host has other
 #     ports free), and a port given that node 0 has in use is named;
 #   - a --host-exec whose first word is not ssh, going through a remote
-#     shell, does not re-split or interpret the program's arguments.
+#     shell, does not re-split or interpret the program's arguments;
+#   - the launcher names the host that failed, not one that followed it, nor
+#     a rank on another host that failed on the failing rank's closed
+#     connection;
+#   - a cut link between the hosts is named by the agents' heartbeat (host B
+#     lost) within seconds, with no rank blamed; an agent held up writing its
+#     ranks' output still beats.
 # Needs root (CAP_NET_ADMIN); exits 77 (ctest: skipped) when namespaces
 # cannot be made. Usage: multihost_launch_test.sh ZERO_RUN ZERO_TRAIN
 set -u
@@ -214,5 +220,70 @@ check "a follower host: the stop messages blame rank 0 on host $HOST_A alone" \
   [ "$stops" = "host $HOST_A: rank 0 exited with code 3" ]
 [ "$stops" = "host $HOST_A: rank 0 exited with code 3" ] || echo "$out" | grep '^zero-run' | head -5
 check "a follower host: not named as failing" not contains "$out" "host $HOST_B (node 1) exited"
+
+# ---- a rank that exits or throws is blamed, not the peer that lost it -------
+# zero-train at stage 2, a rank failing at its 2nd step (ZERO_FAULT): its
+# Gloo connections close as it goes, a peer on the other host fails on one at
+# once ('Connection closed by peer') and notes it; its agent must wait for the
+# failing rank to be named, not name its own. Rank 3 (host B) exits, then rank
+# 0 (host A, node 0) throws in forward.
+echo '{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}}' > "$tmp/peer.json"
+for fault in 3:step:exit:2 0:forward:throw:2; do
+  IFS=: read -r frank _ fkind _ <<<"$fault"
+  fhost=$HOST_A; [ "$frank" -ge 2 ] && fhost=$HOST_B
+  fnode=0; [ "$frank" -ge 2 ] && fnode=1
+  fcode=3; [ "$fkind" = throw ] && fcode=1
+  out=$(ZERO_FAULT=$fault "$ZR" --hostfile "$tmp/hostfile" --host-exec "ip netns exec {host}" \
+    --master-addr 10.231.0.1 --timeout 60 -- "$ZT" --config "$tmp/peer.json" --layers 2 --d-model 32 --heads 2 \
+    --seq 16 --steps 6 2>&1)
+  rc=$?
+  # The launcher's own line ("host H (node k) exited ...") comes when that
+  # host's agent exits first; it may follow another's instead, and say nothing.
+  stops=$(sed -n 's/^zero-run: \(.*\); stopping the other ranks$/\1/p' <<<"$out" | sort -u |
+          grep -vxF "host $fhost (node $fnode) exited with code $fcode" | paste -sd'|')
+  want="host $fhost: rank $frank exited with code $fcode"
+  check "rank $frank (host $fhost) ${fkind}s: the job exits with its code $fcode" [ $rc -eq $fcode ]
+  check "rank $frank (host $fhost) ${fkind}s: the stop messages blame it alone" [ "$stops" = "$want" ]
+  [ "$stops" = "$want" ] || echo "     stop messages: $stops"
+  grep -q "after losing a peer" <<<"$out" && echo "     (a peer's agent waited: $(grep -o 'rank [0-9]* exited with code [0-9]* after losing a peer' <<<"$out" | head -1))"
+done
+kill_hosts
+
+# ---- a cut link is named by the agents' heartbeat --------------------------
+# Every rank sleeps (no collective could time out); host B's link goes down
+# once all 4 run. Node 0's agent hears nothing from host B's for 5 s
+# (ZERO_HEARTBEAT_TIMEOUT_S) and must name host B, and every process go.
+"$ZR" --hostfile "$tmp/hostfile" --host-exec "ip netns exec {host}" --master-addr 10.231.0.1 --timeout 120 -- \
+  sleep 100 > "$tmp/cut.out" 2>&1 &
+job=$!
+for _ in $(seq 200); do [ "$(ip netns pids "$HOST_B" | wc -l)" -ge 3 ] && break; sleep 0.05; done
+sleep 1.5  # a heartbeat or two over the link first
+t0=$(now)
+ip -n "$HOST_B" link set zt0 down
+wait $job
+rc=$?
+took=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+ip -n "$HOST_B" link set zt0 up
+stops=$(sed -n 's/^zero-run: \(.*\); stopping the other ranks$/\1/p' "$tmp/cut.out")
+check "a cut link: the job stops, exit non-zero, within 15 s of the cut (took $took s)" \
+  bash -c '[ $1 -ne 0 ] && awk -v t="$2" "BEGIN { exit !(t < 15) }"' _ $rc "$took"
+check "a cut link: node 0's agent names host $HOST_B as the host it lost contact with" \
+  grep -q "^host $HOST_A: lost contact with host $HOST_B (node 1): nothing from its zero-run for 5.0 s" <<<"$stops"
+check "a cut link: no rank is blamed" not grep -qE "rank [0-9]+ (exited|was killed)" <<<"$stops"
+hosts_clear || { echo "     left: $(ip netns pids "$HOST_A" | wc -l) + $(ip netns pids "$HOST_B" | wc -l) processes"; kill_hosts; }
+grep '^zero-run' "$tmp/cut.out" | head -4 | sed 's/^/     /'
+
+# ---- ... but an agent held up writing output is not silent ----------------
+# Host B's ranks print 2 MB each, 3 s in (its agent has joined node 0's by
+# then); the launcher's output goes to a pipe nobody reads for 12 s (a
+# paused terminal, `| less`), so host B's agent blocks writing it for about
+# 9 s. It must still beat: the job ends as it would, exit 0.
+"$ZR" --hostfile "$tmp/hostfile" --host-exec "ip netns exec {host}" --master-addr 10.231.0.1 --timeout 60 -- \
+  bash -c 'if [ "$RANK" -ge 2 ]; then sleep 3; head -c 2000000 /dev/zero | tr "\\0" x | fold -w 100; fi; sleep 3' \
+  2>&1 | { sleep 12; cat > "$tmp/paused.out"; }
+rc=${PIPESTATUS[0]}
+check "output paused 12 s: the job is not stopped as silent (exit $rc)" [ "$rc" -eq 0 ]
+[ "$rc" -eq 0 ] || grep "^zero-run" "$tmp/paused.out" | head -3 | sed "s/^/     /"
+kill_hosts
 
 finish

@@ -1,6 +1,11 @@
 // The launcher environment: torchrun, mpirun and srun variables, and errors
 // that name the variable at fault.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <map>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -80,6 +85,31 @@ TEST(LaunchEnv, ErrorsNameTheVariable) {
                 {"MASTER_ADDR", "x"}, {"MASTER_PORT", "1"}},
                "LOCAL_RANK=3 is not below LOCAL_WORLD_SIZE=2");
   expect_error({{"OMPI_COMM_WORLD_RANK", "0"}}, "(mpirun): OMPI_COMM_WORLD_SIZE is not set");
+}
+
+// A collective's error that says a peer went away is noted on
+// ZERO_RUN_NOTE_FD for zero-run (once); others are not.
+TEST(LaunchEnv, PeerLossIsNotedForZeroRun) {
+  using zero::comm::says_peer_lost;
+  EXPECT_TRUE(says_peer_lost("all_reduce on group 'dp0' (ranks 1,3) failed: [pair.cc:547] Connection closed by "
+                             "peer [10.231.0.2]:5345"));
+  EXPECT_TRUE(says_peer_lost("x failed: Connection reset by peer"));
+  EXPECT_TRUE(says_peer_lost("allgather (shared memory) failed: rank 1 (pid 7) exited while this rank waited for it "
+                             "to publish"));
+  EXPECT_FALSE(says_peer_lost("all_reduce on group 'dp0' failed (collective timeout 300 s): Timed out"));
+  EXPECT_FALSE(says_peer_lost("injected fault: throw at forward #3"));
+  int fds[2];
+  ASSERT_EQ(pipe2(fds, O_NONBLOCK), 0);
+  setenv(zero::comm::kRunNoteFdVariable, std::to_string(fds[1]).c_str(), 1);
+  zero::comm::note_peer_lost("reduce failed: Connection closed by peer\nbacktrace...");
+  zero::comm::note_peer_lost("a second one is not written");
+  unsetenv(zero::comm::kRunNoteFdVariable);
+  char buf[512];
+  const ssize_t n = ::read(fds[0], buf, sizeof(buf));
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(buf, static_cast<size_t>(n)), "peer-lost reduce failed: Connection closed by peer\n");
+  close(fds[0]);
+  close(fds[1]);
 }
 
 }  // namespace
