@@ -565,6 +565,7 @@ int64_t Engine::micro_steps() const { return impl_->micro_steps; }
 double Engine::loss_scale() const { return impl_->optimizer.loss_scale(); }
 double Engine::lr() const { return impl_->optimizer.lr(); }
 double Engine::last_grad_norm() const { return impl_->optimizer.last_grad_norm(); }
+void Engine::on_progress(std::function<void(const Progress&)> report) { impl_->training_log.set_progress(std::move(report)); }
 const Config& Engine::config() const { return impl_->config; }
 const BatchConfig& Engine::batch() const { return impl_->batch; }
 const comm::Group& Engine::dp_group() const { return impl_->dp; }
