@@ -299,6 +299,7 @@ bool Engine::Impl::step() {
 
 void Engine::Impl::report_step(bool stepped) {
   const int64_t steps = optimizer.global_steps() + optimizer.skipped_steps();  // DeepSpeed counts skipped ones
+  training_log.count_step();
   if (!training_log.reports(steps)) return;
   // This rank's mean over the window (NaN without an engine.backward), then over ranks.
   // One all-reduce for both: [this rank's mean / ranks, its tokens].

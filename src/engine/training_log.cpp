@@ -57,7 +57,6 @@ bool TrainingLog::reports(int64_t global_steps) const {
 
 void TrainingLog::on_step(const StepReport& s) {
   for (int p = 0; p < kPhases; ++p) window_ms_[p] += phase_ms_[p];
-  ++window_steps_;
   if (!csv_dir_.empty()) {
     write_csv("Train/Samples/train_loss", s.global_samples, s.loss);
     write_csv("Train/Samples/lr", s.global_samples, s.lr);

@@ -44,6 +44,9 @@ class TrainingLog {
   // Whether that step prints a progress line (steps_per_print; never when 0).
   bool prints(int64_t global_steps) const;
   void on_step(const StepReport& s);
+  // Every optimizer step, reported or not: the window's step count (the
+  // progress line's mean and the timers' per-step average divide by it).
+  void count_step() { ++window_steps_; }
   // Set: called with each report instead of printing its line (Engine::on_progress).
   void set_progress(std::function<void(const Progress&)> fn) { progress_ = std::move(fn); }
 
