@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
   auto config = zero::Config::from_file(argv[1]);
   const bool lead = world->rank() == 0;
   Model model{nullptr};
+  torch::manual_seed(0);  // zero::Init also syncs each unit from rank 0
   {
     zero::Init init(*world, config);  // each unit sharded as soon as it is built
     model = Model(kVocab, kDim, kLayers);
@@ -96,13 +97,13 @@ int main(int argc, char** argv) {
   const double after = evaluate();
   {
     // A unit's params are shards outside its forward; here they are whole.
-    auto full = engine.gathered_parameters({model->blocks[0]->up->weight});
-    if (lead) std::printf("h0.up.weight: %s, norm %.4f\n", c10::str(model->blocks[0]->up->weight.sizes()).c_str(),
-                          model->blocks[0]->up->weight.norm().item<double>());
+    const torch::Tensor w = model->blocks[0]->inner->up->weight;  // the unit's wrapped Block
+    auto full = engine.gathered_parameters({w});
+    if (lead) std::printf("h0.up.weight: %s, norm %.4f\n", c10::str(w.sizes()).c_str(), w.norm().item<double>());
   }
   const auto mine = engine.state_bytes();
   if (lead)
-    std::printf("held-out loss %.4f -> %.4f; model state on this rank %.2f MB, peak live params %lld of %lld\n",
+    std::printf("held-out loss %.4f -> %.6f; model state on this rank %.2f MB, peak live params %lld of %lld\n",
                 before, after, mine.total() / 1048576.0, static_cast<long long>(engine.peak_live_params()),
                 static_cast<long long>(engine.num_params()));
   if (argc > 2) {
@@ -112,7 +113,7 @@ int main(int argc, char** argv) {
       zero::load_weights(*plain, argv[2]);
       torch::NoGradGuard no_grad;
       auto [x, y] = batch(999, 32);
-      std::printf("plain model from %s: held-out loss %.4f\n", argv[2], loss_of(plain->forward(x), y).item<double>());
+      std::printf("plain model from %s: held-out loss %.6f\n", argv[2], loss_of(plain->forward(x), y).item<double>());
     }
   }
   world->shutdown();
