@@ -16,7 +16,8 @@
 // GradCache-style losses do); --coalesce wraps them in
 // engine.coalesce_grad_reduction(), so they cost one reduction, not K.
 //
-// Progress goes to stderr (rank 0). --log-json writes JSON Lines on rank 0
+// Progress goes to stderr (rank 0): one line per report (steps_per_print;
+// and the first and last step), then a summary. --log-json writes JSON Lines on rank 0
 // (--log-json-all: every rank, as FILE.rankN): a "setup" record, then one
 // "step" record per optimizer step. Their field names are stable.
 #include <sys/resource.h>
@@ -249,13 +250,38 @@ int main(int argc, char** argv) {
           {"config", config.to_json()}});
     if (!resumed_record.is_null()) emit(resumed_record);
 
+    // Progress: one line per report. The engine reports every
+    // steps_per_print steps (none when unset, DeepSpeed's default); its line
+    // is replaced by this one (the loss is the same: the global mean over
+    // the steps since the last report), with the step count, the step time
+    // and the time left. zero-train adds a line of its own at the first and
+    // the last step when the engine does not report them (that step's loss).
     const auto start = std::chrono::steady_clock::now();
+    const int64_t first_step = trainer.steps_done() + 1;  // > 1 after --resume
+    auto last_line = start;
+    auto progress_line = [&](int64_t s, double loss, int64_t window, double lr, double tokens_per_s, bool skipped) {
+      const auto now = std::chrono::steady_clock::now();
+      const double elapsed = std::chrono::duration<double>(now - start).count();
+      const double ms_per_step = std::chrono::duration<double, std::milli>(now - last_line).count() / window;
+      last_line = now;
+      char mean[48] = "";
+      if (window > 1) std::snprintf(mean, sizeof mean, " (mean of %lld steps)", static_cast<long long>(window));
+      std::fprintf(stderr, "step %5lld/%lld  loss %.4f%s  lr %.2e  %s%.0f tok/s  %.0f ms/step  ETA %.0f s\n",
+                   static_cast<long long>(s), static_cast<long long>(args.steps), loss, mean, lr,
+                   skipped ? "(skipped: overflow)  " : "", tokens_per_s, ms_per_step,
+                   elapsed / (s - first_step + 1) * (args.steps - s));
+    };
+    // The engine's loss is the mean of what was given to engine.backward:
+    // with --backward-chunks K each chunk's loss / K (the trainer's sum of
+    // them is the micro-batch loss), so K times it is the batch's mean.
+    engine.on_progress([&](const zero::Progress& p) {
+      progress_line(p.step, p.loss * static_cast<double>(args.backward_chunks), p.window_steps, p.lr, p.tokens_per_s,
+                    p.skipped);
+    });
     std::vector<double> step_ms, wall_ms;
     int64_t peak_pss = 0;
     double last_loss = 0.0;
     zero::comm::OpCounts last_comm;
-    const int64_t print_every = config.steps_per_print;  // >= 1 (the parser checks), as DeepSpeed's
-    const int64_t first_step = trainer.steps_done() + 1;  // > 1 after --resume
     for (int64_t s = first_step; s <= args.steps; ++s) {
       const auto step_start = std::chrono::steady_clock::now();
       auto r = trainer.train_step();
@@ -293,13 +319,9 @@ int main(int argc, char** argv) {
       wall_ms.push_back(wall);
       last_loss = r.loss;
       last_comm = r.comm;
-      if (lead && (s % print_every == 0 || s == 1 || s == args.steps)) {
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        std::fprintf(stderr, "step %5lld/%lld  loss %.4f  lr %.2e  %s%.0f tok/s  %.0f ms/step  ETA %.0f s\n",
-                     static_cast<long long>(s), static_cast<long long>(args.steps), r.loss, r.lr,
-                     r.stepped ? "" : "(skipped: overflow)  ", r.tokens_per_s, r.step_ms,
-                     elapsed / (s - first_step + 1) * (args.steps - s));
-      }
+      const int64_t every = config.steps_per_print;  // 0: the engine does not report
+      if (lead && (s == first_step || s == args.steps) && !(every > 0 && s % every == 0))
+        progress_line(s, r.loss, 1, r.lr, r.tokens_per_s, !r.stepped);
     }
     // One closing record for scripts and benchmarks: the median step time
     // leaves out the first two steps (allocation and warm-up).
@@ -309,7 +331,36 @@ int main(int argc, char** argv) {
       return steady.empty() ? 0.0 : steady[steady.size() / 2];
     };
     const double median_ms = steady_median(step_ms);
+    const double train_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const auto& b = engine.batch();
+    // What stage 0 would hold per rank: each part this stage partitions
+    // (optimizer state and fp32 masters from stage 1, grads from 2, params
+    // at 3) summed over the ranks, the rest as this rank holds it. A
+    // collective: every rank takes part. (Stage 3's persistent params, kept
+    // whole on every rank, are counted once per rank: a slight overestimate.)
+    const zero::StateBytes mine = engine.state_bytes();
+    at::Tensor parts = at::tensor({static_cast<double>(mine.params), static_cast<double>(mine.grads),
+                                   static_cast<double>(mine.master), static_cast<double>(mine.optimizer)},
+                                  at::kDouble);
+    world->comm().all_reduce(*dp, parts, zero::comm::ReduceOp::Sum)->wait();
+    const int stage = config.zero.stage;
+    const double stage0_bytes = (stage >= 3 ? parts[0].item<double>() : mine.params) +
+                                (stage >= 2 ? parts[1].item<double>() : mine.grads) +
+                                (stage >= 1 ? parts[2].item<double>() + parts[3].item<double>()
+                                            : static_cast<double>(mine.master + mine.optimizer));
+    const int64_t steps_run = args.steps - first_step + 1;
+    const double tokens_per_s_overall =
+        train_s > 0 ? static_cast<double>(steps_run * b.train_batch_size * args.model.seq_len) / train_s : 0.0;
+    if (lead && steps_run > 0) {
+      const double mb = 1024.0 * 1024.0;
+      std::fprintf(stderr,
+                   "summary: %lld steps in %.1f s, %.0f tokens/s (all ranks), final loss %.4f\n"
+                   "         peak RSS %.0f MB (rank 0); model state per rank %.1f MB at stage %d, %.1f MB at stage "
+                   "0 (%.1fx)\n",
+                   static_cast<long long>(steps_run), train_s, tokens_per_s_overall, last_loss,
+                   peak_rss_bytes() / mb, mine.total() / mb, stage, stage0_bytes / mb,
+                   mine.total() > 0 ? stage0_bytes / mine.total() : 0.0);
+    }
     emit({{"event", "summary"},
           {"steps", args.steps},
           {"final_loss", last_loss},
@@ -319,8 +370,10 @@ int main(int argc, char** argv) {
           {"peak_rss_bytes", peak_rss_bytes()},
           {"peak_pss_bytes", peak_pss},  // the largest step-end sample
           {"peak_gpu_bytes", peak_device_bytes(device)},
-          {"model_state_bytes", engine.state_bytes().total()},
-          {"nvme_state_bytes", engine.state_bytes().nvme},  // offload_optimizer "nvme": in the swap file
+          {"model_state_bytes", mine.total()},
+          {"model_state_bytes_stage0", static_cast<int64_t>(stage0_bytes)},  // the same model at stage 0 (above)
+          {"nvme_state_bytes", mine.nvme},  // offload_optimizer "nvme": in the swap file
+          {"wall_s", train_s},
           {"skipped_steps", engine.skipped_steps()},
           {"backward_chunks", args.backward_chunks},
           {"coalesce", args.coalesce},

@@ -266,7 +266,9 @@ class World {
 
 /// Rendezvous with the other ranks named by the launcher environment (see
 /// LaunchEnv) and build the world group. Throws with a message naming the
-/// variable, address or timeout at fault.
+/// variable, address or timeout at fault. Makes this process's stdout line
+/// buffered (a rank's printf lines arrive as printed, not at exit, through
+/// a launcher's pipe); ZERO_STDOUT_LINE_BUFFERED=0 leaves it as it is.
 std::shared_ptr<World> init_distributed(const DistributedOptions& opts = {});
 
 }  // namespace zero::comm

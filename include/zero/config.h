@@ -223,7 +223,9 @@ struct Config {
   std::optional<int64_t> gradient_accumulation_steps;  ///< (see train_batch_size)
 
   double gradient_clipping = 1.0;  ///< DeepSpeed >= 0.19.3 default; 0 = no clipping
-  int64_t steps_per_print = 10;  ///< steps_per_print: rank 0's progress line every this many optimizer steps
+  /// steps_per_print: rank 0's progress line every this many optimizer
+  /// steps; 0 (DeepSpeed's default, null) prints none.
+  int64_t steps_per_print = 0;
   /// DeepSpeed's timers: forward, backward, reduction, step and all-gather
   /// times, printed with the progress line (ms per optimizer step).
   bool wall_clock_breakdown = false;

@@ -55,6 +55,21 @@ struct StateBytes {
   int64_t nvme = 0;
 };
 
+/// One progress report (rank 0, every steps_per_print optimizer steps):
+/// what the engine's progress line prints (see Engine::on_progress).
+struct Progress {
+  int64_t step = 0;         ///< optimizer steps so far (skipped ones counted, as DeepSpeed counts them)
+  double loss = 0;          ///< mean over ranks and over the micro-steps since the last report
+  int64_t window_steps = 0; ///< optimizer steps that mean covers
+  double lr = 0;            ///< the lr of the next step
+  double loss_scale = 1;    ///< the fp16 loss scale (1 otherwise)
+  double grad_norm = 0;     ///< global grad norm of the last step (before clipping)
+  bool skipped = false;     ///< the last step was skipped (fp16/bf16 overflow)
+  double samples_per_s = 0; ///< over the steps since the last report, all ranks
+  double tokens_per_s = 0;  ///< likewise; 0 when no tokens are counted
+  double peak_rss_mb = 0;   ///< this process's peak resident memory
+};
+
 /// An optimizer param group (torch's param groups; DeepSpeed's
 /// model_parameters given as a list of dicts): the config's optimizer with
 /// these settings changed for `params`. Trainable params in no group use the
@@ -228,6 +243,12 @@ class Engine {
   /// they scale the config's lr.
   void set_lr_schedule(std::function<double(int64_t)> fn);
   double last_grad_norm() const;  ///< global grad norm of the last boundary (before clipping)
+  /// Replaces the engine's progress line (steps_per_print) with `report`,
+  /// called on rank 0 at each report instead of printing it, so a training
+  /// script can print one line of its own per report. The
+  /// wall_clock_breakdown line still follows; an empty function restores
+  /// the engine's line.
+  void on_progress(std::function<void(const Progress&)> report);
 
   const Config& config() const;  ///< the ds_config it was built with
   const BatchConfig& batch() const;  ///< the batch numbers resolved against the data-parallel size

@@ -1,5 +1,6 @@
 // Rendezvous (c10d TCPStore), the rank's device, process-group
 // construction, and the world's shutdown.
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <mutex>
@@ -288,7 +289,21 @@ std::shared_ptr<Group> World::split(int group_size, const std::string& name_pref
   return mine;
 }
 
+// A rank's stdout is a pipe (zero-run's, torchrun's, Slurm's): block
+// buffered by the C library, so its printf lines would come out at exit, out
+// of order with stderr, and be lost with a rank that is killed. Line
+// buffered from here on, as a terminal is (torchrun's -u); what was printed
+// before goes out now. ZERO_STDOUT_LINE_BUFFERED=0 keeps the C library's choice.
+static void line_buffer_stdout() {
+  const char* v = std::getenv("ZERO_STDOUT_LINE_BUFFERED");
+  if (v && std::string(v) == "0") return;
+  std::fflush(stdout);
+  std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);
+}
+
 std::shared_ptr<World> init_distributed(const DistributedOptions& opts) {
+  static std::once_flag stdout_set;
+  std::call_once(stdout_set, line_buffer_stdout);
   auto impl = std::make_unique<World::Impl>();
   impl->env = read_launch_env();
   const LaunchEnv& env = impl->env;

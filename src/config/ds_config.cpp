@@ -767,7 +767,7 @@ json Config::to_json() const {
   if (train_micro_batch_size_per_gpu) j["train_micro_batch_size_per_gpu"] = *train_micro_batch_size_per_gpu;
   if (gradient_accumulation_steps) j["gradient_accumulation_steps"] = *gradient_accumulation_steps;
   j["gradient_clipping"] = gradient_clipping;
-  j["steps_per_print"] = steps_per_print;
+  j["steps_per_print"] = steps_per_print > 0 ? json(steps_per_print) : json(nullptr);  // 0: DeepSpeed's null
   j["wall_clock_breakdown"] = wall_clock_breakdown;
   j["csv_monitor"] = {{"enabled", csv_monitor.enabled},
                       {"output_path", csv_monitor.output_path},

@@ -299,6 +299,7 @@ bool Engine::Impl::step() {
 
 void Engine::Impl::report_step(bool stepped) {
   const int64_t steps = optimizer.global_steps() + optimizer.skipped_steps();  // DeepSpeed counts skipped ones
+  training_log.count_step();
   if (!training_log.reports(steps)) return;
   // This rank's mean over the window (NaN without an engine.backward), then over ranks.
   // One all-reduce for both: [this rank's mean / ranks, its tokens].
@@ -565,6 +566,7 @@ int64_t Engine::micro_steps() const { return impl_->micro_steps; }
 double Engine::loss_scale() const { return impl_->optimizer.loss_scale(); }
 double Engine::lr() const { return impl_->optimizer.lr(); }
 double Engine::last_grad_norm() const { return impl_->optimizer.last_grad_norm(); }
+void Engine::on_progress(std::function<void(const Progress&)> report) { impl_->training_log.set_progress(std::move(report)); }
 const Config& Engine::config() const { return impl_->config; }
 const BatchConfig& Engine::batch() const { return impl_->batch; }
 const comm::Group& Engine::dp_group() const { return impl_->dp; }

@@ -47,13 +47,16 @@ TrainingLog::TrainingLog(const Config& config, bool lead, std::function<void(con
   }
 }
 
+bool TrainingLog::prints(int64_t global_steps) const {
+  return steps_per_print_ > 0 && global_steps % steps_per_print_ == 0;  // 0: never (DeepSpeed's null)
+}
+
 bool TrainingLog::reports(int64_t global_steps) const {
-  return csv_every_step_ || global_steps % steps_per_print_ == 0;  // alike on every rank
+  return csv_every_step_ || prints(global_steps);  // alike on every rank
 }
 
 void TrainingLog::on_step(const StepReport& s) {
   for (int p = 0; p < kPhases; ++p) window_ms_[p] += phase_ms_[p];
-  ++window_steps_;
   if (!csv_dir_.empty()) {
     write_csv("Train/Samples/train_loss", s.global_samples, s.loss);
     write_csv("Train/Samples/lr", s.global_samples, s.lr);
@@ -63,17 +66,33 @@ void TrainingLog::on_step(const StepReport& s) {
         write_csv(std::string("Train/Samples/elapsed_time_ms_") + kPhaseNames[p], s.global_samples, phase_ms_[p]);
   }
   phase_ms_.fill(0);
-  if (s.global_steps % steps_per_print_ != 0) return;
+  if (!prints(s.global_steps)) return;
   const auto now = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(now - window_start_).count();
+  if (lead_ && progress_) {
+    Progress p;
+    p.step = s.global_steps;
+    p.loss = s.loss;
+    p.window_steps = window_steps_;
+    p.lr = s.lr;
+    p.loss_scale = s.loss_scale;
+    p.grad_norm = s.grad_norm;
+    p.skipped = s.skipped;
+    p.samples_per_s = per_second(s.global_samples - window_first_samples_, seconds);
+    p.tokens_per_s = s.global_tokens > 0 ? per_second(s.global_tokens - window_first_tokens_, seconds) : 0.0;
+    p.peak_rss_mb = peak_rss_mb();
+    progress_(p);
+  }
   if (lead_ && print_) {
-    std::string line = "step=" + std::to_string(s.global_steps) + ", loss=" + fmt("%.4f", s.loss) +
-                       ", lr=" + fmt("%.3e", s.lr) + ", loss_scale=" + fmt("%g", s.loss_scale) +
-                       ", grad_norm=" + fmt("%.4g", s.grad_norm) + (s.skipped ? ", skipped" : "") +
-                       ", samples/s=" + fmt("%.1f", per_second(s.global_samples - window_first_samples_, seconds)) +
-                       (s.global_tokens > 0 ? ", tokens/s=" + fmt("%.0f", per_second(s.global_tokens - window_first_tokens_, seconds)) : "") +
-                       ", peak_rss_mb=" + fmt("%.0f", peak_rss_mb());
-    print_(line);
+    if (!progress_) {
+      std::string line = "step=" + std::to_string(s.global_steps) + ", loss=" + fmt("%.4f", s.loss) +
+                         ", lr=" + fmt("%.3e", s.lr) + ", loss_scale=" + fmt("%g", s.loss_scale) +
+                         ", grad_norm=" + fmt("%.4g", s.grad_norm) + (s.skipped ? ", skipped" : "") +
+                         ", samples/s=" + fmt("%.1f", per_second(s.global_samples - window_first_samples_, seconds)) +
+                         (s.global_tokens > 0 ? ", tokens/s=" + fmt("%.0f", per_second(s.global_tokens - window_first_tokens_, seconds)) : "") +
+                         ", peak_rss_mb=" + fmt("%.0f", peak_rss_mb());
+      print_(line);
+    }
     if (wall_clock_) {
       std::string t = "time (ms, per step) |";
       for (int p = 0; p < kPhases; ++p)

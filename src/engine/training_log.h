@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "zero/config.h"
+#include "zero/engine.h"
 
 namespace zero {
 
@@ -40,7 +41,14 @@ class TrainingLog {
   // Whether the step that makes `global_steps` reports (so the engine
   // computes the global loss on every rank).
   bool reports(int64_t global_steps) const;
+  // Whether that step prints a progress line (steps_per_print; never when 0).
+  bool prints(int64_t global_steps) const;
   void on_step(const StepReport& s);
+  // Every optimizer step, reported or not: the window's step count (the
+  // progress line's mean and the timers' per-step average divide by it).
+  void count_step() { ++window_steps_; }
+  // Set: called with each report instead of printing its line (Engine::on_progress).
+  void set_progress(std::function<void(const Progress&)> fn) { progress_ = std::move(fn); }
 
   // Times a scope into `phase`.
   class Timer {
@@ -65,6 +73,7 @@ class TrainingLog {
   bool wall_clock_;
   bool lead_;
   std::function<void(const std::string&)> print_;
+  std::function<void(const Progress&)> progress_;
   bool csv_every_step_;  // csv_monitor on: every step reports (on every rank)
   std::string csv_dir_;  // rank 0 with csv_monitor on: where the files go
   std::vector<std::string> csv_started_;

@@ -2,7 +2,8 @@
 # The library as users consume it: install to a temporary prefix, build
 # examples/minimal as a separate CMake project against the installed package
 # (find_package(zero), zero::zero), and run it on 2 ranks with the installed
-# zero-run; the same for the README's first code example. Usage:
+# zero-run; the same for the README's first code example and for
+# examples/finetune and examples/stage3. Usage:
 # install_test.sh BUILD_DIR SOURCE_DIR
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -67,4 +68,46 @@ for cfg in ds_config.json ds_config_bf16_stage3.json; do
   first=$(loss 0); last=$(loss 19)
   check "README example trains ($cfg): loss $first -> $last falls" awk -v a="$first" -v b="$last" 'BEGIN { exit !(a != "" && b != "" && b < a) }'
 done
+
+# examples/finetune and examples/stage3, configured with no build type: their
+# CMakeLists make it Release (a copied project compiles optimised).
+build_example() {  # name
+  cmake -S "$SRC/examples/$1" -B "$tmp/$1" -DCMAKE_PREFIX_PATH="$tmp/prefix" "${cmake_args[@]}" \
+    > "$tmp/$1-configure.txt" 2>&1 && cmake --build "$tmp/$1" > "$tmp/$1-build.txt" 2>&1
+  local rc=$?
+  check "examples/$1 builds against the installed package" [ $rc -eq 0 ]
+  [ $rc -eq 0 ] || tail -n 20 "$tmp/$1-configure.txt" "$tmp/$1-build.txt"
+  check "examples/$1: Release when no build type is given" grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$tmp/$1/CMakeCache.txt"
+}
+build_example finetune
+# Frozen backbone and param groups, 10 steps, then resumed from the
+# checkpoint to 20; consolidated; the plain model loads the weights
+# (zero::load_weights) and gets training's held-out loss to the last digit.
+ckpt=$tmp/finetune-ckpt
+out=$("$tmp/prefix/bin/zero-run" -n 2 --timeout 120 -- "$tmp/finetune/finetune" train "$SRC/examples/finetune/ds_config.json" \
+  "$ckpt" --steps 10 2>&1)
+check "finetune: 10 steps on 2 ranks" [ $? -eq 0 ]
+out=$("$tmp/prefix/bin/zero-run" -n 2 --timeout 120 -- "$tmp/finetune/finetune" train "$SRC/examples/finetune/ds_config.json" \
+  "$ckpt" --steps 20 2>&1)
+check "finetune: resumed to 20 steps" [ $? -eq 0 ]
+check "finetune: resumed at step 10" contains "$out" "resumed from $ckpt at step 10"
+echo "$out" | grep "loss" | tail -3
+trained=$(grep -o 'held-out loss [0-9.]*' <<<"$out" | awk '{ print $NF }')
+"$tmp/prefix/bin/zero-ckpt" consolidate "$ckpt" "$tmp/finetune.safetensors" > "$tmp/consolidate.txt" 2>&1
+check "finetune: zero-ckpt consolidate" [ $? -eq 0 ]
+out=$("$tmp/finetune/finetune" infer "$tmp/finetune.safetensors" 2>&1)
+check "finetune: inference from the consolidated weights ($out)" [ $? -eq 0 ]
+inferred=$(grep -o 'held-out loss [0-9.]*' <<<"$out" | awk '{ print $NF }')
+check "finetune: inference's held-out loss is training's ($inferred vs $trained)" [ -n "$trained" -a "$inferred" = "$trained" ]
+
+build_example stage3
+out=$("$tmp/prefix/bin/zero-run" -n 2 --timeout 120 -- "$tmp/stage3/stage3" "$SRC/examples/stage3/ds_config.json" \
+  "$tmp/stage3.safetensors" 2>&1)
+check "stage3: trains on 2 ranks, held-out loss falls" [ $? -eq 0 ]
+echo "$out" | grep "loss" | tail -2
+check "stage3: ran ZeRO stage 3 with its units" contains "$out" "ZeRO stage 3"
+check "stage3: a gathered weight is whole" contains "$out" "h0.up.weight: [256, 64]"
+after=$(grep -o 'held-out loss [0-9.]* -> [0-9.]*' <<<"$out" | awk '{ print $NF }')
+plain=$(grep -o 'plain model from .*: held-out loss [0-9.]*' <<<"$out" | awk '{ print $NF }')
+check "stage3: the saved weights give the plain model the same loss ($plain vs $after)" [ -n "$after" -a "$plain" = "$after" ]
 finish

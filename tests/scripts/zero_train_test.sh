@@ -59,20 +59,53 @@ out=$("$ZR" -n 2 --timeout 60 -- "$ZT" --config "$tmp/s2.json" "${tiny[@]}" --ba
 check "chunks that do not divide the micro-batch: named" contains "$out" "the micro-batch (4) must divide into 3 equal chunks"
 
 # steps_per_print is honoured as DeepSpeed honours it (it was capped at 10):
-# progress at its multiples, plus zero-train's first and last step.
+# progress at its multiples, plus zero-train's first and last step. One line
+# per report: the engine's own line (a mean over the steps since the last
+# one) was printed beside zero-train's (that step's loss), two lines with two
+# losses for one step; zero-train now prints the engine's report as its line.
 echo '{"train_micro_batch_size_per_gpu": 2, "steps_per_print": 12}' > "$tmp/print.json"
 out=$("$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/print.json" --layers 1 --d-model 32 --heads 2 --seq 16 \
-  --steps 25 2>&1)
+  --steps 25 --log-json "$tmp/print.jsonl" 2>&1)
 printed=$(echo "$out" | grep -o 'step *[0-9]*/25' | sed 's/step *//; s|/25||' | tr '\n' ' ')
 check "steps_per_print 12: progress at steps 1 12 24 25 (got: $printed)" [ "$printed" = "1 12 24 25 " ]
-# The engine's own line at 12 and 24: tokens/s is samples/s times the 16
-# tokens of each sample (counted by the trainer, summed over ranks).
-engine_lines=$(echo "$out" | grep -c '\[zero-cpp\] step=\(12\|24\), .*samples/s=.*tokens/s=' || true)
-check "engine progress lines with tokens/s at steps 12 and 24 (got $engine_lines)" [ "$engine_lines" = 2 ]
-check "tokens/s = 16 x samples/s" awk -v line="$(echo "$out" | grep '\[zero-cpp\] step=24,')" 'BEGIN {
-  match(line, /samples\/s=[0-9.]+/); s = substr(line, RSTART + 10, RLENGTH - 10)
-  match(line, /tokens\/s=[0-9.]+/); t = substr(line, RSTART + 9, RLENGTH - 9)
-  r = t / (16 * s); exit !(s > 0 && r > 0.99 && r < 1.01) }'
+for s in 12 24; do
+  lines=$(echo "$out" | grep -c "step[= ] *$s\b" || true)
+  check "one progress line for step $s (got $lines)" [ "$lines" = 1 ]
+done
+# The line's loss is the global mean over the 12 steps since the last one:
+# the mean of the JSON log's per-step losses (each the global batch mean).
+check "step 24's loss is the mean of steps 13-24" awk -v line="$(echo "$out" | grep 'step *24/25')" '
+  /"event": *"step"/ { match($0, /"step": *[0-9]+/); s = substr($0, RSTART, RLENGTH); sub(/.*: */, "", s)
+    if (s + 0 >= 13 && s + 0 <= 24) { match($0, /"loss": *[-0-9.e+]+/); l = substr($0, RSTART, RLENGTH)
+      sub(/.*: */, "", l); sum += l; n++ } }
+  END { match(line, /loss [0-9.]+/); shown = substr(line, RSTART + 5, RLENGTH - 5)
+    d = shown - sum / n; if (d < 0) d = -d; exit !(n == 12 && line ~ /mean of 12 steps/ && d < 1e-3) }' "$tmp/print.jsonl"
+check "tokens/s in the line" grep -q 'step *24/25 .* [1-9][0-9]* tok/s' <<<"$out"
+# The closing summary: wall time, tokens/s, final loss, peak RSS, and the
+# model state per rank against stage 0's (stage 0 itself: the same).
+check "summary line" grep -q 'summary: 25 steps in [0-9.]* s, [0-9]* tokens/s (all ranks), final loss [0-9.]*$' <<<"$out"
+check "summary: peak RSS and model state against stage 0" \
+  grep -q 'peak RSS [0-9]* MB (rank 0); model state per rank [0-9.]* MB at stage 0, [0-9.]* MB at stage 0 (1.0x)' <<<"$out"
+# Without steps_per_print (DeepSpeed's default prints nothing): the first
+# and the last step only, and no line of the engine's.
+echo '{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}}' > "$tmp/quiet.json"
+out=$("$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/quiet.json" --layers 1 --d-model 32 --heads 2 --seq 16 \
+  --steps 12 2>&1)
+printed=$(echo "$out" | grep -o 'step *[0-9]*/12' | sed 's/step *//; s|/12||' | tr '\n' ' ')
+check "no steps_per_print: progress at steps 1 and 12 only (got: $printed)" [ "$printed" = "1 12 " ]
+check "no steps_per_print: no engine progress line" lacks "$out" "[zero-cpp] step="
+check "stage 3 summary: state per rank below stage 0's" awk -v line="$(echo "$out" | grep 'model state per rank')" 'BEGIN {
+  match(line, /[0-9.]+ MB at stage 3/); a = substr(line, RSTART, RLENGTH) + 0
+  match(line, /[0-9.]+ MB at stage 0/); b = substr(line, RSTART, RLENGTH) + 0; exit !(a > 0 && b > 1.5 * a) }'
+# The loss curve the demo draws (bench/loss_chart.py; gnuplot): a PNG, or
+# where gnuplot is missing, a message saying how to get it (status 3).
+python3 "$(dirname "$0")/../../bench/loss_chart.py" "$tmp/print.jsonl" "$tmp/loss.png" > "$tmp/chart.txt" 2>&1
+rc=$?
+if command -v gnuplot >/dev/null; then
+  check "loss chart: a PNG" [ $rc -eq 0 -a "$(head -c 4 "$tmp/loss.png" 2>/dev/null | tail -c 3)" = PNG ]
+else
+  check "loss chart without gnuplot: says how to get it" [ $rc -eq 3 ] && grep -q "apt-get install gnuplot-nox" "$tmp/chart.txt"
+fi
 
 # Bad input names what is wrong, and no rank is left behind.
 out=$("$ZR" -n 2 --timeout 60 -- "$ZT" --config "$tmp/s2.json" "${tiny[@]}" --device tpu 2>&1)

@@ -111,6 +111,12 @@ TEST(ConfigDefaults, AreDeepSpeeds) {
   EXPECT_FALSE(c.optimizer.given);
   EXPECT_EQ(c.param_dtype(), zero::DType::fp32);
   EXPECT_EQ(c.comm_dtype(), zero::DType::fp32);
+  // DeepSpeed 0.19's STEPS_PER_PRINT_DEFAULT is None (runtime/constants.py):
+  // no progress lines unless asked for; null is the same, and writes back as null.
+  EXPECT_EQ(c.steps_per_print, 0);
+  EXPECT_TRUE(c.to_json().at("steps_per_print").is_null());
+  EXPECT_EQ(Config::from_string(R"({"steps_per_print": null})").steps_per_print, 0);
+  EXPECT_EQ(Config::from_json(Config::from_string(R"({"steps_per_print": 7})").to_json()).steps_per_print, 7);
 
   EXPECT_TRUE(Config::from_string(R"({"zero_optimization": {"stage": 3}})").zero.overlap_comm());
   EXPECT_FALSE(Config::from_string(R"({"zero_optimization": {"stage": 3, "overlap_comm": false}})")
