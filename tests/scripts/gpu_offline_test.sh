@@ -149,8 +149,8 @@ rc=$?
 echo "rehearsal: ./run gpu-test exited $rc after $(stamp)" >> "$log"
 check "./run gpu-test offline exits 0 ($(stamp))" [ $rc -eq 0 ]
 check "the hidden packages were hidden" grep -q "^rehearsal: [0-9]* paths hidden; network: lo$" "$log"
-check "gpu-test installed the carried nlohmann-json, Gloo headers, GoogleTest and OpenSSL's headers" \
-  grep -q "^gpu-test: installed nlohmann-json gloo-headers googletest openssl under /usr" "$log"
+check "gpu-test installed the carried nlohmann-json, Gloo headers, GoogleTest, OpenSSL's headers and liburing" \
+  grep -q "^gpu-test: installed nlohmann-json gloo-headers googletest openssl liburing under /usr" "$log"
 check "gpu-test built the tree" grep -q "^gpu-test: built" "$log"
 check "every GPU case skipped (no GPU here)" grep -q "^gpu-test: GPU cases: 0 ran, [1-9][0-9]* skipped" "$log"
 last_ctest() { grep '% tests passed' "$log" | tail -n 1; }  # the CPU suite's, after the GPU tests'
