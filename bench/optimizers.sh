@@ -5,6 +5,8 @@
 # else; the params' all-gather is "step_allgather"), averaged over the run.
 #
 #   bench/optimizers.sh [build] [steps] > bench/results/optimizers.json
+# ZERO_BENCH_OPTIMIZERS ("AdamW Lion Adagrad Lamb Muon") narrows a run (Muon
+# takes about a minute a step here).
 set -euo pipefail
 B=${1:-build}
 STEPS=${2:-4}
@@ -14,7 +16,7 @@ STEPS=${2:-4}
 bench_model big
 echo '{"bench": "optimizers", "model": "gpt 8x1024", "ranks": 2, "date": "'"$(date -u +%F)"'", "runs": ['
 first=1
-for opt in AdamW Lion Adagrad Lamb Muon; do
+for opt in ${ZERO_BENCH_OPTIMIZERS:-AdamW Lion Adagrad Lamb Muon}; do
   for stage in 0 3; do
     bench_config "$stage" fp32
     # The same config with this optimizer and the timers printed once, at the last step.
