@@ -217,6 +217,27 @@ void expect_matches_reference(OptimizerType type, double tol = 2e-5) {
   }
 }
 
+// The same update in one process (a group of one: whole params, no
+// collective) against the sharded runs from `first_stage` to 3.
+void expect_matches_one_process(OptimizerType type, int first_stage, double tol) {
+  StockMlp solo_model = mlp();
+  zero::Engine solo(*solo_model, config(type, 0), world().comm(), solo_group(), groups_of(solo_model));
+  for (int s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch(s);
+    solo.backward((solo.forward(solo_model, x) - y).pow(2).mean());
+    solo.step();
+  }
+  const auto one_process = solo.full_parameters();
+  for (int stage = first_stage; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    StockMlp model = mlp();
+    zero::Engine engine(*model, config(type, stage), world().comm(), dp_group(), groups_of(model));
+    train(engine, model, 0, kSteps);
+    EXPECT_LT(max_abs_diff(engine.full_parameters(), one_process), tol)
+        << worst_param(engine.full_parameters(), one_process);
+  }
+}
+
 TEST(Optimizers, LionMatchesThePapersUpdateAtEveryStage) { expect_matches_reference(OptimizerType::Lion); }
 
 TEST(Optimizers, AdagradMatchesTorchAdagradAtEveryStage) { expect_matches_reference(OptimizerType::Adagrad); }
@@ -233,22 +254,7 @@ TEST(Optimizers, AdagradMatchesTorchAdagradAtEveryStage) { expect_matches_refere
 // ratio * |u| more: < 2e-6. Measured when written: 3e-7 and 1.5e-8.
 TEST(Optimizers, LambMatchesItsReferenceAndOneProcessAtEveryStage) {
   expect_matches_reference(OptimizerType::Lamb, 2e-6);
-  StockMlp solo_model = mlp();
-  zero::Engine solo(*solo_model, config(OptimizerType::Lamb, 0), world().comm(), solo_group(), groups_of(solo_model));
-  for (int s = 0; s < kSteps; ++s) {
-    auto [x, y] = batch(s);
-    solo.backward((solo.forward(solo_model, x) - y).pow(2).mean());
-    solo.step();
-  }
-  const auto one_process = solo.full_parameters();
-  for (int stage = 1; stage <= 3; ++stage) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
-    StockMlp model = mlp();
-    zero::Engine engine(*model, config(OptimizerType::Lamb, stage), world().comm(), dp_group(), groups_of(model));
-    train(engine, model, 0, kSteps);
-    EXPECT_LT(max_abs_diff(engine.full_parameters(), one_process), 1e-6)
-        << worst_param(engine.full_parameters(), one_process);
-  }
+  expect_matches_one_process(OptimizerType::Lamb, 1, 1e-6);
 }
 
 // Muon's orthogonalisation needs each whole matrix, whose pieces lie on
@@ -267,22 +273,7 @@ TEST(Optimizers, LambMatchesItsReferenceAndOneProcessAtEveryStage) {
 // 4 ranks: 9e-8 against the reference, 6e-8 against one process.
 TEST(Optimizers, MuonMatchesItsReferenceAndOneProcessAtEveryStage) {
   expect_matches_reference(OptimizerType::Muon, 4e-6);
-  StockMlp solo_model = mlp();
-  zero::Engine solo(*solo_model, config(OptimizerType::Muon, 0), world().comm(), solo_group(), groups_of(solo_model));
-  for (int s = 0; s < kSteps; ++s) {
-    auto [x, y] = batch(s);
-    solo.backward((solo.forward(solo_model, x) - y).pow(2).mean());
-    solo.step();
-  }
-  const auto one_process = solo.full_parameters();
-  for (int stage = 0; stage <= 3; ++stage) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
-    StockMlp model = mlp();
-    zero::Engine engine(*model, config(OptimizerType::Muon, stage), world().comm(), dp_group(), groups_of(model));
-    train(engine, model, 0, kSteps);
-    EXPECT_LT(max_abs_diff(engine.full_parameters(), one_process), 4e-6)
-        << worst_param(engine.full_parameters(), one_process);
-  }
+  expect_matches_one_process(OptimizerType::Muon, 0, 4e-6);
 }
 
 // DeepSpeed's set_optimizer_flags: Muon for params of 2+ dims whose name
