@@ -293,8 +293,6 @@ OffloadConfig read_offload(ObjectReader& zero, const std::string& key, bool is_p
   r.auto_means_default();
   auto dev = r.get_choice("device", "none", {"none", "cpu", "nvme"});
   c.device = dev == "cpu" ? OffloadDevice::CPU : dev == "nvme" ? OffloadDevice::NVMe : OffloadDevice::None;
-  if (c.device == OffloadDevice::NVMe && is_param)
-    r.fail("device", "= \"nvme\" is not supported by zero-cpp yet (none or cpu; offload_optimizer takes nvme)");
   c.pin_memory = r.get_bool("pin_memory", true);  // DeepSpeed >= 0.19.5
   // DeepSpeed's null means unset; required only where it is used.
   if (const json* v = r.find("nvme_path"); v && !v->is_null()) {
@@ -516,13 +514,16 @@ Config Config::from_json(const json& j) {
                                     to_string(c.param_dtype()) + "; compute in fp32 or in the storage dtype");
   }
 
-  if (c.zero.offload_optimizer.device == OffloadDevice::NVMe) {
-    // LAMB's two passes would page every group's state in twice.
+  for (const auto& [key, off] : {std::pair{"offload_optimizer", &c.zero.offload_optimizer},
+                                 std::pair{"offload_param", &c.zero.offload_param}}) {
     // LAMB's two passes would page every group's state in twice; Muon's
     // owners need whole matrices' momentum inputs from every group at once.
-    if (c.optimizer.type == OptimizerType::Lamb || c.optimizer.type == OptimizerType::Muon)
+    if (off->device == OffloadDevice::NVMe &&
+        (c.optimizer.type == OptimizerType::Lamb || c.optimizer.type == OptimizerType::Muon))
       throw ConfigError(std::string("ds_config: optimizer ") + to_string(c.optimizer.type) +
-                        " with zero_optimization.offload_optimizer.device = \"nvme\" is not supported yet");
+                        " with zero_optimization." + key + ".device = \"nvme\" is not supported yet");
+  }
+  if (c.zero.offload_optimizer.device == OffloadDevice::NVMe) {
     if (c.stage3_gather_fp32_master)
       throw ConfigError("ds_config: zero_cpp.stage3_gather_fp32_master gathers the fp32 masters, which "
                         "zero_optimization.offload_optimizer.device = \"nvme\" keeps on disk; use one of them");

@@ -333,7 +333,7 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
       // State on NVMe is paged in and copied, since the writer writes at the
       // end: the save holds this rank's whole state in memory (docs/nvme.md).
       auto state = m.optimizer.resident(g, /*write=*/false);
-      const bool swapped = m.optimizer.swapped_bytes() > 0;
+      const bool swapped = m.optimizer.pages_state();
       for (const auto& [kind, t] : state_kinds(g)) {
         const at::Tensor& host = t.is_cpu() && !swapped ? t : host_copies.emplace_back(t.to(at::kCPU, false, true));
         for (const auto& [name, f] : mine) {

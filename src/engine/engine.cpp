@@ -21,6 +21,7 @@
 #include "engine/nested_backward.h"
 #include "memory/malloc_policy.h"
 #include "memory/page_buffer.h"
+#include "offload/param_swap.h"
 #include "optim/kernels.h"
 #include "zero/unit_runtime.h"
 
@@ -145,6 +146,19 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
   replicated = replicated_tensors(m);
   sync_replicated_at_construction(m, replicated, comm, dp);
   cast_replicated_to_compute(replicated, precision);
+  if (policy.shard_params && config.zero.offload_param.device == OffloadDevice::NVMe) {
+    // ZeRO-Infinity's param offload: grouping sends each shard to disk as it is made.
+    const auto& op = config.zero.offload_param;
+    offload::ParamSwapOptions po;
+    po.swapper.nvme_path = op.nvme_path;
+    po.swapper.aio = offload::aio_config(config.aio);
+    po.swapper.rank = dp.rank();
+    po.max_in_cpu = op.max_in_cpu;
+    po.buffer_count = op.buffer_count;
+    po.buffer_size = op.buffer_size;
+    param_swap = std::make_unique<offload::ParamSwap>(std::move(po));
+    optimizer.set_param_swap(param_swap.get());
+  }
   model = group_params(m, GroupingContext{config, policy, precision, optimizer, comm, dp});
   use_param_groups(param_groups, groups, config, optimizer);
   ReducerOptions ro{policy, config.zero.overlap_comm(), config.zero.contiguous_gradients, precision.grad,
@@ -153,6 +167,7 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
     const auto& z = config.zero;
     Stage3Options so{z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance,
                      config.stage3_gather_fp32_master, z.param_persistence_threshold};
+    so.param_swap = param_swap.get();
     configure_hpz(so, z.hpz_partition_size, dp);
     stage3 = std::make_unique<Stage3Runtime>(groups, model.persistent, model.unit_to_group, model.unit_names,
                                              model.root_group, comm, dp, so);
@@ -322,7 +337,8 @@ void Engine::Impl::params_from_masters() {
     for (auto& g : groups) {
       at::Tensor dest = policy.update_destination(g, dp.rank());
       if (dest.data_ptr() == g.master.data_ptr()) continue;  // fp32: the master is the params
-      auto master = optimizer.resident(g, /*write=*/false);  // NVMe offload: paged in
+      // NVMe offload: paged in (the shard written back).
+      auto master = optimizer.resident(g, /*write_state=*/false, /*write_params=*/true);
       // Round as the kernel does (an fp32 destination of a widened group too).
       dest.copy_(dest.scalar_type() == g.storage_dtype ? g.master : g.master.to(g.storage_dtype));
       master.done();
@@ -350,7 +366,7 @@ StateBytes Engine::Impl::state_bytes() const {
       b.master += resident(g.master);
     b.optimizer += resident(g.exp_avg) + resident(g.exp_avg_sq);
   }
-  b.nvme = optimizer.swapped_bytes();
+  b.nvme = optimizer.swapped_bytes() + (param_swap ? param_swap->file_bytes() : 0);
   return b;
 }
 

@@ -31,6 +31,10 @@
 
 namespace zero {
 
+namespace offload {
+class ParamSwap;
+}
+
 struct Engine::Impl {
   Impl(torch::nn::Module& model, const Config& c, comm::Comm& cm, std::shared_ptr<comm::Group> owner,
        const comm::Group& group, const std::vector<ParamGroup>& param_groups);
@@ -63,6 +67,9 @@ struct Engine::Impl {
   std::vector<partition::FlatGroup>& groups;  // = model.groups
   std::vector<ReplicatedTensor> replicated;   // frozen params and buffers
   std::shared_ptr<GradReducer> reducer;
+  // offload_param.device "nvme": the param shards' swap file (before stage3,
+  // which uses it, so it is destroyed after).
+  std::unique_ptr<offload::ParamSwap> param_swap;
   std::unique_ptr<Stage3Runtime> stage3;      // with policy.shard_params only
 
   // The training loop's state.

@@ -1,9 +1,11 @@
 #include "engine/flat_optimizer.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <stdexcept>
+#include <utility>
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
@@ -13,7 +15,8 @@
 #include "common/guard_device.h"
 #include "engine/muon_step.h"
 #include "memory/page_buffer.h"
-#include "offload/optimizer_swapper.h"
+#include "offload/param_swap.h"
+#include "offload/state_swapper.h"
 #include "optim/kernels.h"
 #include "optim/lr_schedule.h"
 
@@ -106,10 +109,9 @@ FlatOptimizer::FlatOptimizer(const Config& config, const StagePolicy& policy, co
     o.nvme_path = off.nvme_path;
     o.pipeline_read = off.pipeline_read;
     o.pipeline_write = off.pipeline_write;
-    o.aio = {config.aio.block_size, static_cast<int>(config.aio.queue_depth), static_cast<int>(config.aio.thread_count),
-             config.aio.single_submit, config.aio.overlap_events};
+    o.aio = offload::aio_config(config.aio);
     o.rank = dp.rank();
-    swapper_ = std::make_unique<offload::OptimizerSwapper>(std::move(o));
+    swapper_ = std::make_unique<offload::StateSwapper>(std::move(o));
   }
 }
 
@@ -195,35 +197,57 @@ int FlatOptimizer::swap_slot_of(const partition::FlatGroup& g) const {
 
 int64_t FlatOptimizer::swapped_bytes() const { return swapper_ ? swapper_->file_bytes() : 0; }
 
-FlatOptimizer::ResidentState FlatOptimizer::resident(const partition::FlatGroup& g, bool write) {
+FlatOptimizer::ResidentState FlatOptimizer::resident(const partition::FlatGroup& g, bool write_state,
+                                                    bool write_params) {
   const int slot = swap_slot_of(g);
-  return ResidentState(slot < 0 ? nullptr : swapper_.get(), slot, write);
+  return ResidentState(slot < 0 ? nullptr : swapper_.get(), slot, write_state,
+                       param_swap_ && param_swap_->swapped(g) ? param_swap_ : nullptr, &g, write_params);
 }
 
-FlatOptimizer::ResidentState::ResidentState(offload::OptimizerSwapper* swapper, int slot, bool write)
-    : swapper_(swapper), slot_(slot), write_(write) {
+FlatOptimizer::ResidentState::ResidentState(offload::StateSwapper* swapper, int slot, bool write_state,
+                                            offload::ParamSwap* params, const partition::FlatGroup* group,
+                                            bool write_params)
+    : swapper_(swapper), slot_(slot), write_state_(write_state), params_(params), group_(group),
+      write_params_(write_params) {
   if (swapper_) swapper_->acquire(slot_);
+  try {
+    if (params_) params_->acquire(*group_);
+  } catch (...) {
+    if (swapper_) swapper_->release(slot_, /*dirty=*/false);
+    throw;
+  }
 }
 
 FlatOptimizer::ResidentState::ResidentState(ResidentState&& other) noexcept
-    : swapper_(other.swapper_), slot_(other.slot_), write_(other.write_) {
+    : swapper_(other.swapper_), slot_(other.slot_), write_state_(other.write_state_), params_(other.params_),
+      group_(other.group_), write_params_(other.write_params_) {
   other.swapper_ = nullptr;
+  other.params_ = nullptr;
 }
 
 void FlatOptimizer::ResidentState::done() {
-  if (!swapper_) return;
-  auto* s = swapper_;
-  swapper_ = nullptr;
-  s->release(slot_, write_);
-  s->flush();
+  auto* s = std::exchange(swapper_, nullptr);
+  auto* p = std::exchange(params_, nullptr);
+  if (p) {
+    p->release(*group_, write_params_);
+    p->flush();
+  }
+  if (s) {
+    s->release(slot_, write_state_);
+    s->flush();
+  }
 }
 
 FlatOptimizer::ResidentState::~ResidentState() {
-  if (!swapper_) return;
+  // Changes dropped: the disk keeps the last whole copies. On a failure
+  // their pages stay; the next acquire uses them as they are.
   try {
-    swapper_->release(slot_, /*dirty=*/false);  // changes dropped: the disk keeps the last whole copy
+    if (params_) params_->release(*group_, /*dirty=*/false);
   } catch (...) {
-    // Its pages stay; the next acquire uses them as they are.
+  }
+  try {
+    if (swapper_) swapper_->release(slot_, /*dirty=*/false);
+  } catch (...) {
   }
 }
 
@@ -296,26 +320,32 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
     return true;
   }
   if (offload_staging_.size() != groups.size()) offload_staging_.resize(groups.size());
-  if (!swapper_) {
+  if (!swapper_ && !param_swap_) {
     for (size_t i = 0; i < groups.size(); ++i) update_group(i, groups[i], grads[i], rate, grad_scale);
     return true;
   }
-  // ZeRO-Infinity: group i's state comes in from the swap file, is updated
-  // and goes back; group i+1's is read meanwhile (pipeline_read), group i's
-  // write overlaps group i+1's update (pipeline_write).
+  // ZeRO-Infinity: group i's state (and param shard) comes in from the swap
+  // files, is updated and goes back; group i+1's is read meanwhile
+  // (pipeline_read), group i's write overlaps group i+1's update
+  // (pipeline_write; the param shards' writes always do).
   for (size_t i = 0; i < groups.size(); ++i) {
     const int slot = swap_slot_of(groups[i]);
     if (slot >= 0) swapper_->acquire(slot);
-    if (config_.zero.offload_optimizer.pipeline_read)
-      for (size_t j = i + 1; j < groups.size(); ++j)
+    if (param_swap_) param_swap_->acquire(groups[i]);
+    if (config_.zero.offload_optimizer.pipeline_read && i + 1 < groups.size()) {
+      for (size_t j = i + 1; swapper_ && j < groups.size(); ++j)
         if (const int next = swap_slot_of(groups[j]); next >= 0) {
           swapper_->prefetch(next);
           break;
         }
+      if (param_swap_) param_swap_->prefetch(groups[i + 1]);
+    }
     update_group(i, groups[i], grads[i], rate, grad_scale);
+    if (param_swap_) param_swap_->release(groups[i], /*dirty=*/true);
     if (slot >= 0) swapper_->release(slot, /*dirty=*/true);
   }
-  swapper_->flush();
+  if (param_swap_) param_swap_->flush();
+  if (swapper_) swapper_->flush();
   return true;
 }
 

@@ -24,7 +24,8 @@
 #include "zero/config.h"
 
 namespace zero::offload {
-class OptimizerSwapper;
+class StateSwapper;
+class ParamSwap;
 }
 
 namespace zero {
@@ -39,17 +40,20 @@ class FlatOptimizer {
   // momentum (SGD, Lion), sum of squared grads (Adagrad). With
   // offload_optimizer on NVMe the master (unless it is the params
   // themselves, fp32 on a host model) and the state then go to the swap
-  // file (offload/optimizer_swapper.h).
+  // file (offload/state_swapper.h).
   void init_state(partition::FlatGroup& g);
 
-  // A group's master and optimizer state in memory while alive, for code
-  // outside the step that reads or writes them (checkpoints, gathered-params
-  // write-backs): nothing to do unless they are on NVMe. `done()` ends the
-  // use -- written back when `write` -- and reports an I/O failure; a scope
-  // left without it (an exception) drops its changes, keeping the copy on disk.
+  // A group's master and optimizer state -- and, with offload_param on
+  // NVMe, its param shard -- in memory while alive, for code outside the
+  // step that reads or writes them (checkpoints, gathered-params
+  // write-backs, params_from_masters): nothing to do unless they are on
+  // NVMe. `done()` ends the use -- each part written back when its flag
+  // says it was changed -- and reports an I/O failure; a scope left without
+  // it (an exception) drops its changes, keeping the copies on disk.
   class ResidentState {
    public:
-    ResidentState(offload::OptimizerSwapper* swapper, int slot, bool write);
+    ResidentState(offload::StateSwapper* swapper, int slot, bool write_state, offload::ParamSwap* params,
+                  const partition::FlatGroup* group, bool write_params);
     ResidentState(ResidentState&& other) noexcept;
     ResidentState(const ResidentState&) = delete;
     ResidentState& operator=(const ResidentState&) = delete;
@@ -58,13 +62,23 @@ class FlatOptimizer {
     void done();
 
    private:
-    offload::OptimizerSwapper* swapper_;
+    offload::StateSwapper* swapper_;
     int slot_;
-    bool write_;
+    bool write_state_;
+    offload::ParamSwap* params_;
+    const partition::FlatGroup* group_;
+    bool write_params_;
   };
-  ResidentState resident(const partition::FlatGroup& g, bool write);
+  ResidentState resident(const partition::FlatGroup& g, bool write) { return resident(g, write, write); }
+  ResidentState resident(const partition::FlatGroup& g, bool write_state, bool write_params);
+  // offload_param on NVMe: the step and resident() page the param shards in
+  // too. Set before grouping (which adopts each group's shard).
+  void set_param_swap(offload::ParamSwap* params) { param_swap_ = params; }
+  offload::ParamSwap* param_swap() const { return param_swap_; }
   // Bytes of optimizer state in this rank's swap file (0 without NVMe offload).
   int64_t swapped_bytes() const;
+  // Whether resident() pages anything in (NVMe offload of either kind).
+  bool pages_state() const { return swapper_ || param_swap_; }
 
   // Param groups (torch's, DeepSpeed's model_parameters): hyper 0 is the
   // config's; a param in `group_of` uses hypers[index] instead.
@@ -130,8 +144,9 @@ class FlatOptimizer {
   int64_t scheduler_iter_ = -1;  // DeepSpeed's last_batch_iteration
   double last_grad_norm_ = 0.0;
   std::vector<OffloadStaging> offload_staging_;  // by group, when the optimizer is offloaded
-  std::unique_ptr<offload::OptimizerSwapper> swapper_;  // offload_optimizer.device "nvme"
+  std::unique_ptr<offload::StateSwapper> swapper_;  // offload_optimizer.device "nvme"
   std::unordered_map<const void*, int> swap_slot_;       // a group's master -> its slot in swapper_
+  offload::ParamSwap* param_swap_ = nullptr;             // offload_param.device "nvme" (the engine's)
   int swap_slot_of(const partition::FlatGroup& g) const;  // -1: nothing of it swapped
 };
 

@@ -17,19 +17,22 @@ namespace {
 // only the elements that changed, so the others keep their fp32 precision.
 void masters_from_params(const StagePolicy& policy, int rank, FlatOptimizer& optimizer, partition::FlatGroup& g) {
   at::NoGradGuard no_grad;
+  const bool master_is_params = policy.update_destination(g, rank).data_ptr() == g.master.data_ptr();
+  // NVMe offload: paged in, written back (the master unless it is the params).
+  auto state = optimizer.resident(g, /*write_state=*/!master_is_params, /*write_params=*/true);
   if (g.param_shard.defined()) g.param_shard.copy_(g.own_slot(g.param_flat, rank));
-  // On the master's device: the host when the optimizer is offloaded.
-  const at::Tensor src = policy.update_destination(g, rank).to(g.master.device());
-  if (src.data_ptr() == g.master.data_ptr()) return;  // fp32: the master is that memory
-  auto master = optimizer.resident(g, /*write=*/true);  // NVMe offload: paged in, written back
-  if (g.storage_dtype == at::kFloat) {
-    g.master.copy_(src);
-  } else {
-    // Compared in the storage dtype: an fp32 (widened) param holds 16-bit values.
-    const auto changed = src.to(g.storage_dtype).ne(g.master.to(g.storage_dtype));
-    g.master.copy_(at::where(changed, src.to(at::kFloat), g.master));
+  if (!master_is_params) {
+    // On the master's device: the host when the optimizer is offloaded.
+    const at::Tensor src = policy.update_destination(g, rank).to(g.master.device());
+    if (g.storage_dtype == at::kFloat) {
+      g.master.copy_(src);
+    } else {
+      // Compared in the storage dtype: an fp32 (widened) param holds 16-bit values.
+      const auto changed = src.to(g.storage_dtype).ne(g.master.to(g.storage_dtype));
+      g.master.copy_(at::where(changed, src.to(at::kFloat), g.master));
+    }
   }
-  master.done();
+  state.done();
 }
 
 }  // namespace
@@ -132,7 +135,7 @@ std::map<std::string, at::Tensor> Engine::state_dict(bool rank0_only) {
     if (m.policy.shard_optimizer_state) {
       full = at::empty({g.layout.padded_numel}, g.master.options());
       m.comm.all_gather(m.dp, full, g.master, "state_dict")->wait();
-    } else if (m.optimizer.swapped_bytes() > 0) {
+    } else if (m.optimizer.pages_state()) {
       full = g.master.clone();  // its pages leave with `master`
     }
     master.done();

@@ -10,6 +10,7 @@
 #include "engine/flat_optimizer.h"
 #include "memory/page_buffer.h"
 #include "memory/storage_release.h"
+#include "offload/param_swap.h"
 #include "zero/stage3.h"
 #include "zero/unit_runtime.h"
 
@@ -56,8 +57,17 @@ void place_offloaded(partition::FlatGroup& g, const GroupingContext& ctx) {
   };
   const auto& z = ctx.config.zero;
   const bool master_is_shard = g.master.defined() && g.param_shard.defined() && g.master.is_same(g.param_shard);
-  if (z.offload_param.device == OffloadDevice::CPU && ctx.policy.shard_params && g.param_shard.defined()) {
-    g.param_shard = host(g.param_shard, z.offload_param.pin_memory);
+  if (z.offload_param.device != OffloadDevice::None && ctx.policy.shard_params && g.param_shard.defined()) {
+    if (z.offload_param.device == OffloadDevice::CPU) {
+      g.param_shard = host(g.param_shard, z.offload_param.pin_memory);
+    } else {
+      // NVMe: page-backed, for its swap file (offload/param_swap.h); the
+      // gathers send it up from there.
+      at::Tensor paged = memory::zeros_flat(g.param_shard.numel(), g.param_shard.scalar_type(), at::kCPU,
+                                            /*shared=*/false);
+      paged.copy_(g.param_shard);
+      g.param_shard = paged;
+    }
     if (master_is_shard) g.master = g.param_shard;
   }
   // NVMe: unpinned (the optimizer makes it page-backed for its swap file;
@@ -94,6 +104,7 @@ void setup_precision(partition::FlatGroup& g, const GroupingContext& ctx) {
   if (!g.master.defined()) g.master = ctx.policy.update_destination(g, rank);  // fp32: the params themselves
   place_offloaded(g, ctx);
   ctx.optimizer.init_state(g);
+  if (auto* params = ctx.optimizer.param_swap()) params->adopt(g);  // offload_param nvme: to disk now
 }
 
 partition::FlatGroup make_group(const Params& p, const std::vector<int64_t>& members, const GroupingContext& ctx,
@@ -200,6 +211,7 @@ void adopt(partition::FlatGroup& g, const std::string& unit, const Params& p, co
   }
   place_offloaded(g, ctx);
   ctx.optimizer.init_state(g);
+  if (auto* params = ctx.optimizer.param_swap()) params->adopt(g);  // offload_param nvme: to disk now
 }
 
 void unit_groups(torch::nn::Module& model, const Params& p, const GroupingContext& ctx, ModelGroups& out) {
@@ -240,7 +252,7 @@ void unit_groups(torch::nn::Module& model, const Params& p, const GroupingContex
       out.num_params += pre->layout.numel;
       ++out.sharded_at_init_units;
       out.persistent.push_back(pre->layout.numel < threshold);
-      if (out.persistent.back()) gather_params(*pre, ctx.comm, ctx.dp, label);
+      if (out.persistent.back()) gather_params(*pre, ctx.comm, ctx.dp, label, ctx.optimizer.param_swap());
       out.groups.push_back(std::move(*pre));
     } else {
       out.groups.push_back(make_group(p, own[k], ctx, out));

@@ -10,6 +10,7 @@
 #include "comm/hierarchical_transport.h"
 #include "common/guard_device.h"
 #include "memory/page_buffer.h"
+#include "offload/param_swap.h"
 #include "zero/config.h"
 
 namespace zero {
@@ -21,9 +22,12 @@ at::Tensor shard_for_gather(const partition::FlatGroup& g) {
   return g.param_shard.to(g.param_flat.device(), /*non_blocking=*/true);
 }
 
-void gather_params(const partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp, const std::string& label) {
+void gather_params(const partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp, const std::string& label,
+                   offload::ParamSwap* param_swap) {
+  if (param_swap) param_swap->acquire(g);
   partition::restore_params(g);
   comm.all_gather(dp, g.param_flat, shard_for_gather(g), label)->wait();
+  if (param_swap) param_swap->release(g, /*dirty=*/false);
 }
 
 namespace {
@@ -163,9 +167,15 @@ void Stage3Runtime::start_gather(size_t i) {
   // On the unit's device: this runs on the caller's thread or, in backward,
   // on autograd's, and what it allocates and queues belongs there.
   const c10::OptionalDeviceGuard on_device(guard_device(g.param_flat));
-  partition::restore_params(g);
   // hpZ: a backward gather reads the secondary shards of this host's ranks.
   s.from_secondary = in_backward_ && s.secondary_valid;
+  // offload_param nvme: the shard in memory until the gather is done (first:
+  // a failed read leaves the group as it was).
+  if (!s.from_secondary && opts_.param_swap) {
+    opts_.param_swap->acquire(g);
+    s.shard_acquired = true;
+  }
+  partition::restore_params(g);
   s.gather = s.from_secondary ? comm_.all_gather(*opts_.secondary_group, g.param_flat, s.secondary, s.label + " (hpZ)")
                               : launch_gather(i);
   s.residency = Residency::Gathering;
@@ -203,6 +213,9 @@ void Stage3Runtime::gather(size_t i) {
     s.gather->wait();  // on failure the group stays Gathering: release() will not free a buffer still written
     s.gather = nullptr;
     s.residency = Residency::Gathered;
+    // Every peer has read the shard too (a collective completes when all
+    // are done with its buffers): its pages can go.
+    if (std::exchange(s.shard_acquired, false)) opts_.param_swap->release(groups_[i], /*dirty=*/false);
     if (!s.from_secondary) keep_secondary(i);
   }
 }
@@ -258,6 +271,16 @@ void Stage3Runtime::use(size_t unit, Phase phase) {
     gather(group_of(unit));
     if (schedule_.following()) prefetch_after(schedule_.position());
   });
+  if (opts_.param_swap && schedule_.following()) read_ahead(schedule_.position());
+}
+
+void Stage3Runtime::read_ahead(size_t position) {
+  auto& swap = *opts_.param_swap;
+  const auto& trace = schedule_.trace();
+  for (size_t p = position; p < trace.size() && swap.room_to_read_ahead(); ++p) {
+    const size_t g = group_of(trace[p].unit);
+    if (!gathered(g)) swap.prefetch(groups_[g]);  // no-op for a shard in memory or on its way
+  }
 }
 
 void Stage3Runtime::prefetch_after(size_t position) {
@@ -384,10 +407,14 @@ void Stage3Runtime::after_step() {
     release(i);  // no-op for persistent and pinned groups
   }
   std::vector<comm::WorkHandle> works;
+  std::vector<size_t> paged_in;  // offload_param nvme: shards read in for these gathers
   for (size_t i = 0; i < groups_.size(); ++i)
-    if (state_[i].persistent || state_[i].pinned)
+    if (state_[i].persistent || state_[i].pinned) {
+      if (opts_.param_swap) opts_.param_swap->acquire(groups_[i]), paged_in.push_back(i);
       works.push_back(launch_gather(i));
+    }
   for (auto& w : works) w->wait();
+  for (size_t i : paged_in) opts_.param_swap->release(groups_[i], /*dirty=*/false);
 }
 
 }  // namespace zero

@@ -44,6 +44,10 @@
 
 namespace zero {
 
+namespace offload {
+class ParamSwap;
+}
+
 struct Stage3Options {
   int64_t prefetch_bucket_size = 50'000'000;
   int64_t max_live_parameters = 1'000'000'000;
@@ -60,6 +64,9 @@ struct Stage3Options {
   // gather takes the unit from the host's secondary shards alone.
   const comm::Group* secondary_group = nullptr;
   int secondary_rank = 0;
+  // offload_param.device "nvme": the shards are read in for each gather
+  // (read ahead along the recorded order) and their pages released after it.
+  offload::ParamSwap* param_swap = nullptr;
 };
 
 // Stage3Options' hpZ fields for zero_hpz_partition_size `size` on the
@@ -68,8 +75,9 @@ struct Stage3Options {
 void configure_hpz(Stage3Options& o, int64_t size, const comm::Group& dp);
 
 // Restores a group's full param buffer and fills it from every rank's
-// param_shard (blocking).
-void gather_params(const partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp, const std::string& label);
+// param_shard (blocking; read in from `param_swap`'s file first if it is there).
+void gather_params(const partition::FlatGroup& g, comm::Comm& comm, const comm::Group& dp, const std::string& label,
+                   offload::ParamSwap* param_swap = nullptr);
 // The group's shard where its full buffer is (a copy when offload_param
 // keeps it in host memory), for a gather.
 at::Tensor shard_for_gather(const partition::FlatGroup& g);
@@ -175,6 +183,7 @@ class Stage3Runtime : public detail::UnitRuntime {
     bool from_secondary = false;   // the gather in flight reads the hpZ secondary shards
     at::Tensor secondary;          // hpZ: this rank's 1/L of the unit, taken at its forward gather
     bool secondary_valid = false;  // until the end of this backward (or an error, a step, a write)
+    bool shard_acquired = false;   // offload_param nvme: the gather in flight holds the shard in memory
   };
 
   void start_gather(size_t group);  // restore the buffer and launch the allgather
@@ -186,6 +195,9 @@ class Stage3Runtime : public detail::UnitRuntime {
   void evict_for(int64_t need);
   void use(size_t unit, Phase phase);
   void prefetch_after(size_t position);
+  // offload_param nvme: starts reading the shards of the units used next
+  // (within offload_param.buffer_count).
+  void read_ahead(size_t position);
   bool reused_soon(size_t unit, size_t position) const;
   // Runs `gathers`; a CollectiveMismatch from them (ranks gathering other
   // units) is rethrown naming this rank's unit and position.

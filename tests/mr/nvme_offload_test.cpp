@@ -10,6 +10,11 @@
 // - checkpoints: a run saved and resumed (on NVMe, and onto the in-memory
 //   configuration) continues exactly as the unbroken run;
 // - bad paths and a full disk: errors naming the path, at construction.
+// Param offload (offload_param.device "nvme", stage 3's shards on disk)
+// has the same oracles: the in-memory run bit for bit, alone and with the
+// optimizer's state on NVMe too; state_bytes() (no shard resident between
+// steps); checkpoints; gathered-params write-backs; buffer_size and
+// max_in_cpu as DeepSpeed's.
 #include <sys/mount.h>
 #include <unistd.h>
 
@@ -38,6 +43,16 @@ Config with_nvme(const RunSpec& s, const std::string& dir, bool pipeline_read = 
                                                  {"pipeline_read", pipeline_read},
                                                  {"pipeline_write", pipeline_write}};
   // Small pieces and a shallow queue: a group's transfer crosses several.
+  j["aio"] = {{"block_size", 8192}, {"queue_depth", 4}};
+  return Config::from_json(j);
+}
+
+// offload_param on NVMe in `dir` (every shard on disk: max_in_cpu 0), on
+// top of whatever `c` offloads already.
+Config with_nvme_params(const Config& c, const std::string& dir, int64_t max_in_cpu = 0, int64_t buffer_count = 5) {
+  nlohmann::json j = c.to_json();
+  j["zero_optimization"]["offload_param"] = {
+      {"device", "nvme"}, {"nvme_path", dir}, {"max_in_cpu", max_in_cpu}, {"buffer_count", buffer_count}};
   j["aio"] = {{"block_size", 8192}, {"queue_depth", 4}};
   return Config::from_json(j);
 }
@@ -134,6 +149,120 @@ TEST(NvmeOffload, CheckpointsResumeExactlyOnNvmeAndInMemory) {
   remove_dir(dir);
 }
 
+// Stage 3's param shards on disk: read in for each gather (ahead along the
+// recorded order), written by the step. Alone and with the optimizer's
+// state on NVMe; a read-ahead window of 1 and of 5 shards.
+TEST(NvmeOffload, ParamsOnNvmeMatchTheInMemoryRunBitForBit) {
+  const std::string dir = swap_dir("params");
+  for (const char* dtype : {"fp32", "bf16"})
+    for (bool optimizer_too : {false, true})
+      for (int64_t buffers : {1, 5}) {
+        SCOPED_TRACE(std::string(dtype) + (optimizer_too ? " params and optimizer" : " params") + " buffer_count " +
+                     std::to_string(buffers));
+        RunSpec s;
+        s.stage = 3;
+        s.dtype = dtype;
+        const Config memory = make_config(s);
+        const Config nvme =
+            with_nvme_params(optimizer_too ? with_nvme(s, dir, true, true) : memory, dir, 0, buffers);
+        StateBytes in_memory;
+        const RunResult want = train_with(memory, 4, [&](Engine& e) { in_memory = e.state_bytes(); });
+        const RunResult got = train_with(nvme, 4, [&](Engine& e) {
+          const StateBytes b = e.state_bytes();
+          // Between steps no shard is in memory: at least this rank's share
+          // of every param (its shards, padded) has left.
+          int64_t numel = 0;
+          for (const auto& [name, t] : want.params) numel += t.numel();
+          const int64_t elem = std::string(dtype) == "fp32" ? 4 : 2;
+          EXPECT_GE(in_memory.params - b.params, numel / world().size() * elem);
+          EXPECT_GE(b.nvme, numel / world().size() * elem);
+          EXPECT_TRUE(fs::is_empty(dir));  // no name: nothing left behind by a killed rank
+        });
+        EXPECT_EQ(got.losses, want.losses);
+        EXPECT_EQ(max_abs_diff(got.params, want.params), 0.0) << worst_param(got.params, want.params);
+      }
+  remove_dir(dir);
+}
+
+// max_in_cpu as DeepSpeed's: that many shard elements stay in memory (the
+// default, 1e9, keeps a small model whole there); buffer_size bounds a shard.
+TEST(NvmeOffload, MaxInCpuKeepsShardsInMemoryAndBufferSizeBoundsThem) {
+  const std::string dir = swap_dir("max-in-cpu");
+  RunSpec s;
+  s.stage = 3;
+  const Config memory = make_config(s);
+  int64_t all = 0, some = 0, none = 0;
+  train_with(with_nvme_params(memory, dir, 0), 1, [&](Engine& e) { all = e.state_bytes().nvme; });
+  train_with(with_nvme_params(memory, dir, 20'000), 1, [&](Engine& e) { some = e.state_bytes().nvme; });
+  train_with(with_nvme_params(memory, dir, 1'000'000'000), 1, [&](Engine& e) { none = e.state_bytes().nvme; });
+  EXPECT_GT(all, some);
+  EXPECT_GT(some, 0);
+  EXPECT_EQ(none, 0);
+  nlohmann::json j = with_nvme_params(memory, dir).to_json();
+  j["zero_optimization"]["offload_param"]["buffer_size"] = 1000;
+  expect_error<ConfigError>([&] { train_with(Config::from_json(j), 1); },
+                            "zero_optimization.offload_param.buffer_size = 1000 elements, but the param shard of");
+  remove_dir(dir);
+}
+
+// Params changed in a gathered scope reach the shards on disk: training
+// goes on as the in-memory run given the same change.
+TEST(NvmeOffload, GatheredWriteBacksReachTheShardsOnDisk) {
+  const std::string dir = swap_dir("write-back");
+  RunSpec s;
+  s.stage = 3;
+  s.dtype = "bf16";
+  const auto halve_after_step_1 = [](GptTrainer& t) {
+    t.train_step();
+    auto full = t.engine().gathered_parameters({}, 0);
+    at::NoGradGuard no_grad;
+    for (auto& p : t.model()->parameters()) p.mul_(0.5);
+    full.finish();
+  };
+  std::vector<RunResult> runs;
+  for (const Config& c : {make_config(s), with_nvme_params(make_config(s), dir)}) {
+    GptTrainer t(small_gpt(), c, corpus(), 7, world().comm(), dp_group());
+    halve_after_step_1(t);
+    RunResult r;
+    for (int i = 0; i < 2; ++i) r.losses.push_back(t.train_step().loss);
+    r.params = t.engine().full_parameters();
+    runs.push_back(r);
+  }
+  EXPECT_EQ(runs[1].losses, runs[0].losses);
+  EXPECT_EQ(max_abs_diff(runs[1].params, runs[0].params), 0.0) << worst_param(runs[1].params, runs[0].params);
+  remove_dir(dir);
+}
+
+// Saved with params and optimizer state on NVMe; resumed with both there,
+// and in memory.
+TEST(NvmeOffload, CheckpointsOfParamsOnNvmeResumeExactly) {
+  const std::string dir = swap_dir("param-ckpt"), ckpt = ckpt_dir("nvme-param-ckpt-save");
+  RunSpec s;
+  s.stage = 3;
+  s.dtype = "fp32";  // the master is the shard itself: only the param swap holds it
+  const Config nvme = with_nvme_params(with_nvme(s, dir), dir);
+  RunResult whole;
+  {
+    GptTrainer t(small_gpt(), nvme, corpus(), 7, world().comm(), dp_group());
+    for (int i = 0; i < 2; ++i) t.train_step();
+    t.save(ckpt);
+    for (int i = 0; i < 2; ++i) whole.losses.push_back(t.train_step().loss);
+    whole.params = t.engine().full_parameters();
+  }
+  for (const Config& c : {nvme, make_config(s)}) {
+    SCOPED_TRACE(c.zero.offload_param.device == OffloadDevice::NVMe ? "onto nvme" : "onto memory");
+    GptTrainer t(small_gpt(), c, corpus(), 7, world().comm(), dp_group());
+    t.resume(ckpt);
+    RunResult resumed;
+    for (int i = 0; i < 2; ++i) resumed.losses.push_back(t.train_step().loss);
+    resumed.params = t.engine().full_parameters();
+    EXPECT_EQ(resumed.losses, whole.losses);
+    EXPECT_EQ(max_abs_diff(resumed.params, whole.params), 0.0) << worst_param(resumed.params, whole.params);
+  }
+  remove_dir(ckpt);
+  remove_dir(dir);
+}
+
 TEST(NvmeOffload, ABadPathIsNamedOnEveryRank) {
   RunSpec s;
   s.stage = 2;
@@ -148,6 +277,9 @@ TEST(NvmeOffload, ABadPathIsNamedOnEveryRank) {
   nlohmann::json j = make_config(s).to_json();
   j["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}};
   expect_error<ConfigError>([&] { Config::from_json(j); }, "nvme_path is required");
+  s.stage = 3;
+  expect_error([&] { train_with(with_nvme_params(make_config(s), missing), 1); },
+               "zero_optimization.offload_param.nvme_path \"" + missing + "\" does not exist");
 }
 
 // A disk too small for the state: the error comes at construction, naming
@@ -156,18 +288,24 @@ TEST(NvmeOffload, AFullDiskIsAnErrorAtConstruction) {
   if (geteuid() != 0) GTEST_SKIP() << "mounting a small filesystem needs root";
   const std::string dir = ckpt_dir("nvme-small-" + std::to_string(world().rank()));
   fs::create_directories(dir);
-  // 256 KiB: the small GPT's state (~200k params x 12 bytes per rank) does not fit.
-  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=256k") != 0) GTEST_SKIP() << "cannot mount a tmpfs here";
+  // 64 KiB: neither the small GPT's optimizer state nor its param shards fit.
+  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64k") != 0) GTEST_SKIP() << "cannot mount a tmpfs here";
   RunSpec s;
-  s.stage = 2;
   s.dtype = "bf16";
-  try {
-    train_with(with_nvme(s, dir), 1);
-    ADD_FAILURE() << "trained with the state on a 256 KiB disk";
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find(dir), std::string::npos) << what;
-    EXPECT_NE(what.find("No space left"), std::string::npos) << what;
+  s.stage = 2;
+  const Config optimizer = with_nvme(s, dir);
+  s.stage = 3;
+  s.dtype = "fp32";  // ~200k params x 4 bytes / 2 ranks of shards
+  const Config params = with_nvme_params(make_config(s), dir);
+  for (const Config& c : {optimizer, params}) {
+    try {
+      train_with(c, 1);
+      ADD_FAILURE() << "trained with the state on a 64 KiB disk";
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(dir), std::string::npos) << what;
+      EXPECT_NE(what.find("No space left"), std::string::npos) << what;
+    }
   }
   umount(dir.c_str());
   fs::remove_all(dir);

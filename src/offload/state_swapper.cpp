@@ -1,4 +1,4 @@
-#include "offload/optimizer_swapper.h"
+#include "offload/state_swapper.h"
 
 #include <unistd.h>
 
@@ -6,10 +6,17 @@
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+#include <utility>
 
 #include "memory/page_buffer.h"
+#include "zero/config.h"
 
 namespace zero::offload {
+
+io::AioConfig aio_config(const AioSettings& a) {
+  return {a.block_size, static_cast<int>(a.queue_depth), static_cast<int>(a.thread_count), a.single_submit,
+          a.overlap_events};
+}
 
 namespace {
 
@@ -20,11 +27,11 @@ int64_t aligned(int64_t bytes) { return (bytes + io::kAlignment - 1) / io::kAlig
 int64_t transfer_bytes(const at::Tensor& t) { return aligned(static_cast<int64_t>(t.storage().nbytes())); }
 
 // The directory must exist and take a file; said as what to fix.
-void check_directory(const std::string& dir, int rank) {
+void check_directory(const std::string& config_key, const std::string& dir, int rank) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto status = fs::status(dir, ec);
-  const std::string key = "zero_optimization.offload_optimizer.nvme_path \"" + dir + "\"";
+  const std::string key = config_key + ".nvme_path \"" + dir + "\"";
   if (!fs::exists(status))
     throw std::runtime_error(key + " does not exist on rank " + std::to_string(rank) +
                              " (create it on every host, on a fast local disk)");
@@ -36,20 +43,21 @@ void check_directory(const std::string& dir, int rank) {
 std::string swap_file_name(const SwapperOptions& o) {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
-  return (std::filesystem::path(o.nvme_path) / ("zero-cpp-optimizer-" + std::string(host) + "-" +
+  const std::string kind = o.config_key.substr(o.config_key.rfind('_') + 1);  // "optimizer", "param"
+  return (std::filesystem::path(o.nvme_path) / ("zero-cpp-" + kind + "-" + std::string(host) + "-" +
                                                 std::to_string(getpid()) + "-rank" + std::to_string(o.rank) + ".swp"))
       .string();
 }
 
 }  // namespace
 
-OptimizerSwapper::OptimizerSwapper(SwapperOptions options) : options_(std::move(options)) {
-  check_directory(options_.nvme_path, options_.rank);
+StateSwapper::StateSwapper(SwapperOptions options) : options_(std::move(options)) {
+  check_directory(options_.config_key, options_.nvme_path, options_.rank);
   path_ = swap_file_name(options_);
   try {
     file_ = std::make_unique<io::DirectFile>(path_, /*scratch=*/false);
   } catch (const io::IoError& e) {
-    throw std::runtime_error("zero_optimization.offload_optimizer.nvme_path: cannot open a swap file there: " +
+    throw std::runtime_error(options_.config_key + ".nvme_path: cannot open a swap file there: " +
                              std::string(e.what()));
   }
   // Scratch from here on: nothing but this descriptor reaches it, and the
@@ -58,7 +66,7 @@ OptimizerSwapper::OptimizerSwapper(SwapperOptions options) : options_(std::move(
   engine_ = std::make_unique<io::AioEngine>(options_.aio);
 }
 
-OptimizerSwapper::~OptimizerSwapper() {
+StateSwapper::~StateSwapper() {
   try {
     if (engine_) engine_->wait_all();
   } catch (...) {
@@ -66,40 +74,41 @@ OptimizerSwapper::~OptimizerSwapper() {
   }
 }
 
-std::string OptimizerSwapper::where(const Slot& s) const {
-  return "the optimizer state of " + s.label + " (rank " + std::to_string(options_.rank) + ", swap file " + path_ +
+std::string StateSwapper::where(const Slot& s) const {
+  return "the " + options_.what + " of " + s.label + " (rank " + std::to_string(options_.rank) + ", swap file " + path_ +
          ")";
 }
 
-OptimizerSwapper::Slot& OptimizerSwapper::slot(int index) {
+StateSwapper::Slot& StateSwapper::slot(int index) {
   if (index < 0 || index >= static_cast<int>(slots_.size()))
-    throw std::logic_error("OptimizerSwapper: no slot " + std::to_string(index));
+    throw std::logic_error("StateSwapper: no slot " + std::to_string(index));
   return slots_[static_cast<size_t>(index)];
 }
 
-int OptimizerSwapper::adopt(std::vector<at::Tensor> tensors, const std::string& label) {
+int StateSwapper::adopt(std::vector<at::Tensor> tensors, const std::string& label) {
   Slot s;
   s.label = label;
   int64_t bytes = 0;
   for (const auto& t : tensors) {
-    if (!t.is_cpu() || t.scalar_type() != at::kFloat || !t.is_contiguous() || !memory::page_backed(t) ||
+    if (!t.is_cpu() || !t.is_contiguous() || !memory::page_backed(t) ||
         t.data_ptr() != t.storage().data() || reinterpret_cast<uintptr_t>(t.data_ptr()) % io::kAlignment != 0)
-      throw std::logic_error("OptimizerSwapper::adopt: " + label +
-                             ": state must be contiguous fp32 page-backed host buffers (ZERO_PAGE_BUFFERS off?)");
+      throw std::logic_error("StateSwapper::adopt: " + label +
+                             ": state must be contiguous page-backed host buffers (ZERO_PAGE_BUFFERS off?)");
     s.offsets.push_back(file_bytes_ + bytes);
     bytes += transfer_bytes(t);
   }
   try {
     file_->reserve(file_bytes_ + bytes);
   } catch (const io::IoError& e) {
-    throw std::runtime_error("offload_optimizer nvme: reserving " + std::to_string((file_bytes_ + bytes) >> 20) +
-                             " MiB for the optimizer state in " + options_.nvme_path + " failed: " + e.what());
+    throw std::runtime_error(options_.config_key + " nvme: reserving " + std::to_string((file_bytes_ + bytes) >> 20) +
+                             " MiB for the " + options_.what + " in " + options_.nvme_path + " failed: " + e.what());
   }
   file_bytes_ += bytes;
   s.tensors = std::move(tensors);
   for (const auto& t : s.tensors)
-    memory::name_released_contents(t, {{0, static_cast<size_t>(t.nbytes()), "optimizer state of " + label}},
-                                   "it is on NVMe (offload_optimizer) between steps; this is a zero-cpp bug");
+    memory::name_released_contents(t, {{0, static_cast<size_t>(t.nbytes()), options_.what + " of " + label}},
+                                   "it is on NVMe (" + options_.config_key + ") between uses; this is a zero-cpp bug");
+  s.users = 1;
   slots_.push_back(std::move(s));
   const int index = static_cast<int>(slots_.size()) - 1;
   release(index, /*dirty=*/true);
@@ -109,7 +118,7 @@ int OptimizerSwapper::adopt(std::vector<at::Tensor> tensors, const std::string& 
 
 // ---- the transitions ---------------------------------------------------------
 
-void OptimizerSwapper::start_transfer(Slot& s, bool write) {
+void StateSwapper::start_transfer(Slot& s, bool write) {
   s.in_flight.clear();
   for (size_t i = 0; i < s.tensors.size(); ++i) {
     const at::Tensor& t = s.tensors[i];
@@ -118,7 +127,7 @@ void OptimizerSwapper::start_transfer(Slot& s, bool write) {
   }
 }
 
-void OptimizerSwapper::finish_transfer(Slot& s, const char* what) {
+void StateSwapper::finish_transfer(Slot& s, const char* what) {
   std::string failure;
   int error_number = 0;
   for (const auto ticket : s.in_flight) {
@@ -134,12 +143,12 @@ void OptimizerSwapper::finish_transfer(Slot& s, const char* what) {
                              (error_number == ENOSPC ? " (the disk is full)" : ""));
 }
 
-void OptimizerSwapper::release_pages(Slot& s) {
+void StateSwapper::release_pages(Slot& s) {
   for (const auto& t : s.tensors) memory::release_pages(t);
   s.state = State::OnDisk;
 }
 
-void OptimizerSwapper::prefetch(int index) {
+void StateSwapper::prefetch(int index) {
   Slot& s = slot(index);
   if (s.state != State::OnDisk) return;
   for (const auto& t : s.tensors) memory::restore_pages(t);
@@ -147,7 +156,7 @@ void OptimizerSwapper::prefetch(int index) {
   s.state = State::Reading;
 }
 
-void OptimizerSwapper::acquire(int index) {
+void StateSwapper::acquire(int index) {
   Slot& s = slot(index);
   switch (s.state) {
     case State::OnDisk:
@@ -164,39 +173,50 @@ void OptimizerSwapper::acquire(int index) {
     case State::Writing:
       // Its pages still hold the values being written: use them, and
       // finish the write (so the disk copy is whole) before they change.
-      finish_transfer(s, "writing");
+      try {
+        finish_transfer(s, "writing");
+      } catch (...) {
+        s.state = State::Resident;  // the pages hold the only whole copy: keep them,
+        s.dirty = true;             // and write them at their next release
+        throw;
+      }
       break;
     case State::Resident: break;
   }
   s.state = State::Resident;
+  ++s.users;
 }
 
-void OptimizerSwapper::release(int index, bool dirty) {
+void StateSwapper::release(int index, bool dirty) {
   Slot& s = slot(index);
-  if (s.state != State::Resident) throw std::logic_error("OptimizerSwapper::release: " + s.label + " not acquired");
-  if (!dirty) return release_pages(s);
+  if (s.state != State::Resident || s.users == 0)
+    throw std::logic_error("StateSwapper::release: " + s.label + " not acquired");
+  s.dirty = s.dirty || dirty;
+  if (--s.users > 0) return;  // still in use: the last user's release writes it
+  if (!std::exchange(s.dirty, false)) return release_pages(s);
   retire_writes();  // one background write at a time
   start_transfer(s, /*write=*/true);
   s.state = State::Writing;
   if (!options_.pipeline_write) retire_writes();
 }
 
-void OptimizerSwapper::retire_writes() {
+void StateSwapper::retire_writes() {
   for (auto& s : slots_)
     if (s.state == State::Writing) {
       try {
         finish_transfer(s, "writing");
       } catch (...) {
-        s.state = State::Resident;  // the pages hold the only whole copy: keep them
+        s.state = State::Resident;  // the pages hold the only whole copy: keep them,
+        s.dirty = true;             // and write them at their next release
         throw;
       }
       release_pages(s);
     }
 }
 
-void OptimizerSwapper::flush() { retire_writes(); }
+void StateSwapper::flush() { retire_writes(); }
 
-int OptimizerSwapper::resident_slots() const {
+int StateSwapper::resident_slots() const {
   int n = 0;
   for (const auto& s : slots_) n += s.state != State::OnDisk;
   return n;

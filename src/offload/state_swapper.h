@@ -1,7 +1,9 @@
-// ZeRO-Infinity's optimizer swapper (offload_optimizer.device "nvme"): each
-// flat group's fp32 master and optimizer state live in this rank's swap
-// file, and in memory only while the optimizer step (or a checkpoint, or a
-// gathered-params write-back) uses them.
+// ZeRO-Infinity's swapper: state that lives in a swap file on a local disk
+// and in memory only while it is used. Two of them serve NVMe offload:
+// offload_optimizer's (each flat group's fp32 master and optimizer state,
+// in memory during the step, a checkpoint, a gathered-params write-back)
+// and offload_param's (stage 3's param shards, in memory while a gather
+// reads them, the step writes them or a checkpoint uses them).
 //
 // The tensors keep their address throughout: they are page-backed buffers
 // (memory/page_buffer.h) whose pages are released to the OS once written
@@ -10,16 +12,19 @@
 // instead of reading zeros.
 //
 // Each group's state is a slot, in one of four states (the only transitions
-// are in optimizer_swapper.cpp's `Slot` functions):
+// are in state_swapper.cpp's `Slot` functions):
 //
 //   OnDisk --prefetch--> Reading --acquire--> Resident --release(dirty)--> Writing
 //     ^                                          |                           |
 //     +------------- release(clean) -------------+<------ retire ------------+
 //
-// The step pipelines them as DeepSpeed's PipelinedOptimizerSwapper does:
-// while group k is updated, k+1 is read (pipeline_read) and k-1 written
-// (pipeline_write); so at most three groups' state is in memory at once,
-// one without pipelining.
+// Acquires nest: a slot leaves Resident when its last user releases it,
+// written back if any of them changed it (a param shard a gather reads
+// while a checkpoint scope holds it, say).
+//
+// The optimizer step pipelines them as DeepSpeed's PipelinedOptimizerSwapper
+// does: while group k is updated, k+1 is read (pipeline_read) and k-1
+// written (pipeline_write).
 //
 // The swap file is scratch: created under nvme_path, unlinked at once (so
 // no exit, however abrupt, leaves it behind or lets anything read it), its
@@ -36,39 +41,52 @@
 
 #include "io/aio_engine.h"
 
+namespace zero {
+struct AioSettings;
+}
+
 namespace zero::offload {
+
+// The ds_config "aio" block as the I/O engine's settings.
+io::AioConfig aio_config(const AioSettings& aio);
 
 struct SwapperOptions {
   std::string nvme_path;       // the directory for the swap file
+  // The ds_config block that asked for it ("zero_optimization.offload_optimizer"),
+  // and what its slots hold ("optimizer state"): both name it in messages.
+  std::string config_key = "zero_optimization.offload_optimizer";
+  std::string what = "optimizer state";
   bool pipeline_read = false;  // read the next group during this one's update
   bool pipeline_write = false; // write this group during the next one's update
   io::AioConfig aio;
   int rank = 0;                // names the file and the messages
 };
 
-class OptimizerSwapper {
+class StateSwapper {
  public:
   // Opens the swap file; throws std::runtime_error naming nvme_path and
   // what is wrong with it (missing, not a directory, not writable, no
   // direct I/O).
-  explicit OptimizerSwapper(SwapperOptions options);
-  OptimizerSwapper(const OptimizerSwapper&) = delete;
-  OptimizerSwapper& operator=(const OptimizerSwapper&) = delete;
-  ~OptimizerSwapper();  // waits for I/O in flight; the file goes with its descriptor
+  explicit StateSwapper(SwapperOptions options);
+  StateSwapper(const StateSwapper&) = delete;
+  StateSwapper& operator=(const StateSwapper&) = delete;
+  ~StateSwapper();  // waits for I/O in flight; the file goes with its descriptor
 
-  // Takes one group's state to disk: `tensors` are contiguous fp32 CPU
-  // buffers, page-backed (memory::zeros_flat, flat_copy_of) and starting at
-  // their storage's start; written, then their pages released. Returns the
+  // Takes one group's state to disk: `tensors` are contiguous CPU buffers,
+  // page-backed (memory::zeros_flat, flat_copy_of) and starting at their
+  // storage's start; written, then their pages released. Returns the
   // group's slot. `label` names the group in messages.
   int adopt(std::vector<at::Tensor> tensors, const std::string& label);
 
   // Starts reading a slot's state back (nothing if it is in memory or on its way).
   void prefetch(int slot);
   // The slot's state in memory, for reading and writing, until release().
+  // Acquires nest (each needs its release).
   void acquire(int slot);
-  // Done with the slot: written back when `dirty` (in the background with
-  // pipeline_write; the previous background write is finished first), its
-  // pages then released.
+  // One user is done with the slot. When the last one is, it is written
+  // back if any user changed it (`dirty`) -- in the background with
+  // pipeline_write; the previous background write is finished first --
+  // and its pages are then released.
   void release(int slot, bool dirty);
   // Finishes every background write and releases those pages.
   void flush();
@@ -85,6 +103,8 @@ class OptimizerSwapper {
     std::vector<io::AioEngine::Ticket> in_flight;
     std::string label;
     State state = State::Resident;
+    int users = 0;       // acquires not yet released (Resident only)
+    bool dirty = false;  // a user changed it since it was last written
   };
   Slot& slot(int index);
   void start_transfer(Slot& s, bool write);

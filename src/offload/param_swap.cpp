@@ -1,0 +1,59 @@
+#include "offload/param_swap.h"
+
+#include <string>
+
+#include "zero/config.h"
+
+namespace zero::offload {
+
+ParamSwap::ParamSwap(ParamSwapOptions options) : options_(std::move(options)) {
+  options_.swapper.config_key = "zero_optimization.offload_param";
+  options_.swapper.what = "param shard";
+  // Its writes (after a step's update) finish during the next group's update.
+  options_.swapper.pipeline_write = true;
+  // Opened now, whatever stays in memory: a bad nvme_path is named at once.
+  swapper_ = std::make_unique<StateSwapper>(options_.swapper);
+}
+
+void ParamSwap::adopt(const partition::FlatGroup& g) {
+  const at::Tensor& shard = g.param_shard;
+  if (!shard.defined()) return;
+  const std::string label =
+      "group '" + g.names.front() + "' (" + std::to_string(g.params.size()) + " params)";
+  if (shard.numel() > options_.buffer_size)
+    throw ConfigError("ds_config: zero_optimization.offload_param.buffer_size = " +
+                      std::to_string(options_.buffer_size) + " elements, but the param shard of " + label +
+                      " has " + std::to_string(shard.numel()) +
+                      "; raise buffer_size to at least that (each shard is read and written whole)");
+  if (kept_in_memory_ + shard.numel() <= options_.max_in_cpu) {
+    kept_in_memory_ += shard.numel();  // max_in_cpu: stays in memory
+    return;
+  }
+  slot_by_shard_[shard.data_ptr()] = swapper_->adopt({shard}, label);
+}
+
+int ParamSwap::slot_of(const partition::FlatGroup& g) const {
+  if (!g.param_shard.defined()) return -1;
+  const auto it = slot_by_shard_.find(g.param_shard.data_ptr());
+  return it == slot_by_shard_.end() ? -1 : it->second;
+}
+
+void ParamSwap::prefetch(const partition::FlatGroup& g) {
+  if (const int slot = slot_of(g); slot >= 0) swapper_->prefetch(slot);
+}
+
+void ParamSwap::acquire(const partition::FlatGroup& g) {
+  if (const int slot = slot_of(g); slot >= 0) swapper_->acquire(slot);
+}
+
+void ParamSwap::release(const partition::FlatGroup& g, bool dirty) {
+  if (const int slot = slot_of(g); slot >= 0) swapper_->release(slot, dirty);
+}
+
+void ParamSwap::flush() { swapper_->flush(); }
+
+bool ParamSwap::room_to_read_ahead() const {
+  return swapper_->resident_slots() < options_.buffer_count;
+}
+
+}  // namespace zero::offload

@@ -1,0 +1,67 @@
+// ZeRO-Infinity's param offload (offload_param.device "nvme"): stage 3's
+// param shards -- each rank's part of each unit, in the storage dtype -- in
+// a swap file, in memory only while they are used:
+//   - a gather reads them: the shard is read in before the unit's
+//     all-gather and its pages released once the all-gather is done (a
+//     zero-copy collective completes only when every peer has finished
+//     reading it in place: comm/shm/lane.h);
+//   - the optimizer step writes them (the fused update's 16-bit output, or
+//     an fp32 host model's master, which is the shard itself);
+//   - checkpoints, gathered-params write-backs and loads use them through
+//     FlatOptimizer::resident.
+// Along stage 3's recorded order, the shards of the next units are read
+// ahead (Stage3Runtime), at most buffer_count of them in memory at once.
+//
+// As DeepSpeed's offload_param: the first max_in_cpu shard elements (in
+// group order) stay in memory and never touch the disk; a shard over
+// buffer_size elements is a config error naming its group.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+
+#include "offload/state_swapper.h"
+#include "partition/flat_group.h"
+
+namespace zero::offload {
+
+struct ParamSwapOptions {
+  SwapperOptions swapper;          // nvme_path, aio, rank (config_key and what are set here)
+  int64_t max_in_cpu = 1'000'000'000;  // shard elements kept in memory, in group order
+  int64_t buffer_count = 5;            // shards read ahead or in use at once
+  int64_t buffer_size = 100'000'000;   // elements: the largest shard allowed
+};
+
+class ParamSwap {
+ public:
+  // Opens the swap file (throws std::runtime_error naming a bad nvme_path).
+  explicit ParamSwap(ParamSwapOptions options);
+
+  // Takes a group's param_shard (page-backed, host) to the swap file --
+  // unless it fits in what is left of max_in_cpu -- as grouping makes each
+  // group, so the shards never all sit in memory at once. Throws
+  // zero::ConfigError for a shard over buffer_size, std::runtime_error for
+  // the disk.
+  void adopt(const partition::FlatGroup& g);
+
+  // Each no-op for a group whose shard stays in memory (or was never adopted).
+  bool swapped(const partition::FlatGroup& g) const { return slot_of(g) >= 0; }
+  void prefetch(const partition::FlatGroup& g);  // start reading it in
+  void acquire(const partition::FlatGroup& g);   // in memory until release(); acquires nest
+  void release(const partition::FlatGroup& g, bool dirty);
+  void flush();                                  // finish background writes
+
+  bool room_to_read_ahead() const;  // fewer than buffer_count shards in memory
+  int64_t file_bytes() const { return swapper_->file_bytes(); }
+
+ private:
+  int slot_of(const partition::FlatGroup& g) const;  // -1: not swapped
+
+  ParamSwapOptions options_;
+  std::unique_ptr<StateSwapper> swapper_;
+  std::unordered_map<const void*, int> slot_by_shard_;
+  int64_t kept_in_memory_ = 0;  // shard elements under max_in_cpu so far
+};
+
+}  // namespace zero::offload
