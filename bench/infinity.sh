@@ -69,7 +69,7 @@ run() {  # $1 offload, $2 steps, rest: model args -> '{"summary": ..., "losses":
 }
 
 echo '{"bench": "infinity", "ranks": 2, "stage": 3, "dtype": "bf16", "date": "'"$(date -u +%F)"'",'
-echo ' "ram_bytes": '"$(awk '/MemTotal/ {print $2 * 1024}' /proc/meminfo)"', "nvme_path_fs": "'"$(stat -f -c %T "$swap")"'",'
+echo ' "ram_bytes": '"$(awk '/MemTotal/ {printf "%d", $2 * 1024}' /proc/meminfo)"', "nvme_path_fs": "'"$(stat -f -c %T "$swap")"'",'
 echo ' "disk_read_gbps": '"$(disk_gbps read)"', "disk_write_gbps": '"$(disk_gbps write)"','
 echo ' "parity": ['
 bench_model big
