@@ -64,12 +64,14 @@ run() {  # $1 offload, $2 steps, rest: model args -> '{"summary": ..., "losses":
   local off=$1 steps=$2
   shift 2
   config "$off"
-  printf '{"offload": "%s", "model": "%s", "summary": %s, "losses": %s}' "$off" "$*" \
-    "$(zero_train_summary --steps "$steps" "$@")" "$(last_losses)"
+  local summary
+  summary=$(zero_train_summary --steps "$steps" "$@")
+  printf '{"offload": "%s", "model": "%s", "n_params": %s, "summary": %s, "losses": %s}' "$off" "$*" \
+    "$(grep '"event":"setup"' "$tmp/log.jsonl" | grep -o '"n_params":[0-9]*' | cut -d: -f2)" "$summary" "$(last_losses)"
 }
 
 echo '{"bench": "infinity", "ranks": 2, "stage": 3, "dtype": "bf16", "date": "'"$(date -u +%F)"'",'
-echo ' "ram_bytes": '"$(awk '/MemTotal/ {printf "%d", $2 * 1024}' /proc/meminfo)"', "nvme_path_fs": "'"$(stat -f -c %T "$swap")"'",'
+echo ' "ram_bytes": '"$(awk '/MemTotal/ {printf "%.0f", $2 * 1024}' /proc/meminfo)"', "nvme_path_fs": "'"$(stat -f -c %T "$swap")"'",'
 echo ' "disk_read_gbps": '"$(disk_gbps read)"', "disk_write_gbps": '"$(disk_gbps write)"','
 echo ' "parity": ['
 bench_model big

@@ -204,6 +204,19 @@ def main():
               [[str(r["stage"]), mb(r["bytes"]), f"{r['save_ms'] / 1000:.2f}", f"{r['save_over_plain']:.2f}",
                 f"{r['load_ms'] / 1000:.2f}", f"{r['load_over_plain']:.2f}"] for r in ck["runs"]])
 
+    inf = load("infinity.json")
+    if inf:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from infinity_figures import figures
+        f = figures(inf)
+        table(w, f"ZeRO-Infinity: a {f['params'] / 1e9:.2f} B-param GPT, params and optimizer state on NVMe",
+              ["model state", "RAM", "peak RSS / rank", "step s", "I/O bound s", "compute s (in memory)",
+               "step ÷ larger bound", "losses vs in memory (101M)"],
+              [[f"{f['model_state_gb']:.1f} GB", f"{f['ram_gb']:.1f} GB",
+                f"{f['peak_rss_gb_per_rank']:.2f} GB ({f['peak_rss_over_ram']:.0%})", f"{f['step_s']:.0f}",
+                f"{f['io_bound_s']:.0f}", f"{f['compute_s']:.0f}", f"{f['step_over_bound']:.2f}",
+                f"max rel. diff {f['parity_losses_max_rel_diff']:.1e}"]])
+
     w("## Largest model per stage\n")
     w("Measured separately (minutes per probe; see docs/benchmarks.md): a 1.02 B-param GPT (16 × 2304) trains with "
       "stage 3 on 2 ranks each limited to 12 GiB (`ulimit -v`); stage 0 stops at init under the same limit.\n")

@@ -51,7 +51,7 @@ bool read_enabled(ObjectReader& block) {
   if (ObjectReader::is_auto(v))
     block.fail("enabled", "is \"auto\": the HF Trainer resolves it from its --fp16/--bf16 "
                           "arguments; give true or false");
-  if (!v->is_boolean()) block.fail_value("enabled", *v, "true or false");
+  if (!v->is_boolean()) return block.bad_value("enabled", *v, "true or false"), false;
   return v->get<bool>();
 }
 
@@ -118,7 +118,7 @@ void read_betas(ObjectReader& p, OptimizerConfig& c) {
   if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number() ||
       (*b)[0].get<double>() < 0 || (*b)[0].get<double>() >= 1 || (*b)[1].get<double>() < 0 ||
       (*b)[1].get<double>() >= 1)
-    p.fail_value("betas", *b, "two numbers in [0, 1), e.g. [0.9, 0.999]");
+    return p.bad_value("betas", *b, "two numbers in [0, 1), e.g. [0.9, 0.999]");
   c.betas = {(*b)[0].get<double>(), (*b)[1].get<double>()};
 }
 
@@ -296,8 +296,10 @@ OffloadConfig read_offload(ObjectReader& zero, const std::string& key, bool is_p
   c.pin_memory = r.get_bool("pin_memory", true);  // DeepSpeed >= 0.19.5
   // DeepSpeed's null means unset; required only where it is used.
   if (const json* v = r.find("nvme_path"); v && !v->is_null()) {
-    if (!v->is_string() || v->get<std::string>().empty()) r.fail_value("nvme_path", *v, "a directory path");
-    c.nvme_path = v->get<std::string>();
+    if (!v->is_string() || v->get<std::string>().empty())
+      r.bad_value("nvme_path", *v, "a directory path");
+    else
+      c.nvme_path = v->get<std::string>();
   }
   if (c.device == OffloadDevice::NVMe && c.nvme_path.empty())
     r.fail("nvme_path", "is required with device \"nvme\": the directory (on a fast local disk) for the swap files");
@@ -346,8 +348,10 @@ ZeroConfig read_zero(ObjectReader& top) {
   c.stage = r.get_int("stage", 0, 0, 3);
   c.contiguous_gradients = r.get_bool("contiguous_gradients", c.contiguous_gradients);
   if (const json* v = r.find("overlap_comm"); v && !ObjectReader::is_auto(v) && !v->is_null()) {
-    if (!v->is_boolean()) r.fail_value("overlap_comm", *v, "true or false");
-    c.overlap_comm_given = v->get<bool>();
+    if (!v->is_boolean())
+      r.bad_value("overlap_comm", *v, "true or false");
+    else
+      c.overlap_comm_given = v->get<bool>();
   }
   c.reduce_bucket_size = r.get_size("reduce_bucket_size", c.reduce_bucket_size);
   c.prefetch_bucket_size =
@@ -383,14 +387,18 @@ ZeroConfig read_zero(ObjectReader& top) {
   if (const json* v = r.find("cpu_offload")) {
     if (r.find("offload_optimizer"))
       r.fail("cpu_offload", "(deprecated) and offload_optimizer cannot be given together");
-    if (!v->is_boolean()) r.fail_value("cpu_offload", *v, "true or false");
-    if (v->get<bool>()) c.offload_optimizer.device = OffloadDevice::CPU;
+    if (!v->is_boolean())
+      r.bad_value("cpu_offload", *v, "true or false");
+    else if (v->get<bool>())
+      c.offload_optimizer.device = OffloadDevice::CPU;
   }
   if (const json* v = r.find("cpu_offload_param")) {
     if (r.find("offload_param"))
       r.fail("cpu_offload_param", "(deprecated) and offload_param cannot be given together");
-    if (!v->is_boolean()) r.fail_value("cpu_offload_param", *v, "true or false");
-    if (v->get<bool>()) c.offload_param.device = OffloadDevice::CPU;
+    if (!v->is_boolean())
+      r.bad_value("cpu_offload_param", *v, "true or false");
+    else if (v->get<bool>())
+      c.offload_param.device = OffloadDevice::CPU;
   }
   r.accept_any("cpu_offload_use_pin_memory");  // DeepSpeed only warns about it
   // Accepted because they cannot change results here: checkpoint-format and
@@ -474,7 +482,8 @@ const char* to_string(OffloadDevice d) {
 
 Config Config::from_json(const json& j) {
   Config c;
-  ObjectReader top(&j, "");
+  // Every bad key and value of the file in one error (json_reader.h).
+  ObjectReader top(&j, "", std::make_shared<std::vector<std::string>>());
   c.train_batch_size = top.get_opt_int("train_batch_size", 1, kMaxInt);
   c.train_micro_batch_size_per_gpu = top.get_opt_int("train_micro_batch_size_per_gpu", 1, kMaxInt);
   c.gradient_accumulation_steps = top.get_opt_int("gradient_accumulation_steps", 1, kMaxInt);
@@ -545,7 +554,7 @@ Config Config::from_json(const json& j) {
   // timers: nothing of these exists in a C++ program.
   top.get_bool("disable_python_gc", false);
   if (const json* v = top.find("log_level"); v && !v->is_null() && !v->is_string())
-    top.fail_value("log_level", *v, "a logging level name or null");
+    top.bad_value("log_level", *v, "a logging level name or null");
   top.accept_any("timers");
   // Parallelism zero-cpp does not have: accepted only switched off.
   top.unsupported_unless("use_data_before_expert_parallelism", false);
@@ -585,6 +594,7 @@ Config Config::from_json(const json& j) {
   }
   read_activation_checkpointing(top);
   top.finish();
+  top.throw_recorded();  // the checks below assume each key read as given
 
   if (c.zero.offload_optimizer.device != OffloadDevice::None && c.zero.stage == 0)
     throw ConfigError("ds_config: zero_optimization.offload_optimizer requires stage 1, 2 or 3");

@@ -35,24 +35,45 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
 
 }  // namespace
 
-ObjectReader::ObjectReader(const json* obj, std::string path) : obj_(obj), path_(std::move(path)) {
+ObjectReader::ObjectReader(const json* obj, std::string path, ErrorList errors)
+    : obj_(obj), path_(std::move(path)), errors_(std::move(errors)) {
   if (obj_ && obj_->is_null()) obj_ = nullptr;
-  if (obj_ && !obj_->is_object())
-    throw ConfigError("ds_config: " + (path_.empty() ? std::string("the top level") : path_) +
-                      " must be a JSON object, got " + obj_->dump());
+  if (obj_ && !obj_->is_object()) {
+    const json* bad = obj_;
+    obj_ = nullptr;  // read as absent: every key its default
+    record("ds_config: " + (path_.empty() ? std::string("the top level") : path_) + " must be a JSON object, got " +
+           bad->dump());
+  }
 }
 
 std::string ObjectReader::path_of(const std::string& key) const {
   return path_.empty() ? key : path_ + "." + key;
 }
 
-void ObjectReader::fail(const std::string& key, const std::string& what) const {
-  throw ConfigError("ds_config: " + path_of(key) + " " + what);
+std::string ObjectReader::with_recorded(const std::string& message) const {
+  std::vector<std::string> all = errors_ ? *errors_ : std::vector<std::string>{};
+  if (!message.empty()) all.push_back(message);
+  if (all.size() == 1) return all.front();
+  std::string out = "ds_config has " + std::to_string(all.size()) + " errors:";
+  for (const auto& e : all) out += "\n  " + e;
+  return out;
 }
 
-void ObjectReader::fail_value(const std::string& key, const json& value,
-                              const std::string& expected) const {
-  fail(key, "= " + value.dump() + ": expected " + expected);
+void ObjectReader::record(const std::string& message) {
+  if (!errors_) throw ConfigError(message);
+  errors_->push_back(message);
+}
+
+void ObjectReader::throw_recorded() const {
+  if (errors_ && !errors_->empty()) throw ConfigError(with_recorded(""));
+}
+
+void ObjectReader::fail(const std::string& key, const std::string& what) const {
+  throw ConfigError(with_recorded("ds_config: " + path_of(key) + " " + what));
+}
+
+void ObjectReader::bad_value(const std::string& key, const json& value, const std::string& expected) {
+  record("ds_config: " + path_of(key) + " = " + value.dump() + ": expected " + expected);
 }
 
 const json* ObjectReader::find(const std::string& key, const std::vector<std::string>& aliases) {
@@ -69,9 +90,10 @@ const json* ObjectReader::find(const std::string& key, const std::vector<std::st
     auto it = obj_->find(name);
     if (it == obj_->end()) continue;
     consumed_.insert(name);
-    if (found)
-      throw ConfigError("ds_config: " + path_of(found_name) + " and " + path_of(name) +
-                        " are the same setting; give only one");
+    if (found) {
+      record("ds_config: " + path_of(found_name) + " and " + path_of(name) + " are the same setting; give only one");
+      continue;  // the first spelling is read
+    }
     found = &*it;
     found_name = name;
   }
@@ -87,18 +109,18 @@ const json* ObjectReader::find_value(const std::string& key, const std::vector<s
 bool ObjectReader::get_bool(const std::string& key, bool def, const std::vector<std::string>& aliases) {
   const json* v = find_value(key, aliases);
   if (!v) return def;
-  if (!v->is_boolean()) fail_value(key, *v, "true or false");
+  if (!v->is_boolean()) return bad_value(key, *v, "true or false"), def;
   return v->get<bool>();
 }
 
 std::string ObjectReader::get_string(const std::string& key, const std::string& def) {
   const json* v = find_value(key, {});
   if (!v || v->is_null()) return def;
-  if (!v->is_string()) fail_value(key, *v, "a string");
+  if (!v->is_string()) return bad_value(key, *v, "a string"), def;
   return v->get<std::string>();
 }
 
-int64_t ObjectReader::parse_int(const std::string& key, const json& v, int64_t min, int64_t max) const {
+std::optional<int64_t> ObjectReader::parse_int(const std::string& key, const json& v, int64_t min, int64_t max) {
   int64_t out = 0;
   if (v.is_number_integer()) {
     out = v.get<int64_t>();
@@ -106,13 +128,15 @@ int64_t ObjectReader::parse_int(const std::string& key, const json& v, int64_t m
              std::floor(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 9.2e18) {
     out = static_cast<int64_t>(v.get<double>());
   } else {
-    fail_value(key, v, "an integer" + std::string(is_auto(&v) ? " (\"auto\" is not resolvable here)" : ""));
+    bad_value(key, v, "an integer" + std::string(is_auto(&v) ? " (\"auto\" is not resolvable here)" : ""));
+    return std::nullopt;
   }
   if (out < min || out > max) {
     std::ostringstream os;
     os << "an integer in [" << min << ", ";
     if (max == std::numeric_limits<int64_t>::max()) os << "inf)"; else os << max << "]";
-    fail_value(key, v, os.str());
+    bad_value(key, v, os.str());
+    return std::nullopt;
   }
   return out;
 }
@@ -120,14 +144,14 @@ int64_t ObjectReader::parse_int(const std::string& key, const json& v, int64_t m
 int64_t ObjectReader::get_int(const std::string& key, int64_t def, int64_t min, int64_t max,
                               const std::vector<std::string>& aliases) {
   const json* v = find_value(key, aliases);
-  return v ? parse_int(key, *v, min, max) : def;
+  return v ? parse_int(key, *v, min, max).value_or(def) : def;
 }
 
 int64_t ObjectReader::get_size(const std::string& key, int64_t def,
                                const std::vector<std::string>& aliases) {
   const json* v = find_value(key, aliases);
   if (!v || is_auto(v)) return def;
-  return parse_int(key, *v, 0, std::numeric_limits<int64_t>::max());
+  return parse_int(key, *v, 0, std::numeric_limits<int64_t>::max()).value_or(def);
 }
 
 std::optional<int64_t> ObjectReader::get_opt_int(const std::string& key, int64_t min, int64_t max) {
@@ -140,12 +164,12 @@ double ObjectReader::get_double(const std::string& key, double def, double min, 
   const json* v = find_value(key, {});
   if (!v) return def;
   if (!v->is_number())
-    fail_value(key, *v, "a number" + std::string(is_auto(v) ? " (\"auto\" is not resolvable here)" : ""));
+    return bad_value(key, *v, "a number" + std::string(is_auto(v) ? " (\"auto\" is not resolvable here)" : "")), def;
   double out = v->get<double>();
   if (!std::isfinite(out) || out < min || out > max) {
     std::ostringstream os;
     os << "a number in [" << min << ", " << max << "]";
-    fail_value(key, *v, os.str());
+    return bad_value(key, *v, os.str()), def;
   }
   return out;
 }
@@ -160,7 +184,8 @@ std::optional<std::string> ObjectReader::get_opt_choice(const std::string& key,
     for (const auto& a : allowed)
       if (ignore_case ? lower(a) == lower(s) : a == s) return a;
   }
-  fail_value(key, *v, "one of " + join(allowed, ", "));
+  bad_value(key, *v, "one of " + join(allowed, ", "));
+  return std::nullopt;
 }
 
 std::string ObjectReader::get_choice(const std::string& key, const std::string& def,
@@ -170,7 +195,7 @@ std::string ObjectReader::get_choice(const std::string& key, const std::string& 
 
 ObjectReader ObjectReader::child(const std::string& key, const std::vector<std::string>& aliases) {
   const json* v = find(key, aliases);
-  return ObjectReader(v, path_of(key));
+  return ObjectReader(v, path_of(key), errors_);
 }
 
 void ObjectReader::unsupported_unless(const std::string& key, const json& default_value,
@@ -180,8 +205,8 @@ void ObjectReader::unsupported_unless(const std::string& key, const json& defaul
   // Numbers compare by value whatever their JSON spelling (1 vs 1.0).
   if (v->is_number() && default_value.is_number() && v->get<double>() == default_value.get<double>())
     return;
-  fail(key, "= " + v->dump() + " is not supported by zero-cpp (only " + default_value.dump() +
-                ", DeepSpeed's default)");
+  record("ds_config: " + path_of(key) + " = " + v->dump() + " is not supported by zero-cpp (only " +
+         default_value.dump() + ", DeepSpeed's default)");
 }
 
 void ObjectReader::accept_any(const std::string& key, const std::vector<std::string>& aliases) {
@@ -203,8 +228,8 @@ void ObjectReader::finish() {
       size_t d = edit_distance(lower(it.key()), lower(k));
       if (d < best_d) best_d = d, best = k;
     }
-    fail(it.key(), "is not a key zero-cpp knows" +
-                       (best.empty() ? std::string() : " (did you mean " + path_of(best) + "?)"));
+    record("ds_config: " + path_of(it.key()) + " is not a key zero-cpp knows" +
+           (best.empty() ? std::string() : " (did you mean " + path_of(best) + "?)"));
   }
 }
 

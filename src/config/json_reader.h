@@ -2,9 +2,17 @@
 // that no key is ever silently ignored: each key is either read, accepted only
 // at its DeepSpeed default (a feature not implemented here), or reported as
 // unknown by finish(), with the nearest known key as a suggestion.
+//
+// Every error is reported in one run: a reader made with an error list (the
+// top level of a ds_config; child() readers share it) records a bad value
+// -- reading the key's default instead, so parsing goes on -- and every
+// unknown key, and throw_recorded() throws one ConfigError naming them all.
+// fail() (a combination of keys that cannot work) throws at once, with the
+// errors recorded before it.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -20,8 +28,14 @@ using nlohmann::json;
 
 class ObjectReader {
  public:
+  using ErrorList = std::shared_ptr<std::vector<std::string>>;
+
   // `obj` may be null (block absent): every read then yields its default.
-  ObjectReader(const json* obj, std::string path);
+  // Without `errors` the first error throws.
+  ObjectReader(const json* obj, std::string path, ErrorList errors = nullptr);
+
+  // Throws one ConfigError naming every error recorded so far (if any).
+  void throw_recorded() const;
 
   // DeepSpeed's pydantic blocks (zero_optimization, offload_*, fp16, bf16)
   // drop "auto" values before validation, so the default applies; the
@@ -72,15 +86,21 @@ class ObjectReader {
   // Marks every key of this object consumed (a disabled feature's settings).
   void accept_all_remaining();
 
-  // Errors on any key not consumed above, naming it and the nearest known key.
+  // An error for each key not consumed above, naming it and the nearest known key.
   void finish();
 
+  // Throws, naming `key` and `what` after the errors recorded so far.
   [[noreturn]] void fail(const std::string& key, const std::string& what) const;
-  [[noreturn]] void fail_value(const std::string& key, const json& value,
-                               const std::string& expected) const;
+  // A value of the wrong type or range: recorded (or thrown without a
+  // list); the caller reads the default.
+  void bad_value(const std::string& key, const json& value, const std::string& expected);
 
  private:
-  int64_t parse_int(const std::string& key, const json& v, int64_t min, int64_t max) const;
+  // nullopt (the error recorded) when `v` is not an integer in [min, max].
+  std::optional<int64_t> parse_int(const std::string& key, const json& v, int64_t min, int64_t max);
+  // Records the error (or throws without a list).
+  void record(const std::string& message);
+  std::string with_recorded(const std::string& message) const;
 
   // find() for typed reads: "auto" reads as absent when auto_default_.
   const json* find_value(const std::string& key, const std::vector<std::string>& aliases);
@@ -90,6 +110,7 @@ class ObjectReader {
   bool auto_default_ = false;
   std::set<std::string> consumed_;
   std::vector<std::string> known_;  // every key name asked about, for suggestions
+  ErrorList errors_;                // shared with the children; null: throw at once
 };
 
 }  // namespace zero::config_detail

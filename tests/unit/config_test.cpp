@@ -265,6 +265,32 @@ TEST(ConfigErrors, NameTheKeyAndWhatIsAllowed) {
   expect_error(R"({"train_batch_size": 0})", {"train_batch_size", "[1, inf)"});
 }
 
+// A file with several mistakes takes one run to fix, not one per mistake:
+// every unknown key and bad value is named in one error, in file order.
+TEST(ConfigErrors, EveryBadKeyOfAFileInOneError) {
+  const char* text = R"({"train_micro_batch_size_per_gpu": 2, "gradient_clipping": "one",
+      "zero_optimization": {"stgae": 2, "overlap_comm": 1},
+      "optimizer": {"type": "AdamW", "params": {"lr": "fast"}}, "steps_per_prnt": 10})";
+  try {
+    Config::from_string(text);
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("ds_config has 5 errors:"), std::string::npos) << what;
+    for (const char* part : {"gradient_clipping = \"one\"", "zero_optimization.stgae is not a key",
+                             "zero_optimization.overlap_comm = 1: expected true or false", "optimizer.params.lr",
+                             "steps_per_prnt is not a key zero-cpp knows (did you mean steps_per_print?)"})
+      EXPECT_NE(what.find(part), std::string::npos) << part << "\n" << what;
+  }
+  // One mistake reads as before: no count, no list.
+  try {
+    Config::from_string(R"({"zero_optimization": {"stgae": 2}})");
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).find("errors:"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ConfigUnsupported, AcceptedAtTheirDefault) {
   // A DeepSpeed key this project does not implement is fine when it asks
   // for exactly DeepSpeed's default (the behaviour zero-cpp has).
@@ -550,6 +576,13 @@ TEST(ConfigNvme, OffloadAndAioKeysAreDeepSpeeds) {
            "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})", "optimizer Lamb with"},
       {R"({"optimizer": {"type": "Muon"}, "zero_optimization": {"stage": 2,
            "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})", "optimizer Muon with"},
+      {R"({"optimizer": {"type": "Lamb"}, "zero_optimization": {"stage": 3,
+           "offload_param": {"device": "nvme", "nvme_path": "/x"}}})",
+       "optimizer Lamb with zero_optimization.offload_param.device = \"nvme\" is not supported yet"},
+      {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})",
+       "offload_param.nvme_path is required"},
+      {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x",
+           "max_in_cpu": -1}}})", "offload_param.max_in_cpu"},
   };
   for (const auto& [json, message] : bad) {
     SCOPED_TRACE(json);
