@@ -37,3 +37,14 @@ bench_model() {
   if [ "$1" = small ]; then model_args=(--layers 4 --d-model 256 --heads 4 --seq 128)
   else model_args=(--layers 8 --d-model 1024 --heads 16 --seq 128); fi
 }
+
+# GB/s of direct sequential I/O in directory $1 by fio (io_uring, 1 MiB
+# blocks, queue depth 8: the aio block's defaults), $2 read | write, over a
+# file of $3 (e.g. 1G); null without fio. What NVMe offload runs are set against.
+disk_gbps() {
+  command -v fio >/dev/null || { echo null; return; }
+  fio --name=bw --directory="$1" --size="$3" --bs=1M --iodepth=8 --ioengine=io_uring --direct=1 \
+    --rw="$2" --output-format=json 2>/dev/null |
+    python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]['$2']; print(round(j['bw_bytes']/1e9, 3))"
+  rm -f "$1"/bw.*
+}

@@ -32,17 +32,9 @@ config() {  # offload: none | nvme | nvme-pipelined
   sed -i "s|\"zero_optimization\": {|\"zero_optimization\": {$off |" "$tmp/c.json"
 }
 
-disk_gbps() {  # rw: read | write; GB/s of fio on $swap, or null without fio
-  command -v fio >/dev/null || { echo null; return; }
-  fio --name=bw --directory="$swap" --size=1G --bs=1M --iodepth=8 --ioengine=io_uring --direct=1 \
-    --rw="$1" --output-format=json 2>/dev/null |
-    python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]['$1']; print(round(j['bw_bytes']/1e9, 3))"
-  rm -f "$swap"/bw.*
-}
-
 echo '{"bench": "nvme", "ranks": 2, "stage": 3, "dtype": "bf16", "date": "'"$(date -u +%F)"'",'
 echo ' "model": "'"${model_args[*]}"'", "nvme_path_fs": "'"$(stat -f -c %T "$swap")"'",'
-echo ' "disk_read_gbps": '"$(disk_gbps read)"', "disk_write_gbps": '"$(disk_gbps write)"','
+echo ' "disk_read_gbps": '"$(disk_gbps "$swap" read 1G)"', "disk_write_gbps": '"$(disk_gbps "$swap" write 1G)"','
 echo ' "runs": ['
 first=1
 for run in none nvme nvme-pipelined none; do  # in memory first and last: the machine's drift shows

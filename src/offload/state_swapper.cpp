@@ -143,6 +143,16 @@ void StateSwapper::finish_transfer(Slot& s, const char* what) {
                              (error_number == ENOSPC ? " (the disk is full)" : ""));
 }
 
+void StateSwapper::finish_write(Slot& s) {
+  try {
+    finish_transfer(s, "writing");
+  } catch (...) {
+    s.state = State::Resident;  // the pages hold the only whole copy: keep them,
+    s.dirty = true;             // and write them at their next release
+    throw;
+  }
+}
+
 void StateSwapper::release_pages(Slot& s) {
   for (const auto& t : s.tensors) memory::release_pages(t);
   s.state = State::OnDisk;
@@ -173,13 +183,7 @@ void StateSwapper::acquire(int index) {
     case State::Writing:
       // Its pages still hold the values being written: use them, and
       // finish the write (so the disk copy is whole) before they change.
-      try {
-        finish_transfer(s, "writing");
-      } catch (...) {
-        s.state = State::Resident;  // the pages hold the only whole copy: keep them,
-        s.dirty = true;             // and write them at their next release
-        throw;
-      }
+      finish_write(s);
       break;
     case State::Resident: break;
   }
@@ -203,13 +207,7 @@ void StateSwapper::release(int index, bool dirty) {
 void StateSwapper::retire_writes() {
   for (auto& s : slots_)
     if (s.state == State::Writing) {
-      try {
-        finish_transfer(s, "writing");
-      } catch (...) {
-        s.state = State::Resident;  // the pages hold the only whole copy: keep them,
-        s.dirty = true;             // and write them at their next release
-        throw;
-      }
+      finish_write(s);
       release_pages(s);
     }
 }

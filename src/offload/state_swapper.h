@@ -109,6 +109,8 @@ class StateSwapper {
   Slot& slot(int index);
   void start_transfer(Slot& s, bool write);
   void finish_transfer(Slot& s, const char* what);
+  // Waits for a Writing slot's write; on failure the slot stays in memory, dirty.
+  void finish_write(Slot& s);
   void release_pages(Slot& s);
   void retire_writes();  // every Writing slot -> OnDisk
   std::string where(const Slot& s) const;

@@ -8,7 +8,8 @@
 #   gone        every process of the job is gone within 10 s of the fault
 #   named       one clear message names the rank (and its host, when the job has
 #               several: on one host zero-run names none)
-#   shm         nothing of the job is left in /dev/shm
+#   shm         nothing of the job is left in /dev/shm (nor in the NVMe swap dir:
+#               stage 3 runs with params and optimizer state on NVMe)
 #   checkpoint  latest names the last checkpoint saved before the fault, every file checks out
 #   resume      resuming from it gives the uninterrupted run's losses, exactly
 # Faults are injected through ZERO_FAULT (src/common/fault_injection.h). The
@@ -40,8 +41,15 @@ cleanup() {
 trap cleanup EXIT
 echo "faults: seed $seed (FAULT_SEED=$seed replays this run)"
 
+# Stage 3 runs ZeRO-Infinity: params and optimizer state in swap files under
+# $tmp/nvme (every shard there: max_in_cpu 0), so each stage-3 fault also
+# checks that a rank killed mid-swap leaves nothing a resume could read.
+mkdir -p "$tmp/nvme"
 for s in 0 1 2 3; do
-  echo "{\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": {\"stage\": $s,
+  nvme=""
+  [ $s = 3 ] && nvme="\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$tmp/nvme\"},
+        \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"$tmp/nvme\", \"max_in_cpu\": 0},"
+  echo "{\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": {\"stage\": $s, $nvme
         \"stage3_param_persistence_threshold\": 100, \"reduce_bucket_size\": 3000}}" > "$tmp/stage$s.json"
 done
 HOSTFILE=
@@ -78,7 +86,9 @@ common_checks() {
   if gone_within "$dir/" "$t_fault" "$limit"; then verdict gone ok; else
     verdict gone fail "processes still running $limit s after the fault (killed now)"; fi
   left=$(shm_left)
-  if [ -z "$left" ]; then verdict shm ok; else verdict shm fail "left in /dev/shm: $left"; fi
+  # The swap files have no name from their first moment: none may appear.
+  left+=$(ls -A "$tmp/nvme" | sed 's|^| nvme/|' | paste -sd' ')
+  if [ -z "$left" ]; then verdict shm ok; else verdict shm fail "left in /dev/shm or the NVMe swap dir: $left"; fi
   if latest_is "$ck" "step$good"; then verdict checkpoint ok; else verdict checkpoint fail "$WHY"; fi
   if resumes_exactly "$dir" "$where" "$tmp/stage$stage.json" "$ck" "$good" "$REF/log.jsonl"; then
     verdict resume ok; else verdict resume fail "$WHY"; fi

@@ -119,33 +119,39 @@ TEST(NvmeOffload, OtherOptimizersMatchTheInMemoryRun) {
   remove_dir(dir);
 }
 
-// Saved with the state on NVMe, resumed on NVMe and in memory: the same
-// steps as the run that never stopped.
-TEST(NvmeOffload, CheckpointsResumeExactlyOnNvmeAndInMemory) {
-  const std::string dir = swap_dir("ckpt"), ckpt = ckpt_dir("nvme-ckpt-save");
-  RunSpec s;
-  s.stage = 3;
-  s.dtype = "bf16";
-  const Config nvme = with_nvme(s, dir);
+// Trained `steps` steps with `saved` and saved, then `steps` more; resumed
+// from the save with each of `onto`: the same steps as the run that never
+// stopped, losses and params bit for bit.
+void expect_resumes_exactly(const Config& saved, const std::vector<Config>& onto, int steps, const std::string& name) {
+  const std::string ckpt = ckpt_dir(name);
   RunResult whole;
   {
-    GptTrainer t(small_gpt(), nvme, corpus(), 7, world().comm(), dp_group());
-    for (int i = 0; i < 3; ++i) t.train_step();
+    GptTrainer t(small_gpt(), saved, corpus(), 7, world().comm(), dp_group());
+    for (int i = 0; i < steps; ++i) t.train_step();
     t.save(ckpt);
-    for (int i = 0; i < 3; ++i) whole.losses.push_back(t.train_step().loss);
+    for (int i = 0; i < steps; ++i) whole.losses.push_back(t.train_step().loss);
     whole.params = t.engine().full_parameters();
   }
-  for (const Config& c : {nvme, make_config(s)}) {
-    SCOPED_TRACE(c.zero.offload_optimizer.device == OffloadDevice::NVMe ? "onto nvme" : "onto memory");
-    GptTrainer t(small_gpt(), c, corpus(), 7, world().comm(), dp_group());
+  for (size_t k = 0; k < onto.size(); ++k) {
+    SCOPED_TRACE("resumed onto config " + std::to_string(k));
+    GptTrainer t(small_gpt(), onto[k], corpus(), 7, world().comm(), dp_group());
     t.resume(ckpt);
     RunResult resumed;
-    for (int i = 0; i < 3; ++i) resumed.losses.push_back(t.train_step().loss);
+    for (int i = 0; i < steps; ++i) resumed.losses.push_back(t.train_step().loss);
     resumed.params = t.engine().full_parameters();
     EXPECT_EQ(resumed.losses, whole.losses);
     EXPECT_EQ(max_abs_diff(resumed.params, whole.params), 0.0) << worst_param(resumed.params, whole.params);
   }
   remove_dir(ckpt);
+}
+
+// Saved with the state on NVMe, resumed on NVMe (0) and in memory (1).
+TEST(NvmeOffload, CheckpointsResumeExactlyOnNvmeAndInMemory) {
+  const std::string dir = swap_dir("ckpt");
+  RunSpec s;
+  s.stage = 3;
+  s.dtype = "bf16";
+  expect_resumes_exactly(with_nvme(s, dir), {with_nvme(s, dir), make_config(s)}, 3, "nvme-ckpt-save");
   remove_dir(dir);
 }
 
@@ -233,33 +239,15 @@ TEST(NvmeOffload, GatheredWriteBacksReachTheShardsOnDisk) {
   remove_dir(dir);
 }
 
-// Saved with params and optimizer state on NVMe; resumed with both there,
-// and in memory.
+// Saved with params and optimizer state on NVMe; resumed with both there
+// (0), and in memory (1).
 TEST(NvmeOffload, CheckpointsOfParamsOnNvmeResumeExactly) {
-  const std::string dir = swap_dir("param-ckpt"), ckpt = ckpt_dir("nvme-param-ckpt-save");
+  const std::string dir = swap_dir("param-ckpt");
   RunSpec s;
   s.stage = 3;
   s.dtype = "fp32";  // the master is the shard itself: only the param swap holds it
   const Config nvme = with_nvme_params(with_nvme(s, dir), dir);
-  RunResult whole;
-  {
-    GptTrainer t(small_gpt(), nvme, corpus(), 7, world().comm(), dp_group());
-    for (int i = 0; i < 2; ++i) t.train_step();
-    t.save(ckpt);
-    for (int i = 0; i < 2; ++i) whole.losses.push_back(t.train_step().loss);
-    whole.params = t.engine().full_parameters();
-  }
-  for (const Config& c : {nvme, make_config(s)}) {
-    SCOPED_TRACE(c.zero.offload_param.device == OffloadDevice::NVMe ? "onto nvme" : "onto memory");
-    GptTrainer t(small_gpt(), c, corpus(), 7, world().comm(), dp_group());
-    t.resume(ckpt);
-    RunResult resumed;
-    for (int i = 0; i < 2; ++i) resumed.losses.push_back(t.train_step().loss);
-    resumed.params = t.engine().full_parameters();
-    EXPECT_EQ(resumed.losses, whole.losses);
-    EXPECT_EQ(max_abs_diff(resumed.params, whole.params), 0.0) << worst_param(resumed.params, whole.params);
-  }
-  remove_dir(ckpt);
+  expect_resumes_exactly(nvme, {nvme, make_config(s)}, 2, "nvme-param-ckpt-save");
   remove_dir(dir);
 }
 
