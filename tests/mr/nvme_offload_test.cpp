@@ -190,6 +190,29 @@ TEST(NvmeOffload, ParamsOnNvmeMatchTheInMemoryRunBitForBit) {
   remove_dir(dir);
 }
 
+// The schedules stage 3 users tune, with every shard on disk: gradient
+// accumulation (two backwards per step), units kept gathered for reuse,
+// prefetch of about one unit with at most two live. (GptTrainer builds the
+// model under zero::Init: its units arrive sharded, and the swap adopts each
+// as grouping takes it.)
+TEST(NvmeOffload, ParamsOnNvmeUnderStage3Schedules) {
+  const std::string dir = swap_dir("params-schedules");
+  for (int variant = 0; variant < 3; ++variant) {
+    RunSpec s;
+    s.stage = 3;
+    s.dtype = "bf16";
+    if (variant == 0) s.gas = 2;
+    if (variant == 1) s.reuse_distance = 1'000'000'000;
+    if (variant == 2) s.prefetch = 60'000, s.max_live = 120'000;
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    const RunResult want = train_with(make_config(s), 3);
+    const RunResult got = train_with(with_nvme_params(make_config(s), dir, 0, 2), 3);
+    EXPECT_EQ(got.losses, want.losses);
+    EXPECT_EQ(max_abs_diff(got.params, want.params), 0.0) << worst_param(got.params, want.params);
+  }
+  remove_dir(dir);
+}
+
 // max_in_cpu as DeepSpeed's: that many shard elements stay in memory (the
 // default, 1e9, keeps a small model whole there); buffer_size bounds a shard.
 TEST(NvmeOffload, MaxInCpuKeepsShardsInMemoryAndBufferSizeBoundsThem) {
