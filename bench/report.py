@@ -204,6 +204,20 @@ def main():
               [[str(r["stage"]), mb(r["bytes"]), f"{r['save_ms'] / 1000:.2f}", f"{r['save_over_plain']:.2f}",
                 f"{r['load_ms'] / 1000:.2f}", f"{r['load_over_plain']:.2f}"] for r in ck["runs"]])
 
+    alloc = load("allocators.json")
+    if alloc:
+        rows = []
+        for stage in (0, 3):
+            runs = [r for r in alloc["runs"] if r["stage"] == stage]
+            base = [r for r in runs if r["policy"] == "fixed-1MiB"]
+            for r in runs:
+                s, b = r["summary"], (base[0]["summary"] if base else None)
+                rows.append([str(stage), r["policy"], f"{s['median_step_ms']:.0f}",
+                             f"{s['median_step_ms'] / b['median_step_ms']:.2f}" if b else "",
+                             mb(s["peak_rss_bytes"]), f"{s['peak_rss_bytes'] / b['peak_rss_bytes']:.2f}" if b else ""])
+        table(w, "Allocation policies (GPT 8x1024, fp32, 2 ranks)",
+              ["stage", "policy", "step ms", "÷ fixed-1MiB", "peak RSS / rank", "÷ fixed-1MiB"], rows)
+
     inf = load("infinity.json")
     if inf:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
