@@ -57,6 +57,13 @@ Config with_nvme_params(const Config& c, const std::string& dir, int64_t max_in_
   return Config::from_json(j);
 }
 
+// The same losses and params, bit for bit (state that went to disk and back
+// unchanged, updated by the same kernels).
+void expect_bitwise_equal(const RunResult& got, const RunResult& want) {
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(max_abs_diff(got.params, want.params), 0.0) << worst_param(got.params, want.params);
+}
+
 RunResult train_with(const Config& c, int steps, const std::function<void(Engine&)>& between_steps = {}) {
   GptTrainer t(small_gpt(), c, corpus(), /*seed=*/7, world().comm(), dp_group());
   RunResult r;
@@ -91,8 +98,7 @@ TEST(NvmeOffload, MatchesTheInMemoryRunBitForBit) {
           // leaves nothing behind, nothing a resume could read.
           EXPECT_TRUE(fs::is_empty(dir));
         });
-        EXPECT_EQ(got.losses, want.losses);
-        EXPECT_EQ(max_abs_diff(got.params, want.params), 0.0) << worst_param(got.params, want.params);
+        expect_bitwise_equal(got, want);
       }
   EXPECT_TRUE(fs::is_empty(dir));
   remove_dir(dir);
@@ -113,8 +119,7 @@ TEST(NvmeOffload, OtherOptimizersMatchTheInMemoryRun) {
     nvme["optimizer"] = memory["optimizer"];
     const RunResult want = train_with(Config::from_json(memory), 3);
     const RunResult got = train_with(Config::from_json(nvme), 3);
-    EXPECT_EQ(got.losses, want.losses);
-    EXPECT_EQ(max_abs_diff(got.params, want.params), 0.0) << worst_param(got.params, want.params);
+    expect_bitwise_equal(got, want);
   }
   remove_dir(dir);
 }
@@ -139,8 +144,7 @@ void expect_resumes_exactly(const Config& saved, const std::vector<Config>& onto
     RunResult resumed;
     for (int i = 0; i < steps; ++i) resumed.losses.push_back(t.train_step().loss);
     resumed.params = t.engine().full_parameters();
-    EXPECT_EQ(resumed.losses, whole.losses);
-    EXPECT_EQ(max_abs_diff(resumed.params, whole.params), 0.0) << worst_param(resumed.params, whole.params);
+    expect_bitwise_equal(resumed, whole);
   }
   remove_dir(ckpt);
 }
@@ -184,8 +188,7 @@ TEST(NvmeOffload, ParamsOnNvmeMatchTheInMemoryRunBitForBit) {
           EXPECT_GE(b.nvme, numel / world().size() * elem);
           EXPECT_TRUE(fs::is_empty(dir));  // no name: nothing left behind by a killed rank
         });
-        EXPECT_EQ(got.losses, want.losses);
-        EXPECT_EQ(max_abs_diff(got.params, want.params), 0.0) << worst_param(got.params, want.params);
+        expect_bitwise_equal(got, want);
       }
   remove_dir(dir);
 }
@@ -207,8 +210,7 @@ TEST(NvmeOffload, ParamsOnNvmeUnderStage3Schedules) {
     SCOPED_TRACE("variant " + std::to_string(variant));
     const RunResult want = train_with(make_config(s), 3);
     const RunResult got = train_with(with_nvme_params(make_config(s), dir, 0, 2), 3);
-    EXPECT_EQ(got.losses, want.losses);
-    EXPECT_EQ(max_abs_diff(got.params, want.params), 0.0) << worst_param(got.params, want.params);
+    expect_bitwise_equal(got, want);
   }
   remove_dir(dir);
 }
@@ -257,8 +259,7 @@ TEST(NvmeOffload, GatheredWriteBacksReachTheShardsOnDisk) {
     r.params = t.engine().full_parameters();
     runs.push_back(r);
   }
-  EXPECT_EQ(runs[1].losses, runs[0].losses);
-  EXPECT_EQ(max_abs_diff(runs[1].params, runs[0].params), 0.0) << worst_param(runs[1].params, runs[0].params);
+  expect_bitwise_equal(runs[1], runs[0]);
   remove_dir(dir);
 }
 
