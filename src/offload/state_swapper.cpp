@@ -43,7 +43,8 @@ void check_directory(const std::string& config_key, const std::string& dir, int 
 std::string swap_file_name(const SwapperOptions& o) {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
-  const std::string kind = o.config_key.substr(o.config_key.rfind('_') + 1);  // "optimizer", "param"
+  const std::string kind =
+      o.file_tag.empty() ? o.config_key.substr(o.config_key.rfind('_') + 1) : o.file_tag;  // "optimizer", "param"
   return (std::filesystem::path(o.nvme_path) / ("zero-cpp-" + kind + "-" + std::string(host) + "-" +
                                                 std::to_string(getpid()) + "-rank" + std::to_string(o.rank) + ".swp"))
       .string();
@@ -85,7 +86,7 @@ StateSwapper::Slot& StateSwapper::slot(int index) {
   return slots_[static_cast<size_t>(index)];
 }
 
-int StateSwapper::adopt(std::vector<at::Tensor> tensors, const std::string& label) {
+int StateSwapper::add_slot(std::vector<at::Tensor> tensors, const std::string& label) {
   Slot s;
   s.label = label;
   int64_t bytes = 0;
@@ -110,9 +111,19 @@ int StateSwapper::adopt(std::vector<at::Tensor> tensors, const std::string& labe
                                    "it is on NVMe (" + options_.config_key + ") between uses; this is a zero-cpp bug");
   s.users = 1;
   slots_.push_back(std::move(s));
-  const int index = static_cast<int>(slots_.size()) - 1;
+  return static_cast<int>(slots_.size()) - 1;
+}
+
+int StateSwapper::adopt(std::vector<at::Tensor> tensors, const std::string& label) {
+  const int index = add_slot(std::move(tensors), label);
   release(index, /*dirty=*/true);
   flush();
+  return index;
+}
+
+int StateSwapper::adopt_empty(std::vector<at::Tensor> tensors, const std::string& label) {
+  const int index = add_slot(std::move(tensors), label);
+  release(index, /*dirty=*/false);  // no disk copy: Empty
   return index;
 }
 
@@ -155,7 +166,7 @@ void StateSwapper::finish_write(Slot& s) {
 
 void StateSwapper::release_pages(Slot& s) {
   for (const auto& t : s.tensors) memory::release_pages(t);
-  s.state = State::OnDisk;
+  s.state = s.disk_copy ? State::OnDisk : State::Empty;
 }
 
 void StateSwapper::prefetch(int index) {
@@ -166,10 +177,17 @@ void StateSwapper::prefetch(int index) {
   s.state = State::Reading;
 }
 
-void StateSwapper::acquire(int index) {
+void StateSwapper::acquire(int index, Contents contents) {
   Slot& s = slot(index);
   switch (s.state) {
+    case State::Empty:
+      for (const auto& t : s.tensors) memory::restore_pages(t);  // zeros
+      break;
     case State::OnDisk:
+      if (contents == Contents::Overwrite) {
+        for (const auto& t : s.tensors) memory::restore_pages(t);
+        break;
+      }
       prefetch(index);
       [[fallthrough]];
     case State::Reading:
@@ -201,6 +219,7 @@ void StateSwapper::release(int index, bool dirty) {
   retire_writes();  // one background write at a time
   start_transfer(s, /*write=*/true);
   s.state = State::Writing;
+  s.disk_copy = true;  // whole once the write is retired; until then the pages are kept
   if (!options_.pipeline_write) retire_writes();
 }
 
@@ -214,9 +233,32 @@ void StateSwapper::retire_writes() {
 
 void StateSwapper::flush() { retire_writes(); }
 
+void StateSwapper::discard(int index) {
+  Slot& s = slot(index);
+  switch (s.state) {
+    case State::Resident:  // with no users only after a failed write, its pages the only copy
+      if (s.users > 0) throw std::logic_error("StateSwapper::discard: " + s.label + " is in use");
+      break;
+    case State::Reading:
+    case State::Writing:
+      // The transfer reads or writes the pages: let it end; its outcome no longer matters.
+      try {
+        finish_transfer(s, "discarding");
+      } catch (const std::exception&) {
+      }
+      break;
+    case State::Empty:
+    case State::OnDisk: break;
+  }
+  s.disk_copy = false;
+  s.dirty = false;
+  if (s.state != State::Empty && s.state != State::OnDisk) release_pages(s);
+  s.state = State::Empty;
+}
+
 int StateSwapper::resident_slots() const {
   int n = 0;
-  for (const auto& s : slots_) n += s.state != State::OnDisk;
+  for (const auto& s : slots_) n += s.state != State::OnDisk && s.state != State::Empty;
   return n;
 }
 

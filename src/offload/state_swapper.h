@@ -11,12 +11,20 @@
 // on disk stops the process naming the group (memory/release_guard.h)
 // instead of reading zeros.
 //
-// Each group's state is a slot, in one of four states (the only transitions
+// Each group's state is a slot, in one of five states (the only transitions
 // are in state_swapper.cpp's `Slot` functions):
 //
 //   OnDisk --prefetch--> Reading --acquire--> Resident --release(dirty)--> Writing
 //     ^                                          |                           |
 //     +------------- release(clean) -------------+<------ retire ------------+
+//
+//   Empty --acquire--> Resident (zeros; no read)      any but Resident --discard--> Empty
+//
+// Empty means nothing on disk is worth reading: the slot's contents are
+// zeros (a reduced-grad shard between steps, or adopted without a write).
+// A clean release of a slot that was Empty returns it to Empty.
+// acquire(slot, Contents::Overwrite) is for a user that will write all of
+// the slot before reading it (a reduction into a grad shard): no read.
 //
 // Acquires nest: a slot leaves Resident when its last user releases it,
 // written back if any of them changed it (a param shard a gather reads
@@ -56,6 +64,9 @@ struct SwapperOptions {
   // and what its slots hold ("optimizer state"): both name it in messages.
   std::string config_key = "zero_optimization.offload_optimizer";
   std::string what = "optimizer state";
+  // Names the swap file beside the config key's kind (two swappers of one
+  // key in one process -- the optimizer's state and its grads -- differ).
+  std::string file_tag;
   bool pipeline_read = false;  // read the next group during this one's update
   bool pipeline_write = false; // write this group during the next one's update
   io::AioConfig aio;
@@ -77,12 +88,18 @@ class StateSwapper {
   // storage's start; written, then their pages released. Returns the
   // group's slot. `label` names the group in messages.
   int adopt(std::vector<at::Tensor> tensors, const std::string& label);
+  // The same for state that is all zeros now: its space is reserved and its
+  // pages released, nothing written; the slot starts Empty.
+  int adopt_empty(std::vector<at::Tensor> tensors, const std::string& label);
 
   // Starts reading a slot's state back (nothing if it is in memory or on its way).
   void prefetch(int slot);
   // The slot's state in memory, for reading and writing, until release().
-  // Acquires nest (each needs its release).
-  void acquire(int slot);
+  // Acquires nest (each needs its release). Overwrite: the user writes all
+  // of it before reading any, so a slot on disk is not read (its pages come
+  // back as zeros; a prefetch under way is waited for).
+  enum class Contents { Read, Overwrite };
+  void acquire(int slot, Contents contents = Contents::Read);
   // One user is done with the slot. When the last one is, it is written
   // back if any user changed it (`dirty`) -- in the background with
   // pipeline_write; the previous background write is finished first --
@@ -90,13 +107,16 @@ class StateSwapper {
   void release(int slot, bool dirty);
   // Finishes every background write and releases those pages.
   void flush();
+  // The slot's contents become zeros without any I/O (its disk copy is
+  // forgotten). Not while it is acquired.
+  void discard(int slot);
 
   const SwapperOptions& options() const { return options_; }
   int64_t file_bytes() const { return file_bytes_; }  // reserved on disk
-  int resident_slots() const;                          // in memory now (any state but OnDisk)
+  int resident_slots() const;                          // in memory now (any state but OnDisk and Empty)
 
  private:
-  enum class State { OnDisk, Reading, Resident, Writing };
+  enum class State { Empty, OnDisk, Reading, Resident, Writing };
   struct Slot {
     std::vector<at::Tensor> tensors;
     std::vector<int64_t> offsets;  // of each tensor in the file
@@ -105,6 +125,7 @@ class StateSwapper {
     State state = State::Resident;
     int users = 0;       // acquires not yet released (Resident only)
     bool dirty = false;  // a user changed it since it was last written
+    bool disk_copy = false;  // the file holds its contents (else releasing it makes it Empty)
   };
   Slot& slot(int index);
   void start_transfer(Slot& s, bool write);
@@ -113,6 +134,7 @@ class StateSwapper {
   void finish_write(Slot& s);
   void release_pages(Slot& s);
   void retire_writes();  // every Writing slot -> OnDisk
+  int add_slot(std::vector<at::Tensor> tensors, const std::string& label);  // reserves its space; Resident
   std::string where(const Slot& s) const;
 
   SwapperOptions options_;

@@ -1,7 +1,9 @@
 // offload::StateSwapper, alone: state goes to its swap file and comes back
 // byte for byte; acquires nest, and the slot is written back when its last
 // user releases it if any user changed it; the file never has a name; a
-// release without an acquire is a bug said as one.
+// release without an acquire is a bug said as one. An Empty slot (adopted
+// empty, or discarded) reads as zeros without I/O and stays Empty when
+// released clean; an overwriting acquire does not read what is on disk.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -69,6 +71,55 @@ TEST(StateSwapper, NestedAcquiresWriteBackWhenTheLastUserReleases) {
   EXPECT_TRUE(t.eq(3.0).all().item<bool>()) << "the inner change was written back";
   swapper.release(slot, false);
   EXPECT_THROW(swapper.release(slot, false), std::logic_error);
+}
+
+TEST(StateSwapper, EmptySlotsReadAsZerosAndDiscardForgetsTheDiskCopy) {
+  SwapDir dir;
+  StateSwapper swapper(options(dir.path));
+  at::Tensor t = paged(5000, at::kFloat);
+  const int slot = swapper.adopt_empty({t}, "grads");
+  EXPECT_EQ(swapper.resident_slots(), 0);
+  EXPECT_EQ(memory::resident_bytes(t), 0);
+  swapper.acquire(slot);
+  EXPECT_TRUE(t.eq(0.0).all().item<bool>());
+  swapper.release(slot, /*dirty=*/false);  // nothing written: still Empty, its pages released
+  EXPECT_EQ(swapper.resident_slots(), 0);
+  EXPECT_EQ(memory::resident_bytes(t), 0);
+}
+
+TEST(StateSwapper, OverwriteSkipsTheReadAndDiscardMakesZeros) {
+  SwapDir dir;
+  StateSwapper swapper(options(dir.path));
+  at::Tensor t = paged(5000, at::kFloat);
+  const int slot = swapper.adopt_empty({t}, "grads");
+  swapper.acquire(slot, StateSwapper::Contents::Overwrite);
+  t.fill_(7.0);
+  swapper.release(slot, /*dirty=*/true);
+  swapper.flush();
+  swapper.acquire(slot);
+  EXPECT_TRUE(t.eq(7.0).all().item<bool>()) << "written and read back";
+  swapper.release(slot, false);
+  swapper.acquire(slot, StateSwapper::Contents::Overwrite);
+  EXPECT_TRUE(t.eq(0.0).all().item<bool>()) << "an overwriting acquire read the disk copy";
+  swapper.release(slot, false);
+  EXPECT_THROW(
+      {
+        swapper.acquire(slot);
+        try {
+          swapper.discard(slot);
+        } catch (...) {
+          swapper.release(slot, false);
+          throw;
+        }
+      },
+      std::logic_error)
+      << "discarding a slot in use";
+  swapper.prefetch(slot);  // a read in flight when it is discarded
+  swapper.discard(slot);
+  EXPECT_EQ(swapper.resident_slots(), 0);
+  swapper.acquire(slot);
+  EXPECT_TRUE(t.eq(0.0).all().item<bool>()) << "a discarded slot reads as zeros";
+  swapper.release(slot, false);
 }
 
 TEST(StateSwapper, ABadDirectoryIsNamedWithItsKey) {
