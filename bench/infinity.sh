@@ -8,8 +8,9 @@
 #   - the I/O bound: the bytes a step moves through the disk / that
 #     bandwidth. Per shard element: the optimizer's fp32 master and two
 #     moments read and written (24 bytes), the bf16 shard read for the
-#     forward gather, the backward gather and the step, and written once
-#     (8 bytes): 32 bytes x params in all (both ranks);
+#     forward gather and the backward gather, and written by the step
+#     (6 bytes), the fp32 grad written by its reduction and read by the
+#     step (8 bytes): 38 bytes x params in all (both ranks);
 #   - the in-memory compute time of the same model, which does not fit:
 #     the same width at 2 and 4 layers in memory, extrapolated per layer;
 #   - the losses of a model small enough for both (the ~101M GPT), with

@@ -10,10 +10,11 @@ import json
 import sys
 
 # Bytes through the disk per shard element per step (bf16 params, fp32
-# master and Adam's two moments): the optimizer's 12 bytes read and written;
-# the 2-byte shard read for the forward gather, the backward gather and the
-# step, and written by the step.
-READ_BYTES, WRITE_BYTES = 12 + 3 * 2, 12 + 2
+# master, grads and Adam's two moments): the optimizer's 12 bytes read and
+# written; the 2-byte shard read for the forward gather and the backward
+# gather, and written by the step (which does not read it); the 4-byte fp32
+# grad written by its reduction and read by the step.
+READ_BYTES, WRITE_BYTES = 12 + 2 * 2 + 4, 12 + 2 + 4
 
 
 def figures(j):

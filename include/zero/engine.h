@@ -50,8 +50,9 @@ struct StateBytes {
   int64_t master = 0;     ///< fp32 master weights not aliasing the params
   int64_t optimizer = 0;  ///< optimizer state (Adam moments, SGD momentum)
   int64_t total() const { return params + grads + master + optimizer; }  ///< the sum of the four: bytes in memory
-  /// Master and optimizer state in this rank's NVMe swap file
-  /// (offload_optimizer.device "nvme"); not in total().
+  /// Bytes reserved in this rank's NVMe swap files: master, optimizer state
+  /// and grad shards (offload_optimizer.device "nvme"), param shards
+  /// (offload_param.device "nvme"); not in total().
   int64_t nvme = 0;
 };
 

@@ -21,6 +21,7 @@
 #include "engine/nested_backward.h"
 #include "memory/malloc_policy.h"
 #include "memory/page_buffer.h"
+#include "offload/grad_swap.h"
 #include "offload/param_swap.h"
 #include "optim/kernels.h"
 #include "zero/unit_runtime.h"
@@ -163,6 +164,19 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
   use_param_groups(param_groups, groups, config, optimizer);
   ReducerOptions ro{policy, config.zero.overlap_comm(), config.zero.contiguous_gradients, precision.grad,
                     precision.wire, nullptr, [this] { return implicit_backward(); }};
+  if (policy.shard_grads && device.is_cpu() && config.zero.offload_optimizer.device == OffloadDevice::NVMe) {
+    // Grads on NVMe beside the optimizer's state, as DeepSpeed swaps them:
+    // from each group's reduction to the step (offload/grad_swap.h).
+    const auto& oo = config.zero.offload_optimizer;
+    offload::SwapperOptions go;
+    go.nvme_path = oo.nvme_path;
+    go.pipeline_read = oo.pipeline_read;
+    go.aio = offload::aio_config(config.aio);
+    go.rank = dp.rank();
+    grad_swap = std::make_unique<offload::GradSwap>(std::move(go));
+    optimizer.set_grad_swap(grad_swap.get());
+    ro.grad_swap = grad_swap.get();
+  }
   if (policy.shard_params) {
     const auto& z = config.zero;
     Stage3Options so{z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance,
@@ -366,7 +380,8 @@ StateBytes Engine::Impl::state_bytes() const {
       b.master += resident(g.master);
     b.optimizer += resident(g.exp_avg) + resident(g.exp_avg_sq);
   }
-  b.nvme = optimizer.swapped_bytes() + (param_swap ? param_swap->file_bytes() : 0);
+  b.nvme = optimizer.swapped_bytes() + (param_swap ? param_swap->file_bytes() : 0) +
+           (grad_swap ? grad_swap->file_bytes() : 0);
   return b;
 }
 

@@ -33,6 +33,7 @@ namespace zero {
 
 namespace offload {
 class ParamSwap;
+class GradSwap;
 }
 
 struct Engine::Impl {
@@ -66,6 +67,9 @@ struct Engine::Impl {
   ModelGroups model;  // the flat groups, and what grouping learned of the model
   std::vector<partition::FlatGroup>& groups;  // = model.groups
   std::vector<ReplicatedTensor> replicated;   // frozen params and buffers
+  // Grads on NVMe (offload_optimizer "nvme", stages 2/3, a host model):
+  // before the reducer, which uses it, so it is destroyed after.
+  std::unique_ptr<offload::GradSwap> grad_swap;
   std::shared_ptr<GradReducer> reducer;
   // offload_param.device "nvme": the param shards' swap file (before stage3,
   // which uses it, so it is destroyed after).

@@ -15,6 +15,7 @@
 #include "common/guard_device.h"
 #include "engine/muon_step.h"
 #include "memory/page_buffer.h"
+#include "offload/grad_swap.h"
 #include "offload/param_swap.h"
 #include "offload/state_swapper.h"
 #include "optim/kernels.h"
@@ -264,13 +265,20 @@ at::Tensor FlatOptimizer::grads_of(const partition::FlatGroup& g) const {
 double FlatOptimizer::global_sumsq(const std::vector<at::Tensor>& grads) {
   // Per-group norms in fp32 where the grads are (no double copy of them),
   // brought to the host together: one device-to-host sync per step, not
-  // one per group. Squared and summed in fp64, in group order.
-  std::vector<at::Tensor> norms;
-  for (const auto& gr : grads) norms.push_back(at::norm(gr).reshape({1}));
-  const at::Tensor host_norms = at::cat(norms).to(at::kCPU);
+  // one per group -- or, with the grads on NVMe, as each group's reduction
+  // took them. Squared and summed in fp64, in group order.
+  std::vector<float> group_norms;
+  if (grad_swap_) {
+    group_norms = grad_swap_->norms();
+  } else {
+    std::vector<at::Tensor> norms;
+    for (const auto& gr : grads) norms.push_back(at::norm(gr).reshape({1}));
+    const at::Tensor host_norms = at::cat(norms).to(at::kCPU);
+    const float* norm = host_norms.data_ptr<float>();
+    group_norms.assign(norm, norm + host_norms.numel());
+  }
   double sumsq = 0.0;
-  const float* norm = host_norms.data_ptr<float>();
-  for (int64_t i = 0; i < host_norms.numel(); ++i) sumsq += static_cast<double>(norm[i]) * static_cast<double>(norm[i]);
+  for (const float n : group_norms) sumsq += static_cast<double>(n) * static_cast<double>(n);
   // Full grads are already identical on every rank; shards are summed.
   if (policy_.shard_optimizer_state) {
     at::Tensor acc = at::full({1}, sumsq, at::kDouble);
@@ -324,23 +332,33 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
     for (size_t i = 0; i < groups.size(); ++i) update_group(i, groups[i], grads[i], rate, grad_scale);
     return true;
   }
-  // ZeRO-Infinity: group i's state (and param shard) comes in from the swap
-  // files, is updated and goes back; group i+1's is read meanwhile
+  // ZeRO-Infinity: group i's state (and param shard, and grads) comes in
+  // from the swap files, is updated and goes back (the grads need not: they
+  // are discarded after the step); group i+1's is read meanwhile
   // (pipeline_read), group i's write overlaps group i+1's update
   // (pipeline_write; the param shards' writes always do).
+  // A 16-bit shard is only written by the update (every element: its
+  // padding stays zero), so it is not read in; an fp32 host model's shard
+  // is the master, which the update reads.
+  const auto shard_is_output = [&](const partition::FlatGroup& g) {
+    return out_kind(policy_.update_destination(g, dp_.rank()), g) != optim::Out16::None;
+  };
   for (size_t i = 0; i < groups.size(); ++i) {
     const int slot = swap_slot_of(groups[i]);
     if (slot >= 0) swapper_->acquire(slot);
-    if (param_swap_) param_swap_->acquire(groups[i]);
+    if (param_swap_) param_swap_->acquire(groups[i], /*overwrite=*/shard_is_output(groups[i]));
+    if (grad_swap_) grad_swap_->acquire(i);
     if (config_.zero.offload_optimizer.pipeline_read && i + 1 < groups.size()) {
       for (size_t j = i + 1; swapper_ && j < groups.size(); ++j)
         if (const int next = swap_slot_of(groups[j]); next >= 0) {
           swapper_->prefetch(next);
           break;
         }
-      if (param_swap_) param_swap_->prefetch(groups[i + 1]);
+      if (param_swap_ && !shard_is_output(groups[i + 1])) param_swap_->prefetch(groups[i + 1]);
+      if (grad_swap_) grad_swap_->prefetch(i + 1);
     }
     update_group(i, groups[i], grads[i], rate, grad_scale);
+    if (grad_swap_) grad_swap_->release(i);
     if (param_swap_) param_swap_->release(groups[i], /*dirty=*/true);
     if (slot >= 0) swapper_->release(slot, /*dirty=*/true);
   }

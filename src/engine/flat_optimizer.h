@@ -26,6 +26,7 @@
 namespace zero::offload {
 class StateSwapper;
 class ParamSwap;
+class GradSwap;
 }
 
 namespace zero {
@@ -75,6 +76,10 @@ class FlatOptimizer {
   // too. Set before grouping (which adopts each group's shard).
   void set_param_swap(offload::ParamSwap* params) { param_swap_ = params; }
   offload::ParamSwap* param_swap() const { return param_swap_; }
+  // Grads on NVMe (offload/grad_swap.h): the step reads each group's grad
+  // shard beside its state, and takes the global norm from the norms the
+  // reductions recorded.
+  void set_grad_swap(offload::GradSwap* grads) { grad_swap_ = grads; }
   // Bytes of optimizer state in this rank's swap file (0 without NVMe offload).
   int64_t swapped_bytes() const;
   // Whether resident() pages anything in (NVMe offload of either kind).
@@ -147,6 +152,7 @@ class FlatOptimizer {
   std::unique_ptr<offload::StateSwapper> swapper_;  // offload_optimizer.device "nvme"
   std::unordered_map<const void*, int> swap_slot_;       // a group's master -> its slot in swapper_
   offload::ParamSwap* param_swap_ = nullptr;             // offload_param.device "nvme" (the engine's)
+  offload::GradSwap* grad_swap_ = nullptr;               // grads on NVMe with the optimizer's state (the engine's)
   int swap_slot_of(const partition::FlatGroup& g) const;  // -1: nothing of it swapped
 };
 

@@ -42,8 +42,9 @@ void ParamSwap::prefetch(const partition::FlatGroup& g) {
   if (const int slot = slot_of(g); slot >= 0) swapper_->prefetch(slot);
 }
 
-void ParamSwap::acquire(const partition::FlatGroup& g) {
-  if (const int slot = slot_of(g); slot >= 0) swapper_->acquire(slot);
+void ParamSwap::acquire(const partition::FlatGroup& g, bool overwrite) {
+  if (const int slot = slot_of(g); slot >= 0)
+    swapper_->acquire(slot, overwrite ? StateSwapper::Contents::Overwrite : StateSwapper::Contents::Read);
 }
 
 void ParamSwap::release(const partition::FlatGroup& g, bool dirty) {

@@ -48,7 +48,10 @@ class ParamSwap {
   // Each no-op for a group whose shard stays in memory (or was never adopted).
   bool swapped(const partition::FlatGroup& g) const { return slot_of(g) >= 0; }
   void prefetch(const partition::FlatGroup& g);  // start reading it in
-  void acquire(const partition::FlatGroup& g);   // in memory until release(); acquires nest
+  // In memory until release(); acquires nest. `overwrite`: the caller
+  // writes all of the shard before reading it (the step's 16-bit output),
+  // so what is on disk is not read.
+  void acquire(const partition::FlatGroup& g, bool overwrite = false);
   void release(const partition::FlatGroup& g, bool dirty);
   void flush();                                  // finish background writes
 

@@ -11,6 +11,7 @@
 
 #include "common/guard_device.h"
 #include "memory/page_buffer.h"
+#include "offload/grad_swap.h"
 
 namespace zero {
 
@@ -66,6 +67,11 @@ GradReducer::GradReducer(std::vector<partition::FlatGroup>& groups, comm::Comm& 
         g.grad_shard = opts_.grad_dtype == at::kFloat
                            ? g.own_slot(g.grad_flat, dp_.rank())
                            : at::zeros({g.layout.shard_numel}, g.param_flat.options().dtype(at::kFloat));
+    } else if (opts_.grad_swap) {
+      // Page-backed, so its pages can leave memory while it is on disk.
+      g.grad_shard = memory::zeros_flat(g.layout.shard_numel, at::kFloat, at::kCPU, /*shared=*/false);
+      opts_.grad_swap->adopt(static_cast<size_t>(&g - groups_.data()), g.grad_shard,
+                             "group '" + g.names.front() + "' (" + std::to_string(g.params.size()) + " params)");
     } else {
       g.grad_shard = at::zeros({g.layout.shard_numel}, g.param_flat.options().dtype(at::kFloat));
     }
@@ -198,6 +204,10 @@ void GradReducer::launch(size_t i) {
     ensure_grad_buffer(g);  // sharded grads: a group none of whose params got a grad still takes part
     // A later reduction in the same step lands apart and is added in finish().
     if (!s.shard_fresh) s.partial = at::empty_like(g.grad_shard);
+    if (opts_.grad_swap) {  // NVMe: the shard is written whole now, or read in to add to
+      if (s.shard_fresh) opts_.grad_swap->hold_for_reduction(i, /*keep=*/false);
+      else opts_.grad_swap->prefetch(i);
+    }
     at::Tensor out = s.shard_fresh ? g.grad_shard : s.partial;
     if (opts_.wire_dtype != g.grad_flat.scalar_type()) s.wide = g.grad_flat.to(opts_.wire_dtype);
     s.work = comm_.reduce_scatter(dp_, out, s.wide.defined() ? s.wide : g.grad_flat, comm::ReduceOp::Avg, "grads");
@@ -213,8 +223,12 @@ void GradReducer::finish(size_t i) {
   s.work = nullptr;
   if (s.wide.defined() && !opts_.policy.shard_optimizer_state) g.grad_flat.copy_(s.wide);  // the all-reduced sums, rounded once
   s.wide = at::Tensor();
-  if (s.partial.defined()) g.grad_shard.add_(s.partial);
+  if (s.partial.defined()) {
+    if (opts_.grad_swap) opts_.grad_swap->hold_for_reduction(i, /*keep=*/true);
+    g.grad_shard.add_(s.partial);
+  }
   s.partial = at::Tensor();
+  if (opts_.grad_swap && opts_.policy.shard_optimizer_state) opts_.grad_swap->reduced(i, g.grad_shard);
   if (opts_.policy.shard_grads) {
     // Only the shard survives the backward: release the full grads.
     if (opts_.contiguous_gradients) g.detach_grads();
@@ -235,6 +249,7 @@ void GradReducer::end_backward() {
     reduce_remaining();
     // Only early launches (overlap) can be overtaken by a later grad.
     if (opts_.overlap_comm) reduce_late_groups();
+    if (opts_.grad_swap) opts_.grad_swap->flush();  // the last shard's write: none stays in memory to the step
   } catch (...) {
     abort_backward();  // nothing left in flight; this step's grads are gone
     throw;
@@ -264,6 +279,7 @@ void GradReducer::flush() {
   next_launch_ = 0;
   try {
     reduce_remaining();
+    if (opts_.grad_swap) opts_.grad_swap->flush();
   } catch (...) {
     abort_backward();  // nothing left in flight; the accumulated grads are gone
     throw;
@@ -321,7 +337,8 @@ void GradReducer::zero_grads() {
   }
   // Stages 2/3: the next reduction overwrites the shard instead of adding
   // to it; zeroed too, so a step with no backward in between applies nothing.
-  if (opts_.policy.shard_grads)
+  if (opts_.grad_swap) opts_.grad_swap->discard_all();  // zeros without touching the disk
+  else if (opts_.policy.shard_grads)
     for (auto& g : groups_) g.grad_shard.zero_();
   for (auto& s : state_) s.shard_fresh = true;
   flat_reduced_ = false;

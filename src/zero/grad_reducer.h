@@ -50,6 +50,10 @@ namespace torch::autograd {
 struct Node;
 }
 
+namespace zero::offload {
+class GradSwap;
+}
+
 namespace zero {
 
 struct ReducerOptions {
@@ -69,6 +73,9 @@ struct ReducerOptions {
   // above). Must call begin_backward(reduce, true) if none is active, and
   // may throw (e.g. fp16, which needs the loss scaled before backward).
   std::function<float()> implicit_backward;
+  // Stages 2/3 with offload_optimizer on NVMe: the grad shards live in this
+  // swap file between their reduction and the step (offload/grad_swap.h).
+  offload::GradSwap* grad_swap = nullptr;
 };
 
 class GradReducer : public std::enable_shared_from_this<GradReducer> {

@@ -10,11 +10,16 @@
 // - checkpoints: a run saved and resumed (on NVMe, and onto the in-memory
 //   configuration) continues exactly as the unbroken run;
 // - bad paths and a full disk: errors naming the path, at construction.
+// Grads go to NVMe with the optimizer's state at stages 2/3 (as DeepSpeed
+// swaps them): between the last backward and the step no grad byte is in
+// memory, and the run (gradient accumulation, clipping, bf16) is the
+// in-memory run bit for bit, the grad norm included.
 // Param offload (offload_param.device "nvme", stage 3's shards on disk)
 // has the same oracles: the in-memory run bit for bit, alone and with the
 // optimizer's state on NVMe too; state_bytes() (no shard resident between
 // steps); checkpoints; gathered-params write-backs; buffer_size and
 // max_in_cpu as DeepSpeed's.
+#include <ATen/CPUGeneratorImpl.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
@@ -101,6 +106,60 @@ TEST(NvmeOffload, MatchesTheInMemoryRunBitForBit) {
         expect_bitwise_equal(got, want);
       }
   EXPECT_TRUE(fs::is_empty(dir));
+  remove_dir(dir);
+}
+
+// Trains `steps` steps by hand (GptTrainer's batches are its own) so that
+// `before_step` sees the engine between the last backward and the step,
+// when the reduced grads are all there and nothing has read them yet.
+struct HandRun {
+  RunResult result;
+  std::vector<double> grad_norms;
+};
+HandRun train_by_hand(const Config& c, int steps, const std::function<void(Engine&)>& before_step) {
+  GptTrainer t(small_gpt(), c, corpus(), /*seed=*/7, world().comm(), dp_group());
+  Engine& e = t.engine();
+  const auto& mc = t.model()->config();
+  HandRun run;
+  for (int i = 0; i < steps; ++i) {
+    double loss = 0.0;
+    for (int64_t j = 0; j < e.batch().gradient_accumulation_steps; ++j) {
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1000 * i + 10 * j + world().rank());
+      const at::Tensor tokens = at::randint(mc.vocab, {e.batch().micro_batch_per_gpu, mc.seq_len + 1}, gen);
+      const at::Tensor x = tokens.narrow(1, 0, mc.seq_len), y = tokens.narrow(1, 1, mc.seq_len);
+      loss += e.backward(e.forward([&] { return t.model()->loss(x, y); })).item<double>();
+      if (e.is_gradient_accumulation_boundary() && before_step) before_step(e);
+      e.step();
+    }
+    run.result.losses.push_back(loss);
+    run.grad_norms.push_back(e.last_grad_norm());
+  }
+  run.result.params = e.full_parameters();
+  return run;
+}
+
+TEST(NvmeOffload, GradsLeaveMemoryFromReductionToStep) {
+  const std::string dir = swap_dir("grads");
+  for (const char* dtype : {"fp32", "bf16"})
+    for (int stage : {2, 3})
+      for (bool overlap : {true, false}) {
+        SCOPED_TRACE(std::string(dtype) + " stage " + std::to_string(stage) + (overlap ? " overlap_comm" : ""));
+        RunSpec s;
+        s.stage = stage;
+        s.dtype = dtype;
+        s.gas = 3;        // the shards are read back and added to twice per step
+        s.clip = 0.05;    // clipped every step: the norm the reductions took is used
+        s.overlap = overlap;
+        int64_t in_memory = 0;
+        const HandRun want = train_by_hand(make_config(s), 3, [&](Engine& e) { in_memory = e.state_bytes().grads; });
+        EXPECT_GT(in_memory, 0) << "the oracle: in memory the reduced grads are resident here";
+        const HandRun got = train_by_hand(with_nvme(s, dir, true, true), 3, [&](Engine& e) {
+          EXPECT_EQ(e.state_bytes().grads, 0) << "a reduced grad shard is still in memory before the step";
+        });
+        expect_bitwise_equal(got.result, want.result);
+        EXPECT_EQ(got.grad_norms, want.grad_norms);
+        EXPECT_TRUE(fs::is_empty(dir));
+      }
   remove_dir(dir);
 }
 
