@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -101,7 +102,24 @@ void SafetensorsWriter::add(const std::string& name, const std::string& dtype, s
   data_bytes_ += bytes;
 }
 
-FileDigest SafetensorsWriter::write(const std::string& path) const {
+struct SafetensorsWriter::Stream {
+  std::string path;
+  int fd = -1;
+  Hasher hash{0};
+  void put(const void* data, int64_t bytes) {
+    write_all(fd, data, bytes, path);
+    hash.add(data, bytes);
+  }
+  ~Stream() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+SafetensorsWriter::SafetensorsWriter() = default;
+SafetensorsWriter::~SafetensorsWriter() = default;
+
+void SafetensorsWriter::open(const std::string& path) {
+  if (stream_) throw std::logic_error("SafetensorsWriter::open: " + stream_->path + " is still open");
   nlohmann::json header = nlohmann::json::object();
   for (const auto& it : items_)
     header[it.name] = {{"dtype", it.entry.dtype}, {"shape", it.entry.shape},
@@ -113,26 +131,46 @@ FileDigest SafetensorsWriter::write(const std::string& path) const {
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
 
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) io_error("cannot create", path);
-  Hasher h(0);
+  auto stream = std::make_unique<Stream>();
+  stream->path = path;
+  stream->fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (stream->fd < 0) io_error("cannot create", path);
+  stream->put(len, 8);  // a failure closes the file (Stream's destructor)
+  stream->put(text.data(), static_cast<int64_t>(n));
+  stream_ = std::move(stream);
+  next_ = 0;
+}
+
+void SafetensorsWriter::write_next(const void* data) {
+  if (!stream_) throw std::logic_error("SafetensorsWriter::write_next: no file is open");
+  if (next_ >= items_.size())
+    throw std::logic_error("SafetensorsWriter::write_next: every tensor of " + stream_->path + " is written already");
+  const auto& e = items_[next_].entry;
   try {
-    write_all(fd, len, 8, path);
-    write_all(fd, text.data(), static_cast<int64_t>(n), path);
-    h.add(len, 8);
-    h.add(text.data(), static_cast<int64_t>(n));
-    for (const auto& it : items_) {
-      const int64_t bytes = it.entry.end - it.entry.begin;
-      write_all(fd, it.data, bytes, path);
-      h.add(it.data, bytes);
-    }
-    if (::fsync(fd) != 0) io_error("cannot fsync", path);
+    stream_->put(data, e.end - e.begin);
   } catch (...) {
-    ::close(fd);
+    stream_.reset();  // the file is incomplete: closed, never finished
     throw;
   }
-  if (::close(fd) != 0) io_error("cannot close", path);
-  return {h.total, h.finish()};
+  ++next_;
+}
+
+FileDigest SafetensorsWriter::finish() {
+  if (!stream_) throw std::logic_error("SafetensorsWriter::finish: no file is open");
+  const std::unique_ptr<Stream> stream = std::move(stream_);
+  if (next_ != items_.size())
+    throw std::logic_error("SafetensorsWriter::finish: " + stream->path + " lacks tensor '" + items_[next_].name +
+                           "' and the rest after it");
+  if (::fsync(stream->fd) != 0) io_error("cannot fsync", stream->path);
+  const int fd = std::exchange(stream->fd, -1);
+  if (::close(fd) != 0) io_error("cannot close", stream->path);
+  return {stream->hash.total, stream->hash.finish()};
+}
+
+FileDigest SafetensorsWriter::write(const std::string& path) {
+  open(path);
+  for (const auto& it : items_) write_next(it.data);
+  return finish();
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,14 +30,31 @@ struct FileDigest {
 };
 
 // Collects tensors (pointers, not copies: they must stay valid until
-// write()) and writes them in one pass.
+// write()) and writes them in one pass. Or streams them: the header needs
+// only names, dtypes and shapes, so open() writes it once every tensor is
+// added (data may then be null) and write_next() takes each tensor's bytes
+// in the order they were added -- a checkpoint of state on NVMe pages in
+// one group at a time instead of holding it all.
 class SafetensorsWriter {
  public:
+  SafetensorsWriter();
+  ~SafetensorsWriter();  // closes a stream left unfinished (the file stays, incomplete)
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
   void add(const std::string& name, const std::string& dtype, std::vector<int64_t> shape, const void* data);
   void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
   // Writes `path`, fsyncs it, and returns its size and hash (hash64 of
   // every byte). Throws std::runtime_error naming the path on any failure.
-  FileDigest write(const std::string& path) const;
+  FileDigest write(const std::string& path);
+
+  // Streaming: creates `path` and writes the header.
+  void open(const std::string& path);
+  // The bytes of the next tensor in the order added.
+  void write_next(const void* data);
+  // Fsyncs and closes; throws (naming the path and the first tensor not
+  // written) unless every tensor was written.
+  FileDigest finish();
 
  private:
   struct Item {
@@ -44,9 +62,12 @@ class SafetensorsWriter {
     TensorEntry entry;
     const void* data;
   };
+  struct Stream;  // the open file and its running hash
   std::vector<Item> items_;
   int64_t data_bytes_ = 0;
   std::map<std::string, std::string> metadata_;
+  std::unique_ptr<Stream> stream_;
+  size_t next_ = 0;  // streaming: the item write_next() writes
 };
 
 // A safetensors file mapped read-only. Every tensor's range is checked

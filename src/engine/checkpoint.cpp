@@ -323,41 +323,47 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
   if (auto e = agree(m.comm, m.dp, what, error); !e.empty()) undo_save(m, dir, tag, own_file, e);
 
   // This rank's fragments (an unsharded optimizer: every rank holds everything; rank 0 writes it).
+  // Streamed group by group: the header is written from the names and
+  // shapes, then each group's state -- paged in from NVMe, or brought to the
+  // host from a device -- is written and let go before the next, so a save
+  // never holds more than one group's state beyond what training does.
   ckpt::SafetensorsWriter writer;
-  bool writes = m.policy.shard_optimizer_state || lead;
+  const bool writes = m.policy.shard_optimizer_state || lead;
   bool any = false;
-  std::vector<at::Tensor> host_copies;  // device state staged on the host, alive until the write
   if (writes)
-    for (const auto& g : m.groups) {
-      const auto mine = pieces(m, g, m.dp.rank());
-      // State on NVMe is paged in and copied, since the writer writes at the
-      // end: the save holds this rank's whole state in memory (docs/nvme.md).
-      auto state = m.optimizer.resident(g, /*write=*/false);
-      const bool swapped = m.optimizer.pages_state();
-      for (const auto& [kind, t] : state_kinds(g)) {
-        const at::Tensor& host = t.is_cpu() && !swapped ? t : host_copies.emplace_back(t.to(at::kCPU, false, true));
-        for (const auto& [name, f] : mine) {
-          writer.add(ckpt::tensor_name(name, kind), "F32", {f.numel}, host.data_ptr<float>() + f.shard_offset);
+    for (const auto& g : m.groups)
+      for (const auto& [kind, t] : state_kinds(g))
+        for (const auto& [name, f] : pieces(m, g, m.dp.rank())) {
+          writer.add(ckpt::tensor_name(name, kind), "F32", {f.numel}, nullptr);
           any = true;
         }
-      }
-      state.done();
-    }
   // Frozen params and buffers: replicated, so rank 0 writes them whole
   // (floating-point ones in at least fp32, whatever the compute dtype).
-  std::vector<at::Tensor> replicated_bytes;  // contiguous copies, alive until the write
   if (lead)
     for (const auto& r : m.replicated) {
-      replicated_bytes.push_back(r.tensor.detach().to(at::kCPU, saved_dtype(r.tensor)).contiguous());
       writer.add(ckpt::tensor_name(r.name, "value"), safetensors_dtype(saved_dtype(r.tensor)), r.tensor.sizes().vec(),
-                 replicated_bytes.back().data_ptr());
+                 nullptr);
       any = true;
     }
   ckpt::FileDigest digest;
   if (any) {
     try {
       own_file = partial + "/" + ckpt::rank_file_name(m.dp.rank());
-      digest = writer.write(own_file);
+      writer.open(own_file);
+      if (writes)
+        for (const auto& g : m.groups) {
+          const auto mine = pieces(m, g, m.dp.rank());
+          auto state = m.optimizer.resident(g, /*write=*/false);  // NVMe offload: paged in
+          for (const auto& [kind, t] : state_kinds(g)) {
+            const at::Tensor host = t.is_cpu() ? t : t.to(at::kCPU);
+            for (const auto& [name, f] : mine) writer.write_next(host.data_ptr<float>() + f.shard_offset);
+          }
+          state.done();
+        }
+      if (lead)
+        for (const auto& r : m.replicated)
+          writer.write_next(r.tensor.detach().to(at::kCPU, saved_dtype(r.tensor)).contiguous().data_ptr());
+      digest = writer.finish();
     } catch (const std::exception& e) {
       error = what + ": " + e.what();
     }

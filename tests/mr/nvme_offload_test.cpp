@@ -9,7 +9,8 @@
 //   resident (bf16), and the swap file holds all of them;
 // - checkpoints: a run saved and resumed (on NVMe, and onto the in-memory
 //   configuration) continues exactly as the unbroken run;
-// - bad paths and a full disk: errors naming the path, at construction.
+// - bad paths and a full disk: errors naming the path, at construction;
+// - a save's own peak RSS (reset before it): about one group's state.
 // Grads go to NVMe with the optimizer's state at stages 2/3 (as DeepSpeed
 // swaps them): between the last backward and the step no grad byte is in
 // memory, and the run (gradient accumulation, clipping, bf16) is the
@@ -160,6 +161,53 @@ TEST(NvmeOffload, GradsLeaveMemoryFromReductionToStep) {
         EXPECT_EQ(got.grad_norms, want.grad_norms);
         EXPECT_TRUE(fs::is_empty(dir));
       }
+  remove_dir(dir);
+}
+
+// /proc/self/status's VmRSS or VmHWM in bytes (-1 if absent).
+int64_t status_bytes(const std::string& key) {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;
+  return -1;
+}
+
+// A save streams the state group by group: the memory it adds is about one
+// group's state, not the whole rank's (the checkpoint of a model larger
+// than memory must not need it all in memory at once). The oracle is the
+// save's own peak: the high-water mark is reset just before it (Linux's
+// clear_refs 5) and read after it.
+TEST(NvmeOffload, ASaveHoldsOneGroupAtATime) {
+  const std::string dir = swap_dir("save-memory"), ckpt = ckpt_dir("nvme-save-memory");
+  RunSpec s;
+  s.stage = 3;
+  s.dtype = "bf16";
+  zero::models::GPTConfig model = small_gpt();
+  model.n_layer = 8;
+  model.d_model = 384;  // ~1.8M params a block: ~85 MB of master and moments a rank, a group's ~11 MB
+  GptTrainer t(model, with_nvme_params(with_nvme(s, dir), dir), corpus(), 7, world().comm(), dp_group());
+  t.train_step();
+  const int64_t state = t.engine().state_bytes().nvme;  // master, moments, grads and param shards
+  std::ofstream reset("/proc/self/clear_refs");
+  reset << "5" << std::flush;
+  const int64_t before = status_bytes("VmRSS");
+  // The reset took if the high-water mark is now about the current RSS; all ranks agree to go on.
+  auto agreed = at::tensor({reset && status_bytes("VmHWM") - before < (8 << 20) ? 0.0 : 1.0}, at::kDouble);
+  world().comm().all_reduce(world().group(), agreed)->wait();
+  if (agreed.item<double>() != 0) {
+    remove_dir(dir);
+    GTEST_SKIP() << "this kernel does not let a process reset its peak RSS";
+  }
+  t.save(ckpt);
+  const int64_t added = status_bytes("VmHWM") - before;
+  EXPECT_LT(added, state / 4) << "the save added " << (added >> 20) << " MiB to memory for " << (state >> 20)
+                              << " MiB of state on NVMe";
+  // And it is whole: a fresh engine resumes from it.
+  GptTrainer resumed(model, with_nvme_params(with_nvme(s, dir), dir), corpus(), 7, world().comm(), dp_group());
+  resumed.resume(ckpt);
+  const double want = t.train_step().loss;
+  EXPECT_EQ(resumed.train_step().loss, want);
+  remove_dir(ckpt);
   remove_dir(dir);
 }
 
