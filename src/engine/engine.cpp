@@ -310,7 +310,15 @@ bool Engine::Impl::step() {
   bool stepped = false;
   {
     TrainingLog::Timer timer(training_log, TrainingLog::Step);
-    stepped = optimizer.update(groups);
+    try {
+      stepped = optimizer.update(groups);
+    } catch (...) {
+      // Some groups may be updated and others not (an I/O error mid-step):
+      // this rank's shards no longer match its peers'. A failure before any
+      // update (the norm's all-reduce) leaves the step to be taken again.
+      if (optimizer.groups_updated() > 0) state_lost = "an optimizer step";
+      throw;
+    }
     if (stepped) {
       TrainingLog::Timer gather(training_log, TrainingLog::StepGather);
       policy.publish_updated_params(groups, comm, dp, stage3.get());
@@ -588,6 +596,7 @@ void Engine::load_weights(const std::string& path) {
 
 void Engine::zero_grad() {
   const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
+  impl_->recover_if_backward_failed();  // a failed plain backward's reductions land before the grads go
   impl_->reducer->zero_grads();
 }
 bool Engine::is_gradient_accumulation_boundary() const { return impl_->boundary(); }

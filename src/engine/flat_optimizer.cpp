@@ -288,7 +288,69 @@ double FlatOptimizer::global_sumsq(const std::vector<at::Tensor>& grads) {
   return sumsq;
 }
 
+namespace {
+
+// One group's swapped parts in memory for its update: grads, optimizer
+// state, param shard (taken as overwritten when the update writes all of
+// it). Left without updated() -- an exception -- each is released
+// unchanged, so its whole disk copy stays the one read next (a param shard
+// taken to be overwritten is not left in memory holding zeros).
+class GroupSwapIn {
+ public:
+  GroupSwapIn(offload::GradSwap* grads, size_t index, offload::ParamSwap* params, const partition::FlatGroup& g,
+              bool overwrite_params, offload::StateSwapper* state, int slot)
+      : index_(index), group_(&g), slot_(slot) {
+    try {
+      if (grads) grads->acquire(index), grads_ = grads;
+      if (state && slot >= 0) state->acquire(slot), state_ = state;
+      if (params) params->acquire(g, overwrite_params), params_ = params;
+    } catch (...) {
+      drop();
+      throw;
+    }
+  }
+  GroupSwapIn(const GroupSwapIn&) = delete;
+  GroupSwapIn& operator=(const GroupSwapIn&) = delete;
+  ~GroupSwapIn() { drop(); }
+
+  // The update is done: params and state are written back, grads let go.
+  void updated() {
+    auto* grads = std::exchange(grads_, nullptr);
+    auto* params = std::exchange(params_, nullptr);
+    auto* state = std::exchange(state_, nullptr);
+    if (grads) grads->release(index_);
+    if (params) params->release(*group_, /*dirty=*/true);
+    if (state) state->release(slot_, /*dirty=*/true);
+  }
+
+ private:
+  void drop() noexcept {
+    try {
+      if (auto* p = std::exchange(params_, nullptr)) p->release(*group_, /*dirty=*/false);
+    } catch (...) {
+    }
+    try {
+      if (auto* s = std::exchange(state_, nullptr)) s->release(slot_, /*dirty=*/false);
+    } catch (...) {
+    }
+    try {
+      if (auto* g = std::exchange(grads_, nullptr)) g->release(index_);
+    } catch (...) {
+    }
+  }
+
+  size_t index_;
+  const partition::FlatGroup* group_;
+  int slot_;
+  offload::GradSwap* grads_ = nullptr;
+  offload::ParamSwap* params_ = nullptr;
+  offload::StateSwapper* state_ = nullptr;
+};
+
+}  // namespace
+
 bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
+  groups_updated_ = 0;
   std::vector<at::Tensor> grads;
   for (const auto& g : groups) grads.push_back(grads_of(g));
   // Clipping needs the norm, and 16-bit runs need it to see an overflow.
@@ -314,6 +376,7 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
   }
   const double rate = lr();
   ++optimizer_steps_;
+  groups_updated_ = groups.size();  // LAMB and Muon: any group may change (counted below for the rest)
   if (config_.optimizer.type == OptimizerType::Lamb) {
     update_lamb(groups, grads, rate, grad_scale);
     return true;
@@ -327,9 +390,13 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
                                 }});
     return true;
   }
+  groups_updated_ = 0;
   if (offload_staging_.size() != groups.size()) offload_staging_.resize(groups.size());
   if (!swapper_ && !param_swap_) {
-    for (size_t i = 0; i < groups.size(); ++i) update_group(i, groups[i], grads[i], rate, grad_scale);
+    for (size_t i = 0; i < groups.size(); ++i) {
+      ++groups_updated_;
+      update_group(i, groups[i], grads[i], rate, grad_scale);
+    }
     return true;
   }
   // ZeRO-Infinity: group i's state (and param shard, and grads) comes in
@@ -344,10 +411,8 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
     return out_kind(policy_.update_destination(g, dp_.rank()), g) != optim::Out16::None;
   };
   for (size_t i = 0; i < groups.size(); ++i) {
-    const int slot = swap_slot_of(groups[i]);
-    if (slot >= 0) swapper_->acquire(slot);
-    if (param_swap_) param_swap_->acquire(groups[i], /*overwrite=*/shard_is_output(groups[i]));
-    if (grad_swap_) grad_swap_->acquire(i);
+    GroupSwapIn in(grad_swap_, i, param_swap_, groups[i], shard_is_output(groups[i]), swapper_.get(),
+                   swap_slot_of(groups[i]));
     if (config_.zero.offload_optimizer.pipeline_read && i + 1 < groups.size()) {
       for (size_t j = i + 1; swapper_ && j < groups.size(); ++j)
         if (const int next = swap_slot_of(groups[j]); next >= 0) {
@@ -357,10 +422,9 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
       if (param_swap_ && !shard_is_output(groups[i + 1])) param_swap_->prefetch(groups[i + 1]);
       if (grad_swap_) grad_swap_->prefetch(i + 1);
     }
+    ++groups_updated_;  // from here on its master may have changed
     update_group(i, groups[i], grads[i], rate, grad_scale);
-    if (grad_swap_) grad_swap_->release(i);
-    if (param_swap_) param_swap_->release(groups[i], /*dirty=*/true);
-    if (slot >= 0) swapper_->release(slot, /*dirty=*/true);
+    in.updated();
   }
   if (param_swap_) param_swap_->flush();
   if (swapper_) swapper_->flush();

@@ -97,6 +97,9 @@ class FlatOptimizer {
   // false when the step is skipped for an fp16/bf16 overflow (the loss
   // scale drops; reported as DeepSpeed does; counted as skipped at once).
   bool update(std::vector<partition::FlatGroup>& groups);
+  // Groups whose update began in the last update() (so, after it threw,
+  // whether any master may have changed).
+  size_t groups_updated() const { return groups_updated_; }
   // After the updated params are published: the step counts (counters, LR
   // schedule, loss scaler), so a publish that fails leaves them as they were.
   void commit();
@@ -148,6 +151,7 @@ class FlatOptimizer {
   int64_t optimizer_steps_ = 0;  // updates applied (bias correction / momentum start)
   int64_t scheduler_iter_ = -1;  // DeepSpeed's last_batch_iteration
   double last_grad_norm_ = 0.0;
+  size_t groups_updated_ = 0;
   std::vector<OffloadStaging> offload_staging_;  // by group, when the optimizer is offloaded
   std::unique_ptr<offload::StateSwapper> swapper_;  // offload_optimizer.device "nvme"
   std::unordered_map<const void*, int> swap_slot_;       // a group's master -> its slot in swapper_

@@ -1,5 +1,6 @@
 #include "offload/grad_swap.h"
 
+#include <exception>
 #include <stdexcept>
 #include <utility>
 
@@ -52,14 +53,20 @@ void GradSwap::release(size_t group) {
 void GradSwap::flush() { swapper_->flush(); }
 
 void GradSwap::discard_all() {
+  std::exception_ptr first;  // every slot is tried; the first failure is reported
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (held_[i]) {
-      held_[i] = false;
-      swapper_->release(slots_[i], /*dirty=*/false);
-    }
-    swapper_->discard(slots_[i]);
     norms_[i] = 0.0f;
+    try {
+      if (held_[i]) {
+        held_[i] = false;
+        swapper_->release(slots_[i], /*dirty=*/false);
+      }
+      swapper_->discard(slots_[i]);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
   }
+  if (first) std::rethrow_exception(first);
 }
 
 }  // namespace zero::offload

@@ -130,7 +130,7 @@ int StateSwapper::adopt_empty(std::vector<at::Tensor> tensors, const std::string
 // ---- the transitions ---------------------------------------------------------
 
 void StateSwapper::start_transfer(Slot& s, bool write) {
-  s.in_flight.clear();
+  abandon_transfer(s);  // nothing is in flight here; if something were, it must end before the pages are reused
   for (size_t i = 0; i < s.tensors.size(); ++i) {
     const at::Tensor& t = s.tensors[i];
     s.in_flight.push_back(write ? engine_->write(*file_, t.data_ptr(), transfer_bytes(t), s.offsets[i])
@@ -162,6 +162,16 @@ void StateSwapper::finish_write(Slot& s) {
     s.dirty = true;             // and write them at their next release
     throw;
   }
+}
+
+void StateSwapper::abandon_transfer(Slot& s) noexcept {
+  for (const auto ticket : s.in_flight) {
+    try {
+      engine_->wait(ticket);
+    } catch (...) {
+    }
+  }
+  s.in_flight.clear();
 }
 
 void StateSwapper::release_pages(Slot& s) {
@@ -215,9 +225,18 @@ void StateSwapper::release(int index, bool dirty) {
     throw std::logic_error("StateSwapper::release: " + s.label + " not acquired");
   s.dirty = s.dirty || dirty;
   if (--s.users > 0) return;  // still in use: the last user's release writes it
-  if (!std::exchange(s.dirty, false)) return release_pages(s);
-  retire_writes();  // one background write at a time
-  start_transfer(s, /*write=*/true);
+  if (!s.dirty) return release_pages(s);
+  try {
+    retire_writes();  // one background write at a time (another slot's failure throws here)
+    start_transfer(s, /*write=*/true);
+  } catch (...) {
+    // Not written: its pages keep the only whole copy, still dirty, written
+    // at its next release (as after a failed write). Pieces already
+    // submitted are waited for first: they read the pages.
+    abandon_transfer(s);
+    throw;
+  }
+  s.dirty = false;
   s.state = State::Writing;
   s.disk_copy = true;  // whole once the write is retired; until then the pages are kept
   if (!options_.pipeline_write) retire_writes();

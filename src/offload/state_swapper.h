@@ -133,6 +133,7 @@ class StateSwapper {
   // Waits for a Writing slot's write; on failure the slot stays in memory, dirty.
   void finish_write(Slot& s);
   void release_pages(Slot& s);
+  void abandon_transfer(Slot& s) noexcept;  // waits for any piece in flight, errors dropped
   void retire_writes();  // every Writing slot -> OnDisk
   int add_slot(std::vector<at::Tensor> tensors, const std::string& label);  // reserves its space; Resident
   std::string where(const Slot& s) const;
