@@ -523,25 +523,29 @@ inline std::pair<std::map<std::string, at::Tensor>, int64_t> run_chunks(int stag
 // Saved by `from` at stage_from, loaded by `to` at stage_to (groups may be
 // null on ranks outside them): training goes on as a run that was on `to`
 // from the start, to the parity tests' round-off. The global batch is 4
-// sequences at every size, so the runs see the same data.
+// sequences at every size, so the runs see the same data. `adjust_from` and
+// `adjust_to`, if given, change either side's config (offload, say).
+using ConfigChange = std::function<zero::Config(const zero::Config&)>;
 inline void expect_reshard(std::shared_ptr<zero::comm::Group> from, int stage_from, std::shared_ptr<zero::comm::Group> to,
-                    int stage_to, const std::string& name) {
+                           int stage_to, const std::string& name, const ConfigChange& adjust_from = {},
+                           const ConfigChange& adjust_to = {}) {
   const auto dir = ckpt_dir(name);
-  auto spec = [](int stage, const zero::comm::Group& g) {
+  auto config = [](int stage, const zero::comm::Group& g, const ConfigChange& adjust) {
     RunSpec s;
     s.stage = stage;
     s.micro = 4 / g.size();
-    return s;
+    const zero::Config c = make_config(s);
+    return adjust ? adjust(c) : c;
   };
   if (from) {
-    GptTrainer t(small_gpt(), make_config(spec(stage_from, *from)), corpus(), 7, world().comm(), from);
+    GptTrainer t(small_gpt(), config(stage_from, *from, adjust_from), corpus(), 7, world().comm(), from);
     for (int i = 0; i < 3; ++i) t.train_step();
     t.save(dir);
   }
   world().comm().barrier(world().group())->wait();
   if (to) {
-    GptTrainer ref(small_gpt(), make_config(spec(stage_to, *to)), corpus(), 7, world().comm(), to);
-    GptTrainer resumed(small_gpt(), make_config(spec(stage_to, *to)), corpus(), 7, world().comm(), to);
+    GptTrainer ref(small_gpt(), config(stage_to, *to, {}), corpus(), 7, world().comm(), to);
+    GptTrainer resumed(small_gpt(), config(stage_to, *to, adjust_to), corpus(), 7, world().comm(), to);
     std::vector<double> want, got;
     for (int i = 0; i < 6; ++i) {
       const double l = ref.train_step().loss;

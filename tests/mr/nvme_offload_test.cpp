@@ -42,8 +42,8 @@ std::string swap_dir(const std::string& name) {
   return dir;
 }
 
-Config with_nvme(const RunSpec& s, const std::string& dir, bool pipeline_read = false, bool pipeline_write = false) {
-  nlohmann::json j = make_config(s).to_json();
+Config with_nvme(const Config& c, const std::string& dir, bool pipeline_read = false, bool pipeline_write = false) {
+  nlohmann::json j = c.to_json();
   j["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"},
                                                  {"nvme_path", dir},
                                                  {"pipeline_read", pipeline_read},
@@ -51,6 +51,9 @@ Config with_nvme(const RunSpec& s, const std::string& dir, bool pipeline_read = 
   // Small pieces and a shallow queue: a group's transfer crosses several.
   j["aio"] = {{"block_size", 8192}, {"queue_depth", 4}};
   return Config::from_json(j);
+}
+Config with_nvme(const RunSpec& s, const std::string& dir, bool pipeline_read = false, bool pipeline_write = false) {
+  return with_nvme(make_config(s), dir, pipeline_read, pipeline_write);
 }
 
 // offload_param on NVMe in `dir` (every shard on disk: max_in_cpu 0), on
@@ -379,6 +382,27 @@ TEST(NvmeOffload, CheckpointsOfParamsOnNvmeResumeExactly) {
   s.dtype = "fp32";  // the master is the shard itself: only the param swap holds it
   const Config nvme = with_nvme_params(with_nvme(s, dir), dir);
   expect_resumes_exactly(nvme, {nvme, make_config(s)}, 2, "nvme-param-ckpt-save");
+  remove_dir(dir);
+}
+
+// A checkpoint of state on NVMe (every param shard, the master and the
+// moments) loads at another world size: onto NVMe and onto memory, and one
+// saved from memory loads onto NVMe, each going on as the run that was
+// there from the start (the reference runs in memory: the oracle).
+TEST(NvmeOffload, CheckpointsOfNvmeStateReshardToAnotherWorldSize) {
+  const std::string dir = swap_dir("reshard");
+  const ConfigChange nvme = [&](const Config& c) {
+    return c.zero.stage == 3 ? with_nvme_params(with_nvme(c, dir), dir) : with_nvme(c, dir);
+  };
+  const int n = world().size();
+  if (n == 2) {
+    expect_reshard(dp_group(), 3, solo_group(), 3, "nvme-2to1", nvme, nvme);
+    expect_reshard(dp_group(), 3, solo_group(), 2, "nvme-2to1-memory", nvme, {});
+    expect_reshard(first_ranks(1), 2, dp_group(), 3, "memory-1to2-nvme", {}, nvme);  // saved by rank 0 alone
+  } else if (n == 4) {
+    expect_reshard(dp_group(), 3, first_ranks(2), 3, "nvme-4to2", nvme, nvme);
+    expect_reshard(first_ranks(2), 3, dp_group(), 2, "nvme-2to4-memory", nvme, {});
+  }
   remove_dir(dir);
 }
 
