@@ -223,7 +223,7 @@ def main():
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from infinity_figures import figures
         f = figures(inf)
-        table(w, f"ZeRO-Infinity: a {f['params'] / 1e9:.2f} B-param GPT, params and optimizer state on NVMe",
+        table(w, f"ZeRO-Infinity: a {f['params'] / 1e9:.2f} B-param GPT, params, grads and optimizer state on NVMe",
               ["model state", "RAM", "peak RSS / rank", "step s", "I/O bound s", "compute s (in memory)",
                "step ÷ larger bound", "losses vs in memory (101M)"],
               [[f"{f['model_state_gb']:.1f} GB", f"{f['ram_gb']:.1f} GB",

@@ -1,9 +1,11 @@
 // ZeRO-Infinity's swapper: state that lives in a swap file on a local disk
-// and in memory only while it is used. Two of them serve NVMe offload:
+// and in memory only while it is used. Three of them serve NVMe offload:
 // offload_optimizer's (each flat group's fp32 master and optimizer state,
-// in memory during the step, a checkpoint, a gathered-params write-back)
-// and offload_param's (stage 3's param shards, in memory while a gather
-// reads them, the step writes them or a checkpoint uses them).
+// in memory during the step, a checkpoint, a gathered-params write-back),
+// the grads' (offload/grad_swap.h: each group's reduced fp32 grad shard,
+// in memory while a reduction writes it or the step reads it) and
+// offload_param's (stage 3's param shards, in memory while a gather reads
+// them, the step writes them or a checkpoint uses them).
 //
 // The tensors keep their address throughout: they are page-backed buffers
 // (memory/page_buffer.h) whose pages are released to the OS once written
