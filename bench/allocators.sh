@@ -6,13 +6,17 @@
 #   fixed-1MiB   today's default: glibc with its mmap threshold fixed at 1 MiB
 #                (zero_cpp.malloc_mmap_threshold 1048576)
 #   glibc        glibc left alone (malloc_mmap_threshold 0)
+#   fixed-8MiB, fixed-32MiB   the threshold fixed higher: activations and
+#                scratch of a few MiB stay in the heap, gathered units
+#                (tens of MiB) are still mapped and unmapped
 #   jemalloc     LD_PRELOAD libjemalloc (Debian's libjemalloc2), its default decay
 #   jemalloc-bg  jemalloc with a background purging thread and 1 s dirty decay
 #   tcmalloc     LD_PRELOAD libtcmalloc_minimal (libtcmalloc-minimal4)
 #   mimalloc     LD_PRELOAD libmimalloc (libmimalloc2.0)
 # The order turns every round (ZERO_BENCH_ROUNDS, default 1), so drift on
 # this shared machine does not favour one policy. A policy whose library is
-# missing is skipped, and said so. Prints one JSON object.
+# missing is skipped, and said so. ZERO_ALLOCATOR_POLICIES="a b ..." runs
+# only those. Prints one JSON object.
 #   bench/allocators.sh BUILD_DIR [STEPS]
 set -euo pipefail
 B=${1:-build}
@@ -23,18 +27,21 @@ ROUNDS=${ZERO_BENCH_ROUNDS:-1}
 bench_model big
 lib=/usr/lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 
-policies=(fixed-1MiB glibc jemalloc jemalloc-bg tcmalloc mimalloc)
+read -r -a policies <<<"${ZERO_ALLOCATOR_POLICIES:-fixed-1MiB glibc fixed-8MiB fixed-32MiB jemalloc jemalloc-bg tcmalloc mimalloc}"
 
 # $1 policy -> sets `preload`, `malloc_conf`, `threshold`; false if unavailable.
 policy() {
   preload="" malloc_conf="" threshold=0
   case $1 in
     fixed-1MiB) threshold=1048576 ;;
+    fixed-8MiB) threshold=8388608 ;;
+    fixed-32MiB) threshold=33554432 ;;
     glibc) ;;
     jemalloc) preload=$lib/libjemalloc.so.2 ;;
     jemalloc-bg) preload=$lib/libjemalloc.so.2 malloc_conf="background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0" ;;
     tcmalloc) preload=$lib/libtcmalloc_minimal.so.4 ;;
     mimalloc) preload=$lib/libmimalloc.so.2 ;;
+    *) echo "allocators: unknown policy '$1'" >&2; exit 2 ;;
   esac
   [ -z "$preload" ] || [ -f "$preload" ]
 }
