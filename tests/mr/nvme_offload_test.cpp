@@ -406,6 +406,73 @@ TEST(NvmeOffload, CheckpointsOfNvmeStateReshardToAnotherWorldSize) {
   remove_dir(dir);
 }
 
+// This process's swap file whose name holds `tag` ("grad", "optimizer",
+// "param"), found by its descriptor (the file itself has no name): its size,
+// and cut to `bytes` if that is not negative. -1: none open.
+int64_t swap_file_size(const std::string& tag, int64_t cut_to = -1) {
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = fs::read_symlink(e.path(), ec).string();
+    if (ec || target.find("zero-cpp-" + tag + "-") == std::string::npos) continue;
+    const int fd = std::stoi(e.path().filename().string());
+    if (cut_to >= 0 && ::ftruncate(fd, cut_to) != 0) return -1;
+    return static_cast<int64_t>(::lseek(fd, 0, SEEK_END));
+  }
+  return -1;
+}
+
+// A disk failure in the middle of a step (the last group's grads cannot be
+// read back: the swap file lost its end) is an error naming what and
+// where; the groups updated before it make this rank's shards disagree
+// with what a retry would assume, so the engine refuses to train on until
+// a checkpoint is loaded -- after which it trains on exactly as a fresh
+// engine resumed from the same checkpoint.
+TEST(NvmeOffload, ADiskFailureMidStepIsNamedAndALoadRecovers) {
+  const std::string dir = swap_dir("mid-step"), ckpt = ckpt_dir("nvme-mid-step");
+  RunSpec s;
+  s.stage = 3;
+  s.dtype = "bf16";
+  const Config c = with_nvme(s, dir);
+  GptTrainer t(small_gpt(), c, corpus(), 7, world().comm(), dp_group());
+  t.train_step();
+  t.save(ckpt);
+  // A backward by hand, then the file loses its end before the step reads
+  // the grads back. Every rank loses the same end, so all fail at the same
+  // group (no rank is left waiting in a collective).
+  Engine& e = t.engine();
+  const auto& mc = t.model()->config();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99 + world().rank());
+  const at::Tensor tokens = at::randint(mc.vocab, {e.batch().micro_batch_per_gpu, mc.seq_len + 1}, gen);
+  e.backward(e.forward([&] { return t.model()->loss(tokens.narrow(1, 0, mc.seq_len), tokens.narrow(1, 1, mc.seq_len)); }));
+  const int64_t size = swap_file_size("grad");
+  ASSERT_GT(size, 4096);
+  ASSERT_EQ(swap_file_size("grad", size - 4096), size - 4096);
+  try {
+    e.step();
+    ADD_FAILURE() << "a step whose grads could not be read went through";
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("reduced grads of group"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("swap file"), std::string::npos) << msg;
+  }
+  try {
+    t.train_step();
+    ADD_FAILURE() << "trained on after a step that failed part way";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("load again"), std::string::npos) << e.what();
+  }
+  t.resume(ckpt);
+  GptTrainer fresh(small_gpt(), c, corpus(), 7, world().comm(), dp_group());
+  fresh.resume(ckpt);
+  for (int i = 0; i < 2; ++i) {
+    const double want = fresh.train_step().loss;
+    EXPECT_EQ(t.train_step().loss, want) << "step " << i << " after the load";
+  }
+  expect_bitwise_equal({{}, t.engine().full_parameters()}, {{}, fresh.engine().full_parameters()});
+  remove_dir(ckpt);
+  remove_dir(dir);
+}
+
 TEST(NvmeOffload, ABadPathIsNamedOnEveryRank) {
   RunSpec s;
   s.stage = 2;
