@@ -151,9 +151,7 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
     // ZeRO-Infinity's param offload: grouping sends each shard to disk as it is made.
     const auto& op = config.zero.offload_param;
     offload::ParamSwapOptions po;
-    po.swapper.nvme_path = op.nvme_path;
-    po.swapper.aio = offload::aio_config(config.aio);
-    po.swapper.rank = dp.rank();
+    po.swapper = offload::swapper_options(op, config.aio, dp.rank());
     po.max_in_cpu = op.max_in_cpu;
     po.buffer_count = op.buffer_count;
     po.buffer_size = op.buffer_size;
@@ -167,13 +165,8 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
   if (policy.shard_grads && device.is_cpu() && config.zero.offload_optimizer.device == OffloadDevice::NVMe) {
     // Grads on NVMe beside the optimizer's state, as DeepSpeed swaps them:
     // from each group's reduction to the step (offload/grad_swap.h).
-    const auto& oo = config.zero.offload_optimizer;
-    offload::SwapperOptions go;
-    go.nvme_path = oo.nvme_path;
-    go.pipeline_read = oo.pipeline_read;
-    go.aio = offload::aio_config(config.aio);
-    go.rank = dp.rank();
-    grad_swap = std::make_unique<offload::GradSwap>(std::move(go));
+    grad_swap = std::make_unique<offload::GradSwap>(
+        offload::swapper_options(config.zero.offload_optimizer, config.aio, dp.rank()));
     optimizer.set_grad_swap(grad_swap.get());
     ro.grad_swap = grad_swap.get();
   }

@@ -105,15 +105,8 @@ FlatOptimizer::FlatOptimizer(const Config& config, const StagePolicy& policy, co
     : config_(config), policy_(policy), hypers_{{1.0, config.optimizer.weight_decay}}, comm_(comm), dp_(dp),
       log_(std::move(log)), scaler_(config.fp16) {
   const OffloadConfig& off = config.zero.offload_optimizer;
-  if (off.device == OffloadDevice::NVMe) {
-    offload::SwapperOptions o;
-    o.nvme_path = off.nvme_path;
-    o.pipeline_read = off.pipeline_read;
-    o.pipeline_write = off.pipeline_write;
-    o.aio = offload::aio_config(config.aio);
-    o.rank = dp.rank();
-    swapper_ = std::make_unique<offload::StateSwapper>(std::move(o));
-  }
+  if (off.device == OffloadDevice::NVMe)
+    swapper_ = std::make_unique<offload::StateSwapper>(offload::swapper_options(off, config.aio, dp.rank()));
 }
 
 FlatOptimizer::~FlatOptimizer() = default;
@@ -376,12 +369,13 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
   }
   const double rate = lr();
   ++optimizer_steps_;
-  groups_updated_ = groups.size();  // LAMB and Muon: any group may change (counted below for the rest)
   if (config_.optimizer.type == OptimizerType::Lamb) {
+    groups_updated_ = groups.size();  // any group may change
     update_lamb(groups, grads, rate, grad_scale);
     return true;
   }
   if (config_.optimizer.type == OptimizerType::Muon) {  // docs/design.md, "Muon over flat shards"
+    groups_updated_ = groups.size();
     muon_update(groups, grads, {config_.optimizer, policy_, comm_, dp_, rate, grad_scale, optimizer_steps_,
                                 [&](const at::Tensor& p) {
                                   auto it = group_of_.find(p.unsafeGetTensorImpl());
@@ -390,7 +384,6 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
                                 }});
     return true;
   }
-  groups_updated_ = 0;
   if (offload_staging_.size() != groups.size()) offload_staging_.resize(groups.size());
   if (!swapper_ && !param_swap_) {
     for (size_t i = 0; i < groups.size(); ++i) {

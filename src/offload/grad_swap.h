@@ -35,7 +35,6 @@ class GradSwap {
   // to the swap file: its pages released, nothing written. Groups are
   // adopted in order (0, 1, ...).
   void adopt(size_t group, const at::Tensor& shard, const std::string& label);
-  bool swapped(size_t group) const { return group < slots_.size(); }
 
   // A reduction is about to write the shard: in memory until reduced().
   // keep: it adds to what the shard holds (read it in); otherwise it is

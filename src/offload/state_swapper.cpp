@@ -18,6 +18,16 @@ io::AioConfig aio_config(const AioSettings& a) {
           a.overlap_events};
 }
 
+SwapperOptions swapper_options(const OffloadConfig& offload, const AioSettings& aio, int rank) {
+  SwapperOptions o;
+  o.nvme_path = offload.nvme_path;
+  o.pipeline_read = offload.pipeline_read;
+  o.pipeline_write = offload.pipeline_write;
+  o.aio = aio_config(aio);
+  o.rank = rank;
+  return o;
+}
+
 namespace {
 
 int64_t aligned(int64_t bytes) { return (bytes + io::kAlignment - 1) / io::kAlignment * io::kAlignment; }

@@ -53,6 +53,7 @@
 
 namespace zero {
 struct AioSettings;
+struct OffloadConfig;
 }
 
 namespace zero::offload {
@@ -74,6 +75,10 @@ struct SwapperOptions {
   io::AioConfig aio;
   int rank = 0;                // names the file and the messages
 };
+
+// A swapper's options from an offload block (nvme_path, the pipelines) and
+// the "aio" block, for `rank`.
+SwapperOptions swapper_options(const OffloadConfig& offload, const AioSettings& aio, int rank);
 
 class StateSwapper {
  public:

@@ -228,7 +228,7 @@ void GradReducer::finish(size_t i) {
     g.grad_shard.add_(s.partial);
   }
   s.partial = at::Tensor();
-  if (opts_.grad_swap && opts_.policy.shard_optimizer_state) opts_.grad_swap->reduced(i, g.grad_shard);
+  if (opts_.grad_swap) opts_.grad_swap->reduced(i, g.grad_shard);  // stages 2/3 only: the shard is this reduction's
   if (opts_.policy.shard_grads) {
     // Only the shard survives the backward: release the full grads.
     if (opts_.contiguous_gradients) g.detach_grads();

@@ -113,6 +113,17 @@ TEST(NvmeOffload, MatchesTheInMemoryRunBitForBit) {
   remove_dir(dir);
 }
 
+// One forward and backward of `t`'s model on random tokens drawn from
+// `seed` (the same on every run, so two runs see the same batches); its loss.
+double backward_on_random_tokens(GptTrainer& t, uint64_t seed) {
+  Engine& e = t.engine();
+  const auto& mc = t.model()->config();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const at::Tensor tokens = at::randint(mc.vocab, {e.batch().micro_batch_per_gpu, mc.seq_len + 1}, gen);
+  return e.backward(e.forward([&] { return t.model()->loss(tokens.narrow(1, 0, mc.seq_len), tokens.narrow(1, 1, mc.seq_len)); }))
+      .item<double>();
+}
+
 // Trains `steps` steps by hand (GptTrainer's batches are its own) so that
 // `before_step` sees the engine between the last backward and the step,
 // when the reduced grads are all there and nothing has read them yet.
@@ -123,15 +134,11 @@ struct HandRun {
 HandRun train_by_hand(const Config& c, int steps, const std::function<void(Engine&)>& before_step) {
   GptTrainer t(small_gpt(), c, corpus(), /*seed=*/7, world().comm(), dp_group());
   Engine& e = t.engine();
-  const auto& mc = t.model()->config();
   HandRun run;
   for (int i = 0; i < steps; ++i) {
     double loss = 0.0;
     for (int64_t j = 0; j < e.batch().gradient_accumulation_steps; ++j) {
-      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1000 * i + 10 * j + world().rank());
-      const at::Tensor tokens = at::randint(mc.vocab, {e.batch().micro_batch_per_gpu, mc.seq_len + 1}, gen);
-      const at::Tensor x = tokens.narrow(1, 0, mc.seq_len), y = tokens.narrow(1, 1, mc.seq_len);
-      loss += e.backward(e.forward([&] { return t.model()->loss(x, y); })).item<double>();
+      loss += backward_on_random_tokens(t, 1000 * i + 10 * j + world().rank());
       if (e.is_gradient_accumulation_boundary() && before_step) before_step(e);
       e.step();
     }
@@ -440,10 +447,7 @@ TEST(NvmeOffload, ADiskFailureMidStepIsNamedAndALoadRecovers) {
   // the grads back. Every rank loses the same end, so all fail at the same
   // group (no rank is left waiting in a collective).
   Engine& e = t.engine();
-  const auto& mc = t.model()->config();
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99 + world().rank());
-  const at::Tensor tokens = at::randint(mc.vocab, {e.batch().micro_batch_per_gpu, mc.seq_len + 1}, gen);
-  e.backward(e.forward([&] { return t.model()->loss(tokens.narrow(1, 0, mc.seq_len), tokens.narrow(1, 1, mc.seq_len)); }));
+  backward_on_random_tokens(t, 99 + world().rank());
   const int64_t size = swap_file_size("grad");
   ASSERT_GT(size, 4096);
   ASSERT_EQ(swap_file_size("grad", size - 4096), size - 4096);
