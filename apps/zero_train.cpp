@@ -35,6 +35,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memory/cpu_allocator.h"
 #include "memory/device_memory.h"
 #include "train/gpt_trainer.h"
 
@@ -136,6 +137,22 @@ Args parse(int argc, char** argv) {
   if (!a.resume_tag.empty() && a.resume_dir.empty()) usage("--tag needs --resume DIR");
   if (a.model.d_model % a.model.n_head) usage("--d-model must be divisible by --heads");
   return a;
+}
+
+int64_t minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// zero_cpp.cpu_allocator "caching": how its large blocks were served.
+nlohmann::json large_blocks_json() {
+  const zero::memory::LargeBlockCacheStats s = zero::memory::cpu_large_block_stats();
+  return {{"allocator", zero::to_string(zero::memory::current_cpu_allocator())},
+          {"hits", s.hits},
+          {"maps", s.maps},
+          {"unmaps", s.unmaps},
+          {"peak_mapped_bytes", s.peak_mapped_bytes}};
 }
 
 int64_t peak_rss_bytes() {
@@ -377,7 +394,9 @@ int main(int argc, char** argv) {
           {"skipped_steps", engine.skipped_steps()},
           {"backward_chunks", args.backward_chunks},
           {"coalesce", args.coalesce},
-          {"last_step_comm", comm_json(last_comm)}});
+          {"last_step_comm", comm_json(last_comm)},
+          {"minor_faults", minor_faults()},  // this rank's, over the whole run
+          {"large_blocks", large_blocks_json()}});
     world->shutdown();  // communicators go while CUDA is up (the World's destructor would too)
     return 0;
   } catch (const std::exception& e) {

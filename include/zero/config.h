@@ -142,6 +142,14 @@ struct SchedulerConfig {
   double decay_mom_rate = 0.0;  ///< OneCycle: decay_mom_rate
 };
 
+/// Which allocator torch's CPU tensors come from (`zero_cpp.cpu_allocator`).
+/// Caching: blocks of 1 MiB and more are kept mapped between uses and reused
+/// by size, within the peak the step already held (src/memory/large_block_cache.h);
+/// smaller ones, and Torch, are torch's own default allocator.
+enum class CpuAllocator { Caching, Torch };
+/// Its ds_config spelling ("caching", "torch").
+const char* to_string(CpuAllocator);
+
 /// Where offloaded state lives: nowhere (on the model's device), host memory, or NVMe (ZeRO-Infinity: the optimizer's state only, so far).
 enum class OffloadDevice { None, CPU, NVMe };
 /// Its ds_config spelling ("none", "cpu", "nvme").
@@ -257,6 +265,9 @@ struct Config {
   /// instead of holding the heap at its high-water mark (src/memory/malloc_policy.h);
   /// 0 leaves glibc's moving threshold alone, as does MALLOC_MMAP_THRESHOLD_.
   int64_t malloc_mmap_threshold = 1 << 20;
+  /// "zero_cpp": {"cpu_allocator": "caching" | "torch"}: the allocator the
+  /// engine installs for torch's CPU tensors, process-wide (CpuAllocator).
+  CpuAllocator cpu_allocator = CpuAllocator::Caching;
   /// "zero_cpp": {"compute_dtype": "auto" | "fp32" | "bf16" | "fp16"}: the
   /// dtype the module's params have in forward and backward under bf16/fp16
   /// (they are stored and communicated in 16 bits either way). "auto" (the

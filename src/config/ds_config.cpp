@@ -472,6 +472,8 @@ const char* to_string(SchedulerType t) {
   }
 }
 
+const char* to_string(CpuAllocator a) { return a == CpuAllocator::Torch ? "torch" : "caching"; }
+
 const char* to_string(OffloadDevice d) {
   switch (d) {
     case OffloadDevice::CPU: return "cpu";
@@ -514,6 +516,9 @@ Config Config::from_json(const json& j) {
     c.broadcast_buffers = own.get_bool("broadcast_buffers", c.broadcast_buffers);
     // glibc caps its threshold at 32 MiB on 64-bit (HEAP_MAX / 2).
     c.malloc_mmap_threshold = own.get_int("malloc_mmap_threshold", c.malloc_mmap_threshold, 0, int64_t{32} << 20);
+    c.cpu_allocator = own.get_choice("cpu_allocator", "caching", {"caching", "torch"}) == "torch"
+                          ? CpuAllocator::Torch
+                          : CpuAllocator::Caching;
     const std::string compute = own.get_choice("compute_dtype", "auto", {"auto", "fp32", "bf16", "fp16"});
     if (compute != "auto") c.compute_dtype = parse_dtype(compute);
     c.stage3_gather_fp32_master = own.get_bool("stage3_gather_fp32_master", c.stage3_gather_fp32_master);
@@ -794,6 +799,7 @@ json Config::to_json() const {
   j["zero_cpp"] = {{"comm_fast_path", comm_fast_path},
                    {"broadcast_buffers", broadcast_buffers},
                    {"malloc_mmap_threshold", malloc_mmap_threshold},
+                   {"cpu_allocator", to_string(cpu_allocator)},
                    {"compute_dtype", compute_dtype ? to_string(*compute_dtype) : "auto"},
                    {"stage3_gather_fp32_master", stage3_gather_fp32_master}};
   if (optimizer.given) {

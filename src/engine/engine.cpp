@@ -19,6 +19,7 @@
 
 #include "engine/engine_impl.h"
 #include "engine/nested_backward.h"
+#include "memory/cpu_allocator.h"
 #include "memory/malloc_policy.h"
 #include "memory/page_buffer.h"
 #include "offload/grad_swap.h"
@@ -141,6 +142,7 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
       groups(model.groups) {
   if (!config.comm_fast_path) comm.set_fast_paths_enabled(false);  // every rank builds its engine at the same point
   memory::fix_mmap_threshold(static_cast<size_t>(config.malloc_mmap_threshold));
+  memory::use_cpu_allocator(config.cpu_allocator);
   optim::set_kernel_threads(at::get_num_threads());
   batch = config.resolve_batch(dp.size());
   check_same_model_on_all_ranks(m, comm, dp);
@@ -675,6 +677,7 @@ std::string Engine::describe() const {
      << c10::toString(m.precision.grad) << ", " << to_string(m.config.optimizer.type)
      << " kernel " << optim::kernel_isa() << ", micro-batch " << m.batch.micro_batch_per_gpu
      << " x accumulation " << m.batch.gradient_accumulation_steps << " x dp " << m.dp.size()
+     << ", CPU allocator " << to_string(memory::current_cpu_allocator())
      << (m.model.note.empty() ? "" : "; " + m.model.note)
      << "; init flattened params in place, group by group (peak over the model: largest group, "
      << m.model.largest_group_bytes / (1 << 20) << " MiB)"

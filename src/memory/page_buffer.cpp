@@ -11,6 +11,7 @@
 
 #include <c10/core/Allocator.h>
 
+#include "memory/cpu_allocator.h"
 #include "memory/release_guard.h"
 #include "memory/shared_arena.h"
 
@@ -29,6 +30,7 @@ struct Mapping {
 void unmap(void* ctx) {
   auto* m = static_cast<Mapping*>(ctx);
   unregister_released_region(m->guard_id);
+  if (m->committed) note_pages_outside_cache(-static_cast<std::ptrdiff_t>(m->bytes));
   // A shared range's pages are freed now, not when the last peer's cached
   // mapping lets go (memory/shared_arena.h).
   if (m->shared) free_shared_range(*m->shared);
@@ -93,10 +95,14 @@ class PageAllocator final : public c10::Allocator {
   explicit PageAllocator(bool shared) : shared_(shared) {}
   c10::DataPtr allocate(size_t bytes) override {
     if (bytes == 0) return {nullptr, nullptr, nullptr, c10::Device(c10::DeviceType::CPU)};
+    note_pages_outside_cache(static_cast<std::ptrdiff_t>(bytes));  // before: the cache makes room
     if (shared_ && shared_buffers_enabled())
       if (Mapping* m = map_shared(bytes)) return {m->ptr, m, &unmap, c10::Device(c10::DeviceType::CPU)};
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) out_of_memory(bytes);
+    if (p == MAP_FAILED) {
+      note_pages_outside_cache(-static_cast<std::ptrdiff_t>(bytes));
+      out_of_memory(bytes);
+    }
     // Stage 3 releases and refills its gathered params every step: in 2 MiB
     // pages that is one fault where 4 KiB pages take 512 (where the system's
     // transparent huge pages are "madvise" or "always"; a hint otherwise).
@@ -165,14 +171,18 @@ void release_pages(const at::Tensor& flat) {
   if (!freed || mprotect(m.ptr, len, PROT_NONE) != 0)
     throw std::runtime_error(std::string("zero-cpp: releasing a flat buffer failed: ") + std::strerror(errno));
   m.committed = false;
+  note_pages_outside_cache(-static_cast<std::ptrdiff_t>(m.bytes));
 }
 
 void restore_pages(const at::Tensor& flat) {
   if (flat.storage().nbytes() == 0) return;
   Mapping& m = page_mapping(flat, "restore_pages");
   if (m.committed) return;
-  if (mprotect(m.ptr, page_rounded(m.bytes), PROT_READ | PROT_WRITE) != 0)
+  note_pages_outside_cache(static_cast<std::ptrdiff_t>(m.bytes));  // before its pages come in
+  if (mprotect(m.ptr, page_rounded(m.bytes), PROT_READ | PROT_WRITE) != 0) {
+    note_pages_outside_cache(-static_cast<std::ptrdiff_t>(m.bytes));
     throw std::runtime_error(std::string("zero-cpp: restoring a flat buffer failed: ") + std::strerror(errno));
+  }
   // A gather is about to write all of it: fault every page in with one call
   // rather than one trap per 4 KiB page (Linux 5.14+; older kernels fault
   // them in as the gather writes).

@@ -361,12 +361,17 @@ TEST(ConfigDeepSpeed0198, NewKeysOnlyAtTheirDefaultOrHonoured) {
   EXPECT_TRUE(n.zero.overlap_comm());
 }
 
-TEST(ConfigOwnKeys, MallocMmapThreshold) {
+TEST(ConfigOwnKeys, MallocMmapThresholdAndCpuAllocator) {
   EXPECT_EQ(Config::from_string("{}").malloc_mmap_threshold, 1 << 20);
   Config c = Config::from_string(R"({"zero_cpp": {"malloc_mmap_threshold": 0}})");
   EXPECT_EQ(c.malloc_mmap_threshold, 0);
   EXPECT_EQ(Config::from_json(c.to_json()).malloc_mmap_threshold, 0);
   expect_error(R"({"zero_cpp": {"malloc_mmap_threshold": 67108864}})", {"zero_cpp.malloc_mmap_threshold"});
+  EXPECT_EQ(Config::from_string("{}").cpu_allocator, zero::CpuAllocator::Caching);
+  Config t = Config::from_string(R"({"zero_cpp": {"cpu_allocator": "torch"}})");
+  EXPECT_EQ(t.cpu_allocator, zero::CpuAllocator::Torch);
+  EXPECT_EQ(Config::from_json(t.to_json()).cpu_allocator, zero::CpuAllocator::Torch);
+  expect_error(R"({"zero_cpp": {"cpu_allocator": "jemalloc"}})", {"zero_cpp.cpu_allocator", "jemalloc"});
 }
 
 TEST(ConfigOwnKeys, ComputeDtype) {

@@ -1,0 +1,112 @@
+#include "memory/large_block_cache.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <new>
+
+namespace zero::memory {
+
+namespace {
+
+size_t page_size() {
+  static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return size;
+}
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+LargeBlockCache::~LargeBlockCache() { release_cached(); }
+
+size_t LargeBlockCache::size_class(size_t bytes) {
+  size_t pow2 = 1;  // the largest power of two not above `bytes`
+  while (pow2 <= bytes / 2) pow2 *= 2;
+  return round_up(bytes, std::max(page_size(), pow2 / 16));
+}
+
+void* LargeBlockCache::allocate(size_t bytes) {
+  const size_t size = size_class(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = by_size_.find(size); it != by_size_.end() && !it->second.empty()) {
+    const Lru::iterator cached = it->second.back();
+    it->second.pop_back();
+    void* block = cached->block;
+    lru_.erase(cached);
+    stats_.cached_bytes -= size;
+    stats_.live_bytes += size;
+    stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes + stats_.outside_bytes);
+    live_.emplace(block, size);
+    ++stats_.hits;
+    return block;
+  }
+  // A miss: map a block only within the most ever in use (plus the slack),
+  // giving back the least recently freed blocks first where it would not fit.
+  stats_.live_bytes += size;
+  fit_locked();
+  void* block = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (block == MAP_FAILED) {
+    stats_.live_bytes -= size;
+    throw std::bad_alloc();
+  }
+  live_.emplace(block, size);
+  ++stats_.maps;
+  stats_.peak_mapped_bytes =
+      std::max(stats_.peak_mapped_bytes, stats_.live_bytes + stats_.outside_bytes + stats_.cached_bytes);
+  return block;
+}
+
+bool LargeBlockCache::free(void* block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = live_.find(block);
+  if (it == live_.end()) return false;
+  const size_t size = it->second;
+  live_.erase(it);
+  stats_.live_bytes -= size;
+  stats_.cached_bytes += size;
+  by_size_[size].push_back(lru_.insert(lru_.end(), Cached{block, size}));
+  return true;
+}
+
+void LargeBlockCache::note_outside(std::ptrdiff_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bytes < 0) {
+    stats_.outside_bytes -= std::min(stats_.outside_bytes, static_cast<size_t>(-bytes));
+    return;
+  }
+  stats_.outside_bytes += static_cast<size_t>(bytes);
+  fit_locked();
+  stats_.peak_mapped_bytes =
+      std::max(stats_.peak_mapped_bytes, stats_.live_bytes + stats_.outside_bytes + stats_.cached_bytes);
+}
+
+void LargeBlockCache::fit_locked() {
+  const size_t in_use = stats_.live_bytes + stats_.outside_bytes;
+  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, in_use);
+  while (!lru_.empty() && in_use + stats_.cached_bytes > stats_.peak_live_bytes + slack_) unmap_oldest_locked();
+}
+
+void LargeBlockCache::release_cached() {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!lru_.empty()) unmap_oldest_locked();
+}
+
+LargeBlockCacheStats LargeBlockCache::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void LargeBlockCache::unmap_oldest_locked() {
+  const Cached oldest = lru_.front();
+  std::vector<Lru::iterator>& same = by_size_[oldest.bytes];
+  // The oldest of its size is the first in its list.
+  same.erase(same.begin());
+  lru_.pop_front();
+  munmap(oldest.block, oldest.bytes);
+  stats_.cached_bytes -= oldest.bytes;
+  ++stats_.unmaps;
+}
+
+}  // namespace zero::memory
