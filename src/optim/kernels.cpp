@@ -41,43 +41,43 @@ inline void store_out(void* out, int64_t i, float x, Out16 kind) {
 // The per-chunk loops, one clone per instruction set (see kernels.h); the
 // per-element formulas are optim/update_math.h's, shared with the CUDA kernels.
 ZERO_CLONES
+void downcast_chunk(const float* __restrict src, void* __restrict dst, int64_t n, Out16 kind) {
+  for (int64_t i = 0; i < n; ++i) store_out(dst, i, src[i], kind);
+}
+
+// The update and the 16-bit write are two loops over the chunk (still in
+// cache for the second): the update alone has no per-element branch, so
+// GCC vectorizes it; the write's conversions do not vectorize.
+ZERO_CLONES
 void adam_chunk(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
                 int64_t n, const AdamCoeffs c, void* __restrict out, Out16 kind) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float param = adam_element(p[i], g[i], m[i], v[i], c);
-    p[i] = param;
-    if (out) store_out(out, i, param, kind);
+  if (c.adam_w_mode) {  // one loop per mode, so adam_element's branch on it folds away
+    for (int64_t i = 0; i < n; ++i) p[i] = adam_element(p[i], g[i], m[i], v[i], c);
+  } else {
+    for (int64_t i = 0; i < n; ++i) p[i] = adam_element(p[i], g[i], m[i], v[i], c);
   }
+  if (out) downcast_chunk(p, out, n, kind);
 }
 
 ZERO_CLONES
 void sgd_chunk(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n,
                const SgdHyper h, float grad_scale, void* __restrict out, Out16 kind) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float param = sgd_element(p[i], g[i], buf ? buf + i : nullptr, h, grad_scale);
-    p[i] = param;
-    if (out) store_out(out, i, param, kind);
-  }
+  for (int64_t i = 0; i < n; ++i) p[i] = sgd_element(p[i], g[i], buf ? buf + i : nullptr, h, grad_scale);
+  if (out) downcast_chunk(p, out, n, kind);
 }
 
 ZERO_CLONES
 void lion_chunk(float* __restrict p, const float* __restrict g, float* __restrict m, int64_t n, const LionHyper h,
                 float grad_scale, void* __restrict out, Out16 kind) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float param = lion_element(p[i], g[i], m[i], h, grad_scale);
-    p[i] = param;
-    if (out) store_out(out, i, param, kind);
-  }
+  for (int64_t i = 0; i < n; ++i) p[i] = lion_element(p[i], g[i], m[i], h, grad_scale);
+  if (out) downcast_chunk(p, out, n, kind);
 }
 
 ZERO_CLONES
 void adagrad_chunk(float* __restrict p, const float* __restrict g, float* __restrict sum, int64_t n,
                    const AdagradHyper h, float grad_scale, void* __restrict out, Out16 kind) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float param = adagrad_element(p[i], g[i], sum[i], h, grad_scale);
-    p[i] = param;
-    if (out) store_out(out, i, param, kind);
-  }
+  for (int64_t i = 0; i < n; ++i) p[i] = adagrad_element(p[i], g[i], sum[i], h, grad_scale);
+  if (out) downcast_chunk(p, out, n, kind);
 }
 
 ZERO_CLONES
@@ -96,11 +96,8 @@ void lamb_moments_chunk(const float* __restrict p, const float* __restrict g, fl
 ZERO_CLONES
 void lamb_apply_chunk(float* __restrict p, const float* __restrict m, const float* __restrict v, int64_t n,
                       const LambHyper h, float scaled_step, void* __restrict out, Out16 kind) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float param = p[i] - scaled_step * lamb_direction(p[i], m[i], v[i], h);
-    p[i] = param;
-    if (out) store_out(out, i, param, kind);
-  }
+  for (int64_t i = 0; i < n; ++i) p[i] = p[i] - scaled_step * lamb_direction(p[i], m[i], v[i], h);
+  if (out) downcast_chunk(p, out, n, kind);
 }
 
 ZERO_CLONES
@@ -112,16 +109,8 @@ void muon_momentum_chunk(const float* __restrict g, float* __restrict m, float* 
 ZERO_CLONES
 void muon_apply_chunk(float* __restrict p, const float* __restrict u, int64_t n, const MuonHyper h,
                       void* __restrict out, Out16 kind) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float param = muon_apply_element(p[i], u[i], h);
-    p[i] = param;
-    if (out) store_out(out, i, param, kind);
-  }
-}
-
-ZERO_CLONES
-void downcast_chunk(const float* __restrict src, void* __restrict dst, int64_t n, Out16 kind) {
-  for (int64_t i = 0; i < n; ++i) store_out(dst, i, src[i], kind);
+  for (int64_t i = 0; i < n; ++i) p[i] = muon_apply_element(p[i], u[i], h);
+  if (out) downcast_chunk(p, out, n, kind);
 }
 
 // `out` advanced by `lo` elements of its kind.
