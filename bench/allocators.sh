@@ -3,8 +3,16 @@
 # micro-batch 4, fp32, 2 ranks) at stages 0 and 3 under each policy, side by
 # side in one invocation: step time (median of steps 3 and later) and peak
 # RSS per rank.
-#   fixed-1MiB   today's default: glibc with its mmap threshold fixed at 1 MiB
-#                (zero_cpp.malloc_mmap_threshold 1048576)
+#   caching      the default: torch's CPU tensors of 1 MiB and more from the
+#                engine's caching allocator (zero_cpp.cpu_allocator "caching",
+#                src/memory/large_block_cache.h), the rest from glibc with its
+#                mmap threshold fixed at 1 MiB
+#   caching-noslack   the same with no slack (ZERO_LARGE_BLOCK_SLACK_MB=0):
+#                the cache never holds more than the peak in use
+#   The others give torch's CPU tensors torch's own allocator
+#   (zero_cpp.cpu_allocator "torch"), so malloc decides:
+#   fixed-1MiB   glibc with its mmap threshold fixed at 1 MiB (the default
+#                before the caching allocator; zero_cpp.malloc_mmap_threshold 1048576)
 #   glibc        glibc left alone (malloc_mmap_threshold 0)
 #   fixed-8MiB, fixed-32MiB   the threshold fixed higher: activations and
 #                scratch of a few MiB stay in the heap, gathered units
@@ -27,12 +35,15 @@ ROUNDS=${ZERO_BENCH_ROUNDS:-1}
 bench_model big
 lib=/usr/lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 
-read -r -a policies <<<"${ZERO_ALLOCATOR_POLICIES:-fixed-1MiB glibc fixed-8MiB fixed-32MiB jemalloc jemalloc-bg tcmalloc mimalloc}"
+read -r -a policies <<<"${ZERO_ALLOCATOR_POLICIES:-caching caching-noslack fixed-1MiB glibc fixed-8MiB fixed-32MiB jemalloc jemalloc-bg tcmalloc mimalloc}"
 
-# $1 policy -> sets `preload`, `malloc_conf`, `threshold`; false if unavailable.
+# $1 policy -> sets `preload`, `malloc_conf`, `threshold`, `allocator`,
+# `slack`; false if unavailable.
 policy() {
-  preload="" malloc_conf="" threshold=0
+  preload="" malloc_conf="" threshold=0 allocator=torch slack=""
   case $1 in
+    caching) threshold=1048576 allocator=caching ;;
+    caching-noslack) threshold=1048576 allocator=caching slack=0 ;;
     fixed-1MiB) threshold=1048576 ;;
     fixed-8MiB) threshold=8388608 ;;
     fixed-32MiB) threshold=33554432 ;;
@@ -56,10 +67,11 @@ for ((round = 0; round < ROUNDS; round++)); do
     for p in "${order[@]}"; do
       if ! policy "$p"; then echo "allocators: $p skipped ($preload missing)" >&2; continue; fi
       bench_config "$stage" fp32
-      sed -i "s|^{ |{ \"zero_cpp\": {\"malloc_mmap_threshold\": $threshold}, |" "$tmp/c.json"
+      sed -i "s|^{ |{ \"zero_cpp\": {\"malloc_mmap_threshold\": $threshold, \"cpu_allocator\": \"$allocator\"}, |" "$tmp/c.json"
       summary=$(
         [ -z "$preload" ] || export LD_PRELOAD=$preload
         [ -z "$malloc_conf" ] || export MALLOC_CONF=$malloc_conf
+        [ -z "$slack" ] || export ZERO_LARGE_BLOCK_SLACK_MB=$slack
         zero_train_summary --steps "$STEPS" "${model_args[@]}")
       [ $first = 1 ] || echo ','
       first=0

@@ -218,6 +218,13 @@ def main():
         table(w, "Allocation policies (GPT 8x1024, fp32, 2 ranks)",
               ["stage", "policy", "step ms", "÷ fixed-1MiB", "peak RSS / rank", "÷ fixed-1MiB"], rows)
 
+    goal_run = load("goals.json")
+    if goal_run:
+        table(w, f"Issue 34's goals in one invocation (GPT {goal_run['model']}, fp32, 2 ranks, "
+                 f"{goal_run['rounds']} round(s), bench/goals.sh)",
+              ["ratio", "measured", "goal", "met"],
+              [[k, f"{g['ratio']:.2f}", g["goal"], "yes" if g["met"] else "no"] for k, g in goal_run["goals"].items()])
+
     inf = load("infinity.json")
     if inf:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

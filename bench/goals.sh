@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Issue 34's goals, with every default, in one invocation: zero-cpp at
+# stages 0 and 3 and the peers -- PyTorch DDP, FSDP2 and DeepSpeed stage 3
+# (fp32, 2 ranks of 1 thread, Gloo; bench/peer_gpt.py) -- on one GPT, from
+# the same exported weights and batches, ZERO_BENCH_ROUNDS rounds (default
+# 1), the order turned every round. Prints the runs and each goal as a
+# ratio of the runs' median step times (steps 3 and later) and peak RSS
+# per rank (rank 0's), the medians over rounds:
+#   stage0_vs_ddp      zero-cpp stage 0 / DDP                  goal <= 0.95
+#   stage3_vs_ds3      zero-cpp stage 3 / DeepSpeed stage 3    goal <= 0.70
+#   stage3_vs_fsdp2    zero-cpp stage 3 / FSDP2                goal <= 0.75
+#   stage3_vs_stage0   zero-cpp stage 3 / stage 0              goal <= 1.05
+#   rss3_vs_ds3        stage 3's peak RSS / DeepSpeed stage 3's goal <= 0.5
+#   saving_vs_ideal    (stage 0 - stage 3 peak RSS) / 16 psi (1 - 1/N)  goal >= 0.9
+#   bench/goals.sh BUILD_DIR PYTHON [small|big] [STEPS]
+set -euo pipefail
+B=${1:-build}
+PY=${2:?the python of the torch environment}
+MODEL=${3:-big}
+STEPS=${4:-6}
+ROUNDS=${ZERO_BENCH_ROUNDS:-1}
+. "$(dirname "$0")/lib.sh"
+here=$(cd "$(dirname "$0")" && pwd)
+
+bench_model "$MODEL"
+L=${model_args[1]} D=${model_args[3]} H=${model_args[5]} S=${model_args[7]}
+"$B/bench/bench_export_gpt" "$tmp" "$L" "$D" "$H" "$S" 8 "$STEPS"
+
+cases=("zero 0" "zero 3" "ddp 0" "fsdp2 3" "deepspeed 3")
+runs=$tmp/runs.jsonl
+for ((round = 0; round < ROUNDS; round++)); do
+  order=("${cases[@]}")
+  if [ $((round % 2)) = 1 ]; then for ((i = 0; i < ${#cases[@]}; i++)); do order[i]=${cases[-1 - i]}; done; fi
+  for c in "${order[@]}"; do
+    read -r who stage <<< "$c"
+    bench_config "$stage" fp32
+    if [ "$who" = zero ]; then
+      result=$(zero_train_summary --steps "$STEPS" "${model_args[@]}")
+    else
+      DS_ACCELERATOR=cpu "$B/zero-run" -n 2 -- "$PY" "$here/peer_gpt.py" "$who" "$tmp" "$L" "$D" "$H" "$S" "$STEPS" \
+        "$tmp/c.json" "$tmp/peer.json" > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
+      result=$(cat "$tmp/peer.json")
+    fi
+    printf '{"round": %d, "who": "%s", "stage": %s, "result": %s}\n' "$round" "$who" "$stage" "$result" >> "$runs"
+  done
+done
+
+python3 - "$runs" "$MODEL" <<'PY'
+import json, statistics, sys
+runs = [json.loads(line) for line in open(sys.argv[1])]
+def med(who, stage, key):
+    return statistics.median(r["result"][key] for r in runs if r["who"] == who and r["stage"] == stage)
+step = lambda who, stage: med(who, stage, "median_step_ms")
+rss = lambda who, stage: med(who, stage, "peak_rss_bytes")
+ideal = statistics.median(r["result"]["model_state_bytes_stage0"] for r in runs if r["who"] == "zero") * (1 - 1 / 2)
+goals = {
+    "stage0_vs_ddp": [step("zero", 0) / step("ddp", 0), "<=", 0.95],
+    "stage3_vs_ds3": [step("zero", 3) / step("deepspeed", 3), "<=", 0.70],
+    "stage3_vs_fsdp2": [step("zero", 3) / step("fsdp2", 3), "<=", 0.75],
+    "stage3_vs_stage0": [step("zero", 3) / step("zero", 0), "<=", 1.05],
+    "rss3_vs_ds3": [rss("zero", 3) / rss("deepspeed", 3), "<=", 0.5],
+    "saving_vs_ideal": [(rss("zero", 0) - rss("zero", 3)) / ideal, ">=", 0.9],
+}
+out = {"bench": "goals", "model": sys.argv[2], "ranks": 2, "dtype": "fp32", "rounds": max(r["round"] for r in runs) + 1,
+       "goals": {k: {"ratio": round(v, 3), "goal": f"{op} {g}", "met": v <= g if op == "<=" else v >= g}
+                 for k, (v, op, g) in goals.items()},
+       "runs": runs}
+print(json.dumps(out, indent=1))
+PY
