@@ -1,10 +1,12 @@
 #include "memory/cpu_allocator.h"
 
 #include <cstdlib>
+#include <new>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
 
 namespace zero::memory {
 
@@ -31,9 +33,22 @@ void release(void* block) {
 class CachingCpuAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t bytes) override {
-    void* block = bytes >= kLargeBlockBytes ? large_blocks().allocate(bytes) : c10::alloc_cpu(bytes);
+    void* block = bytes >= kLargeBlockBytes ? allocate_large(bytes) : c10::alloc_cpu(bytes);
     return {block, block, &release, c10::Device(c10::DeviceType::CPU)};
   }
+
+ private:
+  // Out of memory as torch's own CPU allocator reports it (c10::OutOfMemoryError).
+  static void* allocate_large(size_t bytes) {
+    try {
+      return large_blocks().allocate(bytes);
+    } catch (const std::bad_alloc&) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "zero-cpp's caching CPU allocator: not enough memory: you tried to "
+                       "allocate ", bytes, " bytes (zero_cpp.cpu_allocator)");
+    }
+  }
+
+ public:
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, size_t count) const override { default_copy_data(dest, src, count); }
 };

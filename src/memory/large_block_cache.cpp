@@ -47,6 +47,10 @@ void* LargeBlockCache::allocate(size_t bytes) {
   stats_.live_bytes += size;
   fit_locked();
   void* block = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (block == MAP_FAILED && !lru_.empty()) {  // what is cached may be what stands in the way
+    while (!lru_.empty()) unmap_oldest_locked();
+    block = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  }
   if (block == MAP_FAILED) {
     stats_.live_bytes -= size;
     throw std::bad_alloc();

@@ -5,6 +5,7 @@
 // tensor afresh. Each case runs in a child process: the allocator and the
 // threshold are process-wide.
 #include <cstdlib>
+#include <string>
 
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -87,6 +88,21 @@ TEST(CpuAllocator, TensorsOutliveASwitchAndTheirBlocksGoBack) {
   ASSERT_TRUE(zero::memory::use_cpu_allocator(CpuAllocator::Caching));
   at::Tensor a = at::full({1 << 19}, 3.0f);
   EXPECT_TRUE(at::equal(a.clone(), a));
+  ASSERT_TRUE(zero::memory::use_cpu_allocator(CpuAllocator::Torch));
+}
+
+// More than the address space can map: torch's own out-of-memory error,
+// naming the size, and the cache still serves the next request.
+TEST(CpuAllocator, OutOfMemoryIsTorchsError) {
+  ASSERT_TRUE(zero::memory::use_cpu_allocator(CpuAllocator::Caching));
+  try {
+    at::Tensor huge = at::empty({int64_t{1} << 50}, at::kByte);  // 1 PiB
+    ADD_FAILURE() << "1 PiB allocated";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("1125899906842624 bytes"), std::string::npos) << e.what();
+  }
+  at::Tensor fine = at::ones({1 << 20});
+  EXPECT_EQ(fine.sum().item<float>(), static_cast<float>(1 << 20));
   ASSERT_TRUE(zero::memory::use_cpu_allocator(CpuAllocator::Torch));
 }
 
