@@ -51,11 +51,7 @@ void downcast_chunk(const float* __restrict src, void* __restrict dst, int64_t n
 ZERO_CLONES
 void adam_chunk(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
                 int64_t n, const AdamCoeffs c, void* __restrict out, Out16 kind) {
-  if (c.adam_w_mode) {  // one loop per mode, so adam_element's branch on it folds away
-    for (int64_t i = 0; i < n; ++i) p[i] = adam_element(p[i], g[i], m[i], v[i], c);
-  } else {
-    for (int64_t i = 0; i < n; ++i) p[i] = adam_element(p[i], g[i], m[i], v[i], c);
-  }
+  for (int64_t i = 0; i < n; ++i) p[i] = adam_element(p[i], g[i], m[i], v[i], c);
   if (out) downcast_chunk(p, out, n, kind);
 }
 
