@@ -8,9 +8,12 @@
 #include <filesystem>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/normalization.h>
 
 #include "fixtures.h"
+#include "memory/cpu_allocator.h"
 
 namespace zero::test {
 namespace {
@@ -193,6 +196,46 @@ TEST(StockModules, Stage3WithParamsAndOptimizerOnNvmeMatchesMemory) {
     EXPECT_LT(got.at_rest.params, want.at_rest.params) << "the shards are on disk between steps";
   }
   remove_dir(dir);
+}
+
+// The caching CPU allocator (the default) on a user's model of stock layers
+// whose activations are MiBs (so they come from its cache: its hits are
+// counted), with a frozen layer and LayerNorm: the same losses and state as
+// torch's own allocator, bit for bit, at stages 0 and 3.
+TEST(StockModules, CachingAllocatorTrainsAsTorchsOwn) {
+  auto run = [](int stage, const char* allocator) {
+    at::manual_seed(5);
+    torch::nn::Sequential model(torch::nn::Linear(256, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 1024),
+                                torch::nn::LayerNorm(torch::nn::LayerNormOptions({1024})),
+                                torch::nn::Linear(1024, 256));
+    for (auto& p : model[0]->parameters()) p.set_requires_grad(false);  // the first Linear frozen
+    nlohmann::json j = {{"train_micro_batch_size_per_gpu", 512},
+                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+                        {"zero_optimization", {{"stage", stage}}},
+                        {"zero_cpp", {{"cpu_allocator", allocator}}}};
+    zero::Engine engine(*model, Config::from_json(j), world().comm(), dp_group());
+    const uint64_t hits_before = zero::memory::cpu_large_block_stats().hits;
+    std::vector<double> losses;
+    for (int s = 0; s < 4; ++s) {
+      at::manual_seed(200 + s * dp_group()->size() + dp_group()->rank());
+      const at::Tensor x = at::randn({512, 256});  // activations 512 x 1024 fp32: 2 MiB
+      const at::Tensor loss = (engine.forward(model, x) - x).pow(2).mean();
+      engine.backward(loss);
+      engine.step();
+      losses.push_back(engine.global_mean(loss));
+    }
+    const uint64_t hits = zero::memory::cpu_large_block_stats().hits - hits_before;
+    return std::make_tuple(losses, engine.state_dict(), hits);
+  };
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const auto [want_losses, want_state, torch_hits] = run(stage, "torch");
+    const auto [got_losses, got_state, caching_hits] = run(stage, "caching");
+    EXPECT_EQ(torch_hits, 0u);
+    EXPECT_GT(caching_hits, 20u) << "the activations came from the cache";
+    EXPECT_EQ(got_losses, want_losses);
+    EXPECT_EQ(max_abs_diff(got_state, want_state), 0.0);
+  }
 }
 
 TEST(StockModules, InitWorksAtEveryStage) {
