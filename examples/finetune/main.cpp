@@ -8,11 +8,13 @@
 //   zero-run -n 2 -- ./finetune train ds_config.json CKPT --steps 20     # resumes at 10
 //   zero-ckpt consolidate CKPT model.safetensors
 //   ./finetune infer model.safetensors                                # one process
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 #include <zero/comm.h>

@@ -4,7 +4,11 @@
 // teacher network from random inputs.
 //
 //   zero-run -n 2 -- ./minimal ds_config.json
+#include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>

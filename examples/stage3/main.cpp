@@ -6,8 +6,10 @@
 // model's. The weights it saves load into the plain model (zero::load_weights).
 //
 //   zero-run -n 2 -- ./stage3 ds_config.json [weights.safetensors]
+#include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 #include <zero/comm.h>

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/fs.h>  // RENAME_EXCHANGE
+#include <system_error>
 #include <unistd.h>
 
 #include <algorithm>

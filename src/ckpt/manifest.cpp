@@ -4,6 +4,7 @@
 #include <charconv>
 #include <set>
 #include <stdexcept>
+#include <system_error>
 
 #include "ckpt/safetensors.h"
 

@@ -1,5 +1,6 @@
 #include "ckpt/safetensors.h"
 
+#include <algorithm>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>

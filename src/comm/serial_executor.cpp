@@ -1,5 +1,6 @@
 #include "comm/serial_executor.h"
 
+#include <exception>
 #include <stdexcept>
 #include <utility>
 

@@ -1,5 +1,6 @@
 // Rendezvous (c10d TCPStore), the rank's device, process-group
 // construction, and the world's shutdown.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>

@@ -7,6 +7,8 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <system_error>
+#include <tuple>
 #include <unordered_map>
 
 #include <unistd.h>

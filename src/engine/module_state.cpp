@@ -1,5 +1,6 @@
 #include "engine/module_state.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <unordered_set>

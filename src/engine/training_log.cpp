@@ -1,6 +1,7 @@
 #include "engine/training_log.h"
 
 #include <sys/resource.h>
+#include <system_error>
 
 #include <algorithm>
 #include <charconv>

@@ -15,6 +15,8 @@
 #include "io/aio_engine.h"
 #include "io/aio_engine_testing.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/mman.h>

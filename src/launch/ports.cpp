@@ -1,5 +1,6 @@
 #include "launch/ports.h"
 
+#include <cstdint>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>

@@ -1,5 +1,6 @@
 #include "memory/page_buffer.h"
 
+#include <stdexcept>
 #include <sys/mman.h>
 #include <unistd.h>
 

@@ -1,5 +1,6 @@
 #include "memory/storage_release.h"
 
+#include <cstdint>
 #include <optional>
 #include <stdexcept>
 

@@ -22,6 +22,7 @@
 // test device, tests/support/test_device.h).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 
 #include <ATen/ATen.h>

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>

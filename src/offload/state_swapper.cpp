@@ -1,5 +1,6 @@
 #include "offload/state_swapper.h"
 
+#include <system_error>
 #include <unistd.h>
 
 #include <cerrno>

@@ -5,6 +5,7 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
+#include <tuple>
 #include <unistd.h>
 
 #include <chrono>

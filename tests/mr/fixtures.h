@@ -8,6 +8,7 @@
 // order everywhere (group creation is collective).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>

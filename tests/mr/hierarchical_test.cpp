@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <thread>
+#include <tuple>
 
 #include <gtest/gtest.h>
 

@@ -22,6 +22,7 @@
 // max_in_cpu as DeepSpeed's.
 #include <ATen/CPUGeneratorImpl.h>
 #include <sys/mount.h>
+#include <system_error>
 #include <unistd.h>
 
 #include <filesystem>

@@ -12,6 +12,7 @@
 // step; Lion's sign() is exact unless its argument is within rounding of 0
 // (never, in these few steps). 6 steps then stay far under 2e-5, the AdamW
 // oracles' bound, which the oracles below show the groups and clipping exceed.
+#include <algorithm>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adagrad.h>
 

@@ -2,6 +2,7 @@
 // one process with batch N*b, each rank running that reference itself on a group of one),
 // the model-state bytes and the counted communication each stage's formula gives, unused
 // params and odd sizes, and 16-bit precision (overflow skipping the step everywhere).
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include "comm/shm_transport.h"

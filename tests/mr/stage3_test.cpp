@@ -1,6 +1,7 @@
 // Stage 3: zero::Unit cases, the prefetch/reuse schedule, zero::Init, diverging unit
 // orders, weights shared across a unit, and params used outside their unit's forward
 // (gathered scopes, the state dict, the message a released param stops the process with).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>

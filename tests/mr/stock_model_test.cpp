@@ -11,6 +11,8 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/normalization.h>
+#include <algorithm>
+#include <tuple>
 
 #include "fixtures.h"
 #include "memory/cpu_allocator.h"

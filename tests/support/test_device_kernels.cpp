@@ -1,6 +1,7 @@
 // The test device's own kernels: the ones no CPU kernel can stand in for
 // (factories, views, storage surgery, copies across devices), and the
 // registration that sends everything else to the boxed fallback.
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <unordered_set>

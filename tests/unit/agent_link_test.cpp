@@ -2,6 +2,7 @@
 // a closed stdin is told apart, and the launcher's end closing is seen.
 #include "launch/agent_link.h"
 
+#include <stdexcept>
 #include <unistd.h>
 
 #include <gtest/gtest.h>

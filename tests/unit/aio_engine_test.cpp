@@ -3,10 +3,13 @@
 // overlapping writes of other regions, alignment refusals, the errors a
 // swap directory can give (missing, read-only, full disk), and teardown
 // with requests in flight.
+#include <algorithm>
+#include <cstdio>
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <system_error>
 #include <unistd.h>
 
 #include <cerrno>

@@ -2,6 +2,7 @@
 // truncation and corruption detection, the streaming hash, reading any
 // element range across fragments, the manifest's hash and validation, and
 // the publish/latest protocol.
+#include <stdexcept>
 #include <unistd.h>
 
 #include <cstring>

@@ -2,6 +2,7 @@
 // aliases are DeepSpeed's, and every class of bad input names its key.
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

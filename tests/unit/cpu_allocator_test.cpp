@@ -4,6 +4,7 @@
 // allocator under the fixed mmap threshold maps (and faults in) every large
 // tensor afresh. Each case runs in a child process: the allocator and the
 // threshold are process-wide.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 

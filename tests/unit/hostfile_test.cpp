@@ -2,6 +2,7 @@
 #include "launch/hostfile.h"
 
 #include <gtest/gtest.h>
+#include <stdexcept>
 
 namespace {
 

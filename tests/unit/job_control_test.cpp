@@ -3,6 +3,7 @@
 #include "launch/job_control.h"
 
 #include <arpa/inet.h>
+#include <cstdint>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>

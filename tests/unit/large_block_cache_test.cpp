@@ -2,6 +2,7 @@
 // the next request of its size class, and the memory it keeps mapped never
 // exceeds the peak in use plus its slack -- counted by the cache and
 // measured as the process's resident set.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>

@@ -1,6 +1,7 @@
 // The launcher environment: torchrun, mpirun and srun variables, and errors
 // that name the variable at fault.
 #include <fcntl.h>
+#include <stdexcept>
 #include <unistd.h>
 
 #include <cstdlib>

@@ -1,6 +1,7 @@
 // Flat-group layout arithmetic, exhaustively over small cases: padding to
 // aligned equal shards, fragments covering every element exactly once, and
 // the bucketing of params into groups.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include "partition/layout.h"

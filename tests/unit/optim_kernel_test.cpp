@@ -26,6 +26,9 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
+#include <memory>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/optim/adagrad.h>

@@ -2,6 +2,7 @@
 // formulas at chosen points.
 #include <array>
 #include <cmath>
+#include <vector>
 
 #include <gtest/gtest.h>
 

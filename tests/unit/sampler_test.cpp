@@ -5,6 +5,8 @@
 // would have -- also at another world size.
 #include <algorithm>
 #include <map>
+#include <stdexcept>
+#include <string>
 
 #include <gtest/gtest.h>
 

@@ -5,6 +5,7 @@
 #include "launch/secret.h"
 
 #include <gtest/gtest.h>
+#include <stdexcept>
 
 namespace {
 

@@ -2,8 +2,10 @@
 // memory (memory/storage_release.h; device buffers on a GPU). Host tensors
 // with libtorch's own allocator stand in for device ones: the mechanism is
 // the storage's, whatever its allocator.
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 
 #include <gtest/gtest.h>
 #include <ATen/core/grad_mode.h>

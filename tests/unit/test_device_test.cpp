@@ -4,6 +4,7 @@
 // tensor's -- so that tests of the device path fail here as they would on
 // a GPU.
 #include <gtest/gtest.h>
+#include <vector>
 
 #include <cmath>
 #include <initializer_list>
