@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include <ATen/DeviceAccelerator.h>
 #include <gtest/gtest.h>
@@ -585,7 +586,12 @@ TEST(DeviceMemory, Stage3ReleasesUnitsBuiltWithoutInitAtConstruction) {
   const double params = 4.0 * root * (1 + 1 / N) + 4.0 * blocks / N;
   EXPECT_NEAR(static_cast<double>(t.engine().state_bytes().params), params, 4096)
       << "blocks' full buffers (" << 4 * blocks << " bytes) held?";
-  EXPECT_EQ(t.engine().state_bytes().total(), held) << "the device holds more than the engine's buffers";
+  // Exact on zdev; CUDA's caching allocator rounds each buffer up to 512
+  // bytes (seen on an H100: 4096 bytes over 3.57 MB at one rank), far less
+  // than one block's full buffer (~200 KB) that this test is about.
+  const double rounding = on_zdev() ? 0 : 16 * 1024;
+  EXPECT_NEAR(static_cast<double>(t.engine().state_bytes().total()), static_cast<double>(held), rounding)
+      << "the device holds more than the engine's buffers";
 }
 
 // Through a step, stage 3 holds a few units gathered, not the model: the
