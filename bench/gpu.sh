@@ -175,7 +175,9 @@ if [ "$DEVICE" != cuda ]; then
 elif [ ! -x "$B/bench/bench_cuda_comm" ]; then
   echo "{$f, \"skipped\": \"$B/bench/bench_cuda_comm was not built (ZERO_CUDA off)\"}" >> "$records"
 elif attempt "$f" seed001 - "$B/zero-run" -n 2 -- "$B/bench/bench_cuda_comm" 1024; then
-  grep '^\[rank 0\]' "$LOGS/seed001.log" | sed 's/^\[rank 0\] //' > "$LOGS/seed001.json"
+  # Rank 0's JSON object, from its first line on: the engine's own lines
+  # (the transport it chose, say) come before it.
+  grep '^\[rank 0\]' "$LOGS/seed001.log" | sed 's/^\[rank 0\] //' | sed -n '/^{/,$p' > "$LOGS/seed001.json"
   echo "{$f, \"log\": \"seed001.log\", \"result\": $(compact "$LOGS/seed001.json")}" >> "$records"
 fi
 
