@@ -10,7 +10,7 @@
 // Bandwidth is the full buffer (allgather output, reduce-scatter input,
 // all-reduce tensor) over the time of one collective, device synchronized,
 // the median of several with every rank starting after a barrier.
-// STATUS: compiled here; not yet run on a GPU.
+// STATUS: ran on an H100 (2026-11-26; CUDA IPC only, one GPU: docs/gpu.md).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

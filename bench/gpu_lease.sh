@@ -65,8 +65,19 @@ run() {
     export ZERO_JOBS=14 ZERO_GPU_TEST=1
     if timeout "$build_secs" nice ./run gpu-build > "$logs/bare-build.log" 2>&1; then
       echo "built" >> "$logs/bare-build.log"
-      (cd build-gpu && timeout "$(left)" ctest -L gpu) > "$logs/bare-ctest.log" 2>&1
+      (cd build-gpu && timeout "$(left)" ctest -L gpu --output-on-failure) > "$logs/bare-ctest.log" 2>&1
       echo "ctest rc=$?" >> "$logs/bare-ctest.log"
+      cp build-gpu/Testing/Temporary/LastTest.log "$logs/bare-ctest-last.log" 2>/dev/null
+      # A case that crashed: run it again alone under cuda-gdb (it debugs host
+      # code too; the machines have no gdb) for the stack of the crash.
+      local crashed
+      crashed=$(grep -B 200 'killed by signal' "$logs/bare-ctest-last.log" 2>/dev/null |
+        grep -o '\[ RUN      \] [A-Za-z0-9_./]*' | tail -n 1 | awk '{print $NF}')
+      if [ -n "$crashed" ] && command -v cuda-gdb > /dev/null; then
+        ZERO_OFFLOAD_CHUNK_ELEMENTS=4096 timeout 120 build-gpu/zero-run -n 1 -- cuda-gdb -q -batch -ex run \
+          -ex bt -ex 'info registers rip' --args build-gpu/tests/mr_device_test --gtest_filter="$crashed" \
+          > "$logs/bare-crash-$crashed.log" 2>&1
+      fi
     else
       echo "rc=$?" >> "$logs/bare-build.log"
       timeout "$(left)" cmake --build build-gpu -j 14 -- -k 0 > "$logs/bare-build-all.log" 2>&1

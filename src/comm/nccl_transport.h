@@ -28,7 +28,8 @@
 // ties the host to its peers, so it is a debug mode (README, "GPU").
 //
 // Built with ZERO_CUDA only (make_nccl_transport() is null otherwise).
-// STATUS: compiled and linked in CI; not yet run on a GPU (README, "GPU").
+// STATUS: ran on an H100 at world size 1 (2026-11-26, the device suite); not yet
+// between ranks on separate GPUs (docs/gpu.md).
 #pragma once
 
 #include <memory>

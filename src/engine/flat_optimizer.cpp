@@ -34,7 +34,7 @@ namespace {
 // The fused update over a CUDA master: the same kernels' device twins, on
 // the master's device's current stream (so they follow the reduction that
 // produced the grads). The caller holds a guard for that device.
-// STATUS: compiled in CI, not yet run on a GPU.
+// AdamW ran on an H100 (2026-11-26, the device suite); SGD, Lion and Adagrad not yet.
 void device_adam(c10::Device device, float* p, const float* g, float* m, float* v, int64_t n,
                  const optim::AdamHyper& h, float scale, void* out16, optim::Out16 kind) {
 #ifdef ZERO_WITH_CUDA
