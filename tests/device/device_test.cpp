@@ -13,6 +13,7 @@
 //   tensor's (a missing device guard), host syncs (counted).
 //
 // Every case skips, saying why, where neither is available.
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -254,6 +255,40 @@ TEST(DeviceEngine, StagesZeroToThreeMatchTheCpuReference) {
       }
     }
   }
+}
+
+// Every optimizer's device kernels (src/optim/cuda: the first lease ran
+// only AdamW's) against the same engine run on the CPU, whose host kernels
+// tests/mr/optimizers_test.cpp holds to torch's and the papers' updates:
+// stages 0 and 2 (state whole, then sharded), fp32 and bf16. zdev runs the
+// host kernels on both sides: bit for bit. On a GPU: fp32 within
+// reduction-order rounding, except Lion, whose update is lr times a sign --
+// a sign flipped by rounding moves an element by 2 lr, so it is held to
+// that per step; bf16 to its rounding of the params.
+TEST(DeviceEngine, EveryOptimizerMatchesTheSameRunOnTheCpu) {
+  SKIP_WITHOUT_DEVICE();
+  constexpr double kLr = 0.01, kDecay = 0.01;
+  const std::pair<const char*, zero::OptimizerConfig> optimizers[] = {
+      {"Adam", zero::OptimizerConfig::adam(kLr, kDecay)},
+      {"SGD (momentum, Nesterov)", zero::OptimizerConfig::sgd(kLr, 0.9, kDecay, true)},
+      {"Lion", zero::OptimizerConfig::lion(kLr, kDecay)},
+      {"Adagrad", zero::OptimizerConfig::adagrad(kLr, kDecay)},
+      {"LAMB", zero::OptimizerConfig::lamb(kLr, kDecay)},
+      {"Muon", zero::OptimizerConfig::muon(kLr, kDecay, 0.95, kLr)}};
+  for (const auto& [name, optimizer] : optimizers)
+    for (int stage : {0, 2})
+      for (const char* dtype : {"fp32", "bf16"}) {
+        SCOPED_TRACE(std::string(name) + " stage " + std::to_string(stage) + " " + dtype);
+        Config c = mlp_config(stage, dtype);
+        c.optimizer = optimizer;
+        const auto got = train_mlp(c, dev());
+        const auto want = train_mlp(c, at::kCPU);
+        for (const auto& [param, t] : got) ASSERT_TRUE(t.isfinite().all().item<bool>()) << param;
+        double tolerance = std::string(dtype) == "bf16" ? 3e-2 : 1e-4;
+        if (std::string(name) == "Lion") tolerance = std::max(tolerance, 2 * kLr * kSteps);
+        if (on_zdev()) tolerance = 0;
+        EXPECT_LE(max_abs_diff(got, want), tolerance) << worst_param(got, want);
+      }
 }
 
 // The bundled GPT at stage 3, built under zero::Init onto the device (seed
