@@ -21,6 +21,8 @@
 // (--log-json-all: every rank, as FILE.rankN): a "setup" record, then one
 // "step" record per optimizer step. Their field names are stable.
 #include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -29,7 +31,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -145,6 +149,25 @@ int64_t minor_faults() {
   return u.ru_minflt;
 }
 
+// How long this process has run, in ms: from its start as the kernel
+// records it (/proc/self/stat's starttime, clock ticks since boot) to now,
+// so it counts the loader and libtorch's static initialisers too.
+// bench/peer_gpt.py measures the peers the same way (time to first step).
+double process_age_ms() {
+  std::ifstream stat("/proc/self/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return 0.0;
+  std::istringstream fields(text.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {  // fields 3..22; starttime is 22
+  }
+  timespec now{};
+  clock_gettime(CLOCK_BOOTTIME, &now);
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return (now.tv_sec + now.tv_nsec * 1e-9 - std::stod(field) / ticks) * 1000.0;
+}
+
 // zero_cpp.cpu_allocator "caching": how its large blocks were served.
 nlohmann::json large_blocks_json() {
   const zero::memory::LargeBlockCacheStats s = zero::memory::cpu_large_block_stats();
@@ -205,6 +228,7 @@ int main(int argc, char** argv) {
       config.optimizer.type = zero::OptimizerType::AdamW;
     }
     auto world = zero::init_distributed();
+    const double age_rendezvous_ms = process_age_ms();
     const bool lead = world->rank() == 0;
     auto corpus = zero::data::ByteCorpus::load(args.data);
     std::shared_ptr<zero::comm::Group> dp = world->split(world->size(), "dp");
@@ -296,6 +320,8 @@ int main(int argc, char** argv) {
                     p.skipped);
     });
     std::vector<double> step_ms, wall_ms;
+    const double age_ready_ms = process_age_ms();  // model built, engine set up, weights loaded
+    double age_first_step_ms = 0.0;
     int64_t peak_pss = 0;
     double last_loss = 0.0;
     zero::comm::OpCounts last_comm;
@@ -307,6 +333,7 @@ int main(int argc, char** argv) {
       // (a device sync), so this wall time holds the whole step.
       const double wall =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count();
+      if (s == first_step) age_first_step_ms = process_age_ms();
       const int64_t pss = pss_bytes();
       peak_pss = std::max(peak_pss, pss);
       emit({{"event", "step"},
@@ -396,6 +423,10 @@ int main(int argc, char** argv) {
           {"coalesce", args.coalesce},
           {"last_step_comm", comm_json(last_comm)},
           {"minor_faults", minor_faults()},  // this rank's, over the whole run
+          // This process's age at the rendezvous's end, when ready to step,
+          // after the first step (bench/first_step.sh).
+          {"process_age_ms", {{"rendezvous", age_rendezvous_ms}, {"ready", age_ready_ms},
+                              {"first_step", age_first_step_ms}}},
           {"large_blocks", large_blocks_json()}});
     world->shutdown();  // communicators go while CUDA is up (the World's destructor would too)
     return 0;

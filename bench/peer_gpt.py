@@ -230,6 +230,16 @@ def build_deepspeed(model, cfg, lr, wd, device):
     return step, held, f"DeepSpeed {deepspeed.__version__} ZeRO stage {stage} ({accel}, {dist.get_backend()})", extra
 
 
+def process_age_ms():
+    """How long this process has run, in ms: from its start as the kernel
+    records it (/proc/self/stat's starttime) to now, so the interpreter's
+    start and the imports count; zero-train measures itself the same way."""
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    start_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 (fields[0] is field 3)
+    return (time.clock_gettime(time.CLOCK_BOOTTIME) - start_s) * 1000
+
+
 def main():
     peer, export, layers, d, heads, seq, steps, config, out = sys.argv[1:10]
     layers, d, heads, seq, steps = int(layers), int(d), int(heads), int(seq), int(steps)
@@ -251,6 +261,7 @@ def main():
 
         deepspeed.init_distributed(dist_backend=backend)
     rank, world = dist.get_rank(), dist.get_world_size()
+    ages = {"rendezvous": process_age_ms()}
 
     # Built on its device (a GPU initializes a 1B-param model in no time, one
     # CPU thread takes seconds), then the exported weights copied in.
@@ -265,6 +276,7 @@ def main():
     micro = tokens.shape[1] // world
 
     losses, times = [], []
+    ages["ready"] = process_age_ms()
     for s in range(steps):
         t0 = time.perf_counter()
         batch = tokens[s, rank * micro : (rank + 1) * micro].to(device)
@@ -272,6 +284,8 @@ def main():
         if cuda:
             torch.cuda.synchronize(device)
         times.append((time.perf_counter() - t0) * 1000)
+        if s == 0:
+            ages["first_step"] = process_age_ms()
         mean = loss.detach().float().clone()
         dist.all_reduce(mean)
         losses.append(mean.item() / world)
@@ -284,7 +298,7 @@ def main():
                        "threads": torch.get_num_threads(), **extra,
                        "losses": losses, "step_ms": times, "median_step_ms": median_ms,
                        "tokens_per_s": tokens.shape[1] * seq / (median_ms / 1000),
-                       "model_state_bytes": model_state,
+                       "model_state_bytes": model_state, "process_age_ms": ages,
                        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                        "peak_gpu_bytes": torch.cuda.max_memory_allocated(device) if cuda else 0}, f)
     dist.destroy_process_group()

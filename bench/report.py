@@ -225,6 +225,15 @@ def main():
               ["ratio", "measured", "goal", "met"],
               [[k, f"{g['ratio']:.2f}", g["goal"], "yes" if g["met"] else "no"] for k, g in goal_run["goals"].items()])
 
+    first = load("first_step.json")
+    if first:
+        table(w, f"Time to the first step (GPT {first['model']}, fp32, 2 ranks, rank 0's process age in s, "
+                 f"medians of {first['rounds']} rounds, bench/first_step.sh)",
+              ["run", "rendezvous done", "ready to step", "first step done"],
+              [[k, *(f"{v[p] / 1000:.1f}" for p in ("rendezvous", "ready", "first_step"))]
+               for k, v in first["medians_ms"].items()])
+        w("Ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in first["ratios"].items()) + "\n")
+
     inf = load("infinity.json")
     if inf:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
