@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 34's goals, with every default, in one invocation: zero-cpp at
 # stages 0 and 3 and the peers -- PyTorch DDP, FSDP2 and DeepSpeed stage 3
-# (fp32, 2 ranks of 1 thread, Gloo; bench/peer_gpt.py) -- on one GPT, from
+# (fp32, ZERO_BENCH_RANKS ranks of 1 thread (2), Gloo; bench/peer_gpt.py) -- on one GPT, from
 # the same exported weights and batches, ZERO_BENCH_ROUNDS rounds (default
 # 1), the order turned every round. Prints the runs and each goal as a
 # ratio of the runs' median step times (steps 3 and later) and peak RSS
@@ -19,12 +19,13 @@ PY=${2:?the python of the torch environment}
 MODEL=${3:-big}
 STEPS=${4:-6}
 ROUNDS=${ZERO_BENCH_ROUNDS:-1}
+RANKS=${ZERO_BENCH_RANKS:-2}  # micro-batch 4 each: the export holds 4 x RANKS sequences a step
 . "$(dirname "$0")/lib.sh"
 here=$(cd "$(dirname "$0")" && pwd)
 
 bench_model "$MODEL"
 L=${model_args[1]} D=${model_args[3]} H=${model_args[5]} S=${model_args[7]}
-"$B/bench/bench_export_gpt" "$tmp" "$L" "$D" "$H" "$S" 8 "$STEPS"
+"$B/bench/bench_export_gpt" "$tmp" "$L" "$D" "$H" "$S" $((4 * RANKS)) "$STEPS"
 
 cases=("zero 0" "zero 3" "ddp 0" "fsdp2 3" "deepspeed 3")
 runs=$tmp/runs.jsonl
@@ -37,7 +38,7 @@ for ((round = 0; round < ROUNDS; round++)); do
     if [ "$who" = zero ]; then
       result=$(zero_train_summary --steps "$STEPS" "${model_args[@]}")
     else
-      DS_ACCELERATOR=cpu "$B/zero-run" -n 2 -- "$PY" "$here/peer_gpt.py" "$who" "$tmp" "$L" "$D" "$H" "$S" "$STEPS" \
+      DS_ACCELERATOR=cpu "$B/zero-run" -n "$RANKS" -- "$PY" "$here/peer_gpt.py" "$who" "$tmp" "$L" "$D" "$H" "$S" "$STEPS" \
         "$tmp/c.json" "$tmp/peer.json" > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
       result=$(cat "$tmp/peer.json")
     fi
@@ -45,14 +46,15 @@ for ((round = 0; round < ROUNDS; round++)); do
   done
 done
 
-python3 - "$runs" "$MODEL" <<'PY'
+python3 - "$runs" "$MODEL" "$RANKS" <<'PY'
 import json, statistics, sys
 runs = [json.loads(line) for line in open(sys.argv[1])]
 def med(who, stage, key):
     return statistics.median(r["result"][key] for r in runs if r["who"] == who and r["stage"] == stage)
 step = lambda who, stage: med(who, stage, "median_step_ms")
 rss = lambda who, stage: med(who, stage, "peak_rss_bytes")
-ideal = statistics.median(r["result"]["model_state_bytes_stage0"] for r in runs if r["who"] == "zero") * (1 - 1 / 2)
+ranks = int(sys.argv[3])
+ideal = statistics.median(r["result"]["model_state_bytes_stage0"] for r in runs if r["who"] == "zero") * (1 - 1 / ranks)
 goals = {
     "stage0_vs_ddp": [step("zero", 0) / step("ddp", 0), "<=", 0.95],
     "stage3_vs_ds3": [step("zero", 3) / step("deepspeed", 3), "<=", 0.70],
@@ -61,7 +63,7 @@ goals = {
     "rss3_vs_ds3": [rss("zero", 3) / rss("deepspeed", 3), "<=", 0.5],
     "saving_vs_ideal": [(rss("zero", 0) - rss("zero", 3)) / ideal, ">=", 0.9],
 }
-out = {"bench": "goals", "model": sys.argv[2], "ranks": 2, "dtype": "fp32", "rounds": max(r["round"] for r in runs) + 1,
+out = {"bench": "goals", "model": sys.argv[2], "ranks": ranks, "dtype": "fp32", "rounds": max(r["round"] for r in runs) + 1,
        "goals": {k: {"ratio": round(v, 3), "goal": f"{op} {g}", "met": v <= g if op == "<=" else v >= g}
                  for k, (v, op, g) in goals.items()},
        "runs": runs}

@@ -18,10 +18,10 @@ bench_config() {
 JSON
 }
 
-# Runs zero-train on 2 local ranks with $tmp/c.json and the given args;
+# Runs zero-train on ZERO_BENCH_RANKS local ranks (2) with $tmp/c.json and the given args;
 # prints its summary record (one JSON object).
 zero_train_summary() {
-  "$B/zero-run" -n 2 -- "$B/zero-train" --config "$tmp/c.json" --log-json "$tmp/log.jsonl" "$@" \
+  "$B/zero-run" -n "${ZERO_BENCH_RANKS:-2}" -- "$B/zero-train" --config "$tmp/c.json" --log-json "$tmp/log.jsonl" "$@" \
     > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
   grep '"event":"summary"' "$tmp/log.jsonl"
 }
