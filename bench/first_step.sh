@@ -28,18 +28,10 @@ L=${model_args[1]} D=${model_args[3]} H=${model_args[5]} S=${model_args[7]}
 cases=("zero 0" "zero 3" "ddp 0" "fsdp2 3" "deepspeed 3")
 runs=$tmp/runs.jsonl
 for ((round = -1; round < ROUNDS; round++)); do  # round -1: the warm-up, not recorded
-  order=("${cases[@]}")
-  if [ $((round % 2)) = 1 ]; then for ((i = 0; i < ${#cases[@]}; i++)); do order[i]=${cases[-1 - i]}; done; fi
+  turned_order "$round" "${cases[@]}"
   for c in "${order[@]}"; do
     read -r who stage <<< "$c"
-    bench_config "$stage" fp32
-    if [ "$who" = zero ]; then
-      result=$(zero_train_summary --steps 1 --init-from "$tmp/init.safetensors" "${model_args[@]}")
-    else
-      DS_ACCELERATOR=cpu "$B/zero-run" -n 2 -- "$PY" "$here/peer_gpt.py" "$who" "$tmp" "$L" "$D" "$H" "$S" 1 \
-        "$tmp/c.json" "$tmp/peer.json" > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; exit 1; }
-      result=$(cat "$tmp/peer.json")
-    fi
+    result=$(gpt_case_result "$who" "$stage" 1 --init-from "$tmp/init.safetensors")
     ((round < 0)) && continue
     printf '{"round": %d, "who": "%s", "stage": %s, "ages_ms": %s}\n' "$round" "$who" "$stage" \
       "$(echo "$result" | python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["process_age_ms"]))')" \

@@ -26,6 +26,34 @@ zero_train_summary() {
   grep '"event":"summary"' "$tmp/log.jsonl"
 }
 
+# Sets the array `order` to the cases after ROUND: as given in even rounds,
+# reversed in odd ones, so a machine that drifts favours no one.
+turned_order() {
+  local round=$1 i
+  shift
+  order=("$@")
+  if [ $((round % 2)) = 1 ]; then for ((i = $#; i > 0; i--)); do order[$# - i]=${!i}; done; fi
+}
+
+# One run of a GPT benchmark's case: WHO (zero | ddp | fsdp2 | deepspeed) at
+# STAGE in fp32, STEPS steps, on ZERO_BENCH_RANKS ranks (2); zero-train gets
+# the further args, the peers (bench/peer_gpt.py) start from the export in
+# $tmp. Needs model_args, L D H S (bench_model), PY and here (bench/).
+# Prints zero-train's summary record or the peer's result (one JSON object).
+gpt_case_result() {
+  local who=$1 stage=$2 steps=$3
+  shift 3
+  bench_config "$stage" fp32
+  if [ "$who" = zero ]; then
+    zero_train_summary --steps "$steps" "$@" "${model_args[@]}"
+  else
+    DS_ACCELERATOR=cpu "$B/zero-run" -n "${ZERO_BENCH_RANKS:-2}" -- "$PY" "$here/peer_gpt.py" "$who" "$tmp" \
+      "$L" "$D" "$H" "$S" "$steps" "$tmp/c.json" "$tmp/peer.json" > "$tmp/out.txt" 2>&1 ||
+      { cat "$tmp/out.txt" >&2; exit 1; }
+    cat "$tmp/peer.json"
+  fi
+}
+
 # The per-step losses of the last zero_train_summary run, as a JSON array.
 last_losses() {
   echo "[$(grep '"event":"step"' "$tmp/log.jsonl" | grep -o '"loss":[^,]*' | cut -d: -f2 | paste -sd, -)]"
