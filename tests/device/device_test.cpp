@@ -264,7 +264,9 @@ TEST(DeviceEngine, StagesZeroToThreeMatchTheCpuReference) {
 // host kernels on both sides: bit for bit. On a GPU: fp32 within
 // reduction-order rounding, except Lion, whose update is lr times a sign --
 // a sign flipped by rounding moves an element by 2 lr, so it is held to
-// that per step; bf16 to its rounding of the params.
+// that per step, and at most 1% of its elements may be off by more than
+// the others' bound (a kernel that skipped or garbled the update would move
+// most of them); bf16 to its rounding of the params.
 TEST(DeviceEngine, EveryOptimizerMatchesTheSameRunOnTheCpu) {
   SKIP_WITHOUT_DEVICE();
   constexpr double kLr = 0.01, kDecay = 0.01;
@@ -284,10 +286,17 @@ TEST(DeviceEngine, EveryOptimizerMatchesTheSameRunOnTheCpu) {
         const auto got = train_mlp(c, dev());
         const auto want = train_mlp(c, at::kCPU);
         for (const auto& [param, t] : got) ASSERT_TRUE(t.isfinite().all().item<bool>()) << param;
-        double tolerance = std::string(dtype) == "bf16" ? 3e-2 : 1e-4;
-        if (std::string(name) == "Lion") tolerance = std::max(tolerance, 2 * kLr * kSteps);
-        if (on_zdev()) tolerance = 0;
-        EXPECT_LE(max_abs_diff(got, want), tolerance) << worst_param(got, want);
+        const double rounding = on_zdev() ? 0 : std::string(dtype) == "bf16" ? 3e-2 : 1e-4;
+        const bool lion = std::string(name) == "Lion";
+        EXPECT_LE(max_abs_diff(got, want), lion && !on_zdev() ? 2 * kLr * kSteps : rounding)
+            << worst_param(got, want);
+        int64_t off = 0, total = 0;
+        for (const auto& [param, t] : got) {
+          const at::Tensor d = (t.to(at::kCPU, at::kFloat) - want.at(param).to(at::kCPU, at::kFloat)).abs();
+          off += (d > rounding).sum().item<int64_t>();
+          total += d.numel();
+        }
+        EXPECT_LE(off, lion ? total / 100 : 0) << off << " of " << total << " elements beyond " << rounding;
       }
 }
 
