@@ -34,6 +34,8 @@ cmake -S "$SRC/examples/minimal" -B "$tmp/ex" -DCMAKE_PREFIX_PATH="$tmp/prefix" 
 rc=$?
 check "the example configures with find_package(zero)" [ $rc -eq 0 ]
 [ $rc -eq 0 ] || tail -n 20 "$tmp/configure.txt"
+check "with a CUDA toolkit or a CPU libtorch, torch's own package is used" \
+  lacks "$(cat "$tmp/configure.txt")" "zero: no CUDA toolkit here"
 cmake --build "$tmp/ex" > "$tmp/build.txt" 2>&1
 rc=$?
 check "the example builds against zero::zero" [ $rc -eq 0 ]
@@ -43,6 +45,34 @@ rc=$?
 check "the example trains on 2 ranks (stage 3) and its loss falls" [ $rc -eq 0 ]
 check "the example ran stage 3 with its units" contains "$out" "ZeRO stage 3"
 echo "$out" | grep "loss" | tail -2
+
+# A project on a machine with a CUDA libtorch (the default wheel) but no CUDA
+# toolkit: torch's own CMake package stops there, so zeroConfig.cmake stands
+# in for it (the `torch` target from the libraries alone). Rehearsed by
+# hiding this machine's toolkit under an empty tmpfs in a mount namespace of
+# its own; the example then configures, builds and trains on 2 ranks.
+nvcc=$(sed -n 's/^CMAKE_CUDA_COMPILER:FILEPATH=//p' "$B/CMakeCache.txt")
+toolkit=""
+[ -n "$nvcc" ] && [ -x "$nvcc" ] && toolkit=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+if [ -z "$toolkit" ] || [ ! -e "$tmp/prefix/lib/libzero_cuda.a" ]; then
+  echo "skip a project without the CUDA toolkit: zero-cpp was built without CUDA"
+elif [ "$(id -u)" -ne 0 ] || ! unshare -m --propagation private true 2>/dev/null; then
+  echo "skip a project without the CUDA toolkit: hiding it needs root and unshare -m"
+else
+  out=$(unshare -m --propagation private bash -c '
+    mount -t tmpfs no-cuda-toolkit "$1" || exit 90
+    unset CUDA_HOME CUDA_PATH CUDACXX
+    cmake -S "$2/examples/minimal" -B "$3/no-toolkit" -DCMAKE_PREFIX_PATH="$3/prefix" "${@:5}" 2>&1 || exit 91
+    cmake --build "$3/no-toolkit" 2>&1 || exit 92
+    "$3/prefix/bin/zero-run" -n 2 --timeout 120 -- "$3/no-toolkit/minimal" "$4" 2>&1 || exit 93
+  ' hide "$toolkit" "$SRC" "$tmp" "$SRC/examples/minimal/ds_config.json" "${cmake_args[@]}")
+  rc=$?
+  check "no CUDA toolkit ($toolkit hidden): find_package(zero) makes torch's target itself" \
+    contains "$out" "zero: no CUDA toolkit here"
+  check "no CUDA toolkit: the example configures, builds and trains on 2 ranks (rc $rc)" [ $rc -eq 0 ]
+  check "no CUDA toolkit: the example ran stage 3 with its units" contains "$out" "ZeRO stage 3"
+  [ $rc -eq 0 ] || tail -n 20 <<<"$out"
+fi
 
 # The README's first example ("Training your model") as written: the first
 # ```cpp block of that section must be examples/stock/main.cpp, which is
