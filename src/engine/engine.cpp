@@ -157,6 +157,7 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
     po.max_in_cpu = op.max_in_cpu;
     po.buffer_count = op.buffer_count;
     po.buffer_size = op.buffer_size;
+    po.pinned_staging = !device.is_cpu() && op.pin_memory;
     param_swap = std::make_unique<offload::ParamSwap>(std::move(po));
     optimizer.set_param_swap(param_swap.get());
   }

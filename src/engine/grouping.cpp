@@ -52,8 +52,13 @@ Params trainable_params(torch::nn::Module& model, ModelGroups& out) {
 // the shard itself goes with it.
 void place_offloaded(partition::FlatGroup& g, const GroupingContext& ctx) {
   if (g.param_flat.is_cpu()) return;  // a host model: the state is there already
+  // Allocated, then copied: Tensor::to() would drop pinned_memory (torch's
+  // _to_copy pins only a non-blocking copy down from CUDA), leaving every
+  // gather and upload to copy from pageable memory.
   const auto host = [](const at::Tensor& t, bool pin) {
-    return t.to(at::TensorOptions().device(at::kCPU).pinned_memory(pin), /*non_blocking=*/false, /*copy=*/true);
+    at::Tensor h = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(pin));
+    h.copy_(t);
+    return h;
   };
   const auto& z = ctx.config.zero;
   const bool master_is_shard = g.master.defined() && g.param_shard.defined() && g.master.is_same(g.param_shard);

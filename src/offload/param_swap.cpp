@@ -1,10 +1,18 @@
 #include "offload/param_swap.h"
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "zero/config.h"
 
 namespace zero::offload {
+
+namespace {
+std::atomic<int64_t> g_gathers_through_pinned_staging{0};
+}  // namespace
+
+int64_t gathers_through_pinned_staging() { return g_gathers_through_pinned_staging.load(); }
 
 ParamSwap::ParamSwap(ParamSwapOptions options) : options_(std::move(options)) {
   options_.swapper.config_key = "zero_optimization.offload_param";
@@ -13,7 +21,10 @@ ParamSwap::ParamSwap(ParamSwapOptions options) : options_(std::move(options)) {
   options_.swapper.pipeline_write = true;
   // Opened now, whatever stays in memory: a bad nvme_path is named at once.
   swapper_ = std::make_unique<StateSwapper>(options_.swapper);
+  if (options_.pinned_staging) staging_ = std::make_unique<ShardStaging>(*swapper_, options_.buffer_count);
 }
+
+ParamSwap::~ParamSwap() = default;
 
 void ParamSwap::adopt(const partition::FlatGroup& g) {
   const at::Tensor& shard = g.param_shard;
@@ -42,9 +53,28 @@ void ParamSwap::prefetch(const partition::FlatGroup& g) {
   if (const int slot = slot_of(g); slot >= 0) swapper_->prefetch(slot);
 }
 
+void ParamSwap::read_ahead_for_gather(const partition::FlatGroup& g) {
+  const int slot = slot_of(g);
+  if (slot < 0) return;
+  if (staging_)
+    staging_->stage(slot);  // nothing if no buffer is free or the shard is in memory
+  else
+    swapper_->prefetch(slot);
+}
+
+std::optional<at::Tensor> ParamSwap::upload_for_gather(const partition::FlatGroup& g, at::Device device) {
+  const int slot = slot_of(g);
+  if (!staging_ || slot < 0) return std::nullopt;
+  auto up = staging_->upload(slot, g.param_shard.scalar_type(), g.param_shard.numel(), device);
+  if (up) g_gathers_through_pinned_staging.fetch_add(1, std::memory_order_relaxed);
+  return up;
+}
+
 void ParamSwap::acquire(const partition::FlatGroup& g, bool overwrite) {
-  if (const int slot = slot_of(g); slot >= 0)
+  if (const int slot = slot_of(g); slot >= 0) {
+    if (staging_) staging_->drop(slot);  // its read must end before a write-back can follow
     swapper_->acquire(slot, overwrite ? StateSwapper::Contents::Overwrite : StateSwapper::Contents::Read);
+  }
 }
 
 void ParamSwap::release(const partition::FlatGroup& g, bool dirty) {
@@ -54,7 +84,7 @@ void ParamSwap::release(const partition::FlatGroup& g, bool dirty) {
 void ParamSwap::flush() { swapper_->flush(); }
 
 bool ParamSwap::room_to_read_ahead() const {
-  return swapper_->resident_slots() < options_.buffer_count;
+  return swapper_->resident_slots() + (staging_ ? staging_->staged() : 0) < options_.buffer_count;
 }
 
 }  // namespace zero::offload

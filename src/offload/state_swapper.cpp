@@ -286,6 +286,23 @@ void StateSwapper::discard(int index) {
   s.state = State::Empty;
 }
 
+std::optional<io::AioEngine::Ticket> StateSwapper::read_copy(int index, void* buffer) {
+  Slot& s = slot(index);
+  if (s.state != State::OnDisk || s.tensors.size() != 1) return std::nullopt;
+  return engine_->read(*file_, buffer, transfer_bytes(s.tensors[0]), s.offsets[0]);
+}
+
+void StateSwapper::wait_copy(int index, io::AioEngine::Ticket ticket) {
+  Slot& s = slot(index);
+  try {
+    engine_->wait(ticket);
+  } catch (const io::IoError& e) {
+    throw std::runtime_error("reading a copy of " + where(s) + " failed: " + e.what());
+  }
+}
+
+int64_t StateSwapper::copy_bytes(int index) { return transfer_bytes(slot(index).tensors.at(0)); }
+
 int StateSwapper::resident_slots() const {
   int n = 0;
   for (const auto& s : slots_) n += s.state != State::OnDisk && s.state != State::Empty;

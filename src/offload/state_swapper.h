@@ -44,6 +44,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,18 @@ class StateSwapper {
   // The slot's contents become zeros without any I/O (its disk copy is
   // forgotten). Not while it is acquired.
   void discard(int slot);
+
+  // A copy of a slot's state elsewhere, the slot staying where it is: for a
+  // one-tensor slot whose current contents are its disk copy (OnDisk),
+  // queues a read of them into `buffer` (the caller's: kAlignment-aligned,
+  // at least copy_bytes(slot)) and returns its ticket, waited for with
+  // wait_copy(). Anywhere else (in memory, on its way in or out, Empty) it
+  // reads nothing and returns nullopt: the caller acquires the slot. The
+  // caller must not acquire the slot while its copy is in flight (a release
+  // could rewrite the bytes being read).
+  std::optional<io::AioEngine::Ticket> read_copy(int slot, void* buffer);
+  void wait_copy(int slot, io::AioEngine::Ticket ticket);  // throws naming the slot
+  int64_t copy_bytes(int slot);  // the bytes read_copy writes into `buffer`
 
   const SwapperOptions& options() const { return options_; }
   int64_t file_bytes() const { return file_bytes_; }  // reserved on disk

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <utility>
 
 #include <ATen/core/grad_mode.h>
@@ -169,25 +170,31 @@ void Stage3Runtime::start_gather(size_t i) {
   const c10::OptionalDeviceGuard on_device(guard_device(g.param_flat));
   // hpZ: a backward gather reads the secondary shards of this host's ranks.
   s.from_secondary = in_backward_ && s.secondary_valid;
-  // offload_param nvme: the shard in memory until the gather is done (first:
-  // a failed read leaves the group as it was).
+  // offload_param nvme: on a device model with pin_memory, the shard goes
+  // up from a pinned buffer it was read into; else it is paged into host
+  // memory until the gather is done. Either first: a failed read leaves the
+  // group as it was.
+  std::optional<at::Tensor> uploaded;
   if (!s.from_secondary && opts_.param_swap) {
-    opts_.param_swap->acquire(g);
-    s.shard_acquired = true;
+    uploaded = opts_.param_swap->upload_for_gather(g, g.param_flat.device());
+    if (!uploaded) {
+      opts_.param_swap->acquire(g);
+      s.shard_acquired = true;
+    }
   }
   partition::restore_params(g);
   s.gather = s.from_secondary ? comm_.all_gather(*opts_.secondary_group, g.param_flat, s.secondary, s.label + " (hpZ)")
-                              : launch_gather(i);
+                              : launch_gather(i, uploaded ? *uploaded : shard_for_gather(g));
   s.residency = Residency::Gathering;
   live_ += g.layout.padded_numel;
   if (!in_backward_) peak_live_forward_ = std::max(peak_live_forward_, live_);
 }
 
-comm::WorkHandle Stage3Runtime::launch_gather(size_t i) {
+comm::WorkHandle Stage3Runtime::launch_gather(size_t i, const at::Tensor& shard) {
   const auto& g = groups_[i];
   const bool unfused = opts_.gather_fp32_master && g.param_flat.element_size() == 2 && g.master.defined() &&
                        g.master.device() == g.param_flat.device();
-  if (!unfused) return comm_.all_gather(dp_, g.param_flat, shard_for_gather(g), state_[i].label);
+  if (!unfused) return comm_.all_gather(dp_, g.param_flat, shard, state_[i].label);
   // Seed 000's "before": the fp32 master travels and a cast follows. The
   // fused path above moves the 16-bit shard the optimizer wrote in its pass.
   at::Tensor wide = at::empty({g.param_flat.numel()}, g.master.options());
@@ -279,7 +286,7 @@ void Stage3Runtime::read_ahead(size_t position) {
   const auto& trace = schedule_.trace();
   for (size_t p = position; p < trace.size() && swap.room_to_read_ahead(); ++p) {
     const size_t g = group_of(trace[p].unit);
-    if (!gathered(g)) swap.prefetch(groups_[g]);  // no-op for a shard in memory or on its way
+    if (!gathered(g)) swap.read_ahead_for_gather(groups_[g]);  // no-op for a shard in memory or on its way
   }
 }
 
@@ -411,7 +418,7 @@ void Stage3Runtime::after_step() {
   for (size_t i = 0; i < groups_.size(); ++i)
     if (state_[i].persistent || state_[i].pinned) {
       if (opts_.param_swap) opts_.param_swap->acquire(groups_[i]), paged_in.push_back(i);
-      works.push_back(launch_gather(i));
+      works.push_back(launch_gather(i, shard_for_gather(groups_[i])));
     }
   for (auto& w : works) w->wait();
   for (size_t i : paged_in) opts_.param_swap->release(groups_[i], /*dirty=*/false);

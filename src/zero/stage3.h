@@ -187,7 +187,8 @@ class Stage3Runtime : public detail::UnitRuntime {
   };
 
   void start_gather(size_t group);  // restore the buffer and launch the allgather
-  comm::WorkHandle launch_gather(size_t group);  // the allgather into the group's (restored) buffer
+  // The allgather of `shard` (this rank's part) into the group's (restored) buffer.
+  comm::WorkHandle launch_gather(size_t group, const at::Tensor& shard);
   void keep_secondary(size_t group);             // hpZ: this rank's part of a freshly gathered unit
   void drop_secondaries();
   // Releases units kept for reuse (gathered, not in use) until `need` more

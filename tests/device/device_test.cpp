@@ -29,6 +29,7 @@
 #include "comm/cuda_ipc_transport.h"
 #include "fixtures.h"
 #include "memory/device_memory.h"
+#include "offload/param_swap.h"
 #include "support/test_device.h"
 #include "zero/init.h"
 
@@ -341,6 +342,54 @@ TEST(DeviceEngine, NvmeParamOffloadMatchesCpuOffload) {
                              train_mlp(mlp_config(3, dtype, true, true), dev())),
                 0.0);
     }
+  std::filesystem::remove_all(dir);
+}
+
+// ZeRO-Infinity's param offload with pin_memory (the default) on a device
+// model: a gather's shard goes disk -> pinned buffer -> device
+// (offload/shard_staging.h), never up from pageable host memory (CUDA
+// makes the host wait for such a copy). On zdev, which counts copies up
+// from pageable memory: as many as with the shards on the device or in
+// pinned host memory (offload_param "cpu", whose shards were not pinned
+// before this test), and fewer than with pin_memory false by exactly the
+// gathers that went through the pinned buffers. The same params bit for
+// bit in all four.
+TEST(DeviceEngine, NvmeParamShardsGoUpThroughPinnedBuffers) {
+  SKIP_WITHOUT_DEVICE();
+  const std::string dir = "/tmp/zero-test-device-nvme-pinned-" + std::to_string(world().rank());
+  std::filesystem::create_directories(dir);
+  struct Run {
+    std::map<std::string, at::Tensor> params;
+    int64_t through_pinned = 0, pageable_copies_up = 0;
+  };
+  const auto run = [&](std::optional<bool> nvme_pin_memory, bool offload_param = true) {
+    nlohmann::json j = mlp_config(3, "bf16", /*offload=*/true, offload_param).to_json();
+    j["zero_optimization"]["stage3_param_persistence_threshold"] = 0;  // the root is gathered for each use
+    if (nvme_pin_memory)
+      j["zero_optimization"]["offload_param"] = {
+          {"device", "nvme"}, {"nvme_path", dir}, {"max_in_cpu", 0}, {"pin_memory", *nvme_pin_memory}};
+    const int64_t before = offload::gathers_through_pinned_staging();
+    if (on_zdev()) test_device::reset_transfer_counts();
+    Run r;
+    r.params = train_mlp(Config::from_json(j), dev());
+    r.through_pinned = offload::gathers_through_pinned_staging() - before;
+    if (on_zdev()) r.pageable_copies_up = test_device::transfer_counts().host_to_device_pageable;
+    return r;
+  };
+  const Run pinned = run(true), paged = run(false), host = run(std::nullopt);
+  const Run on_device = run(std::nullopt, /*offload_param=*/false);
+  EXPECT_EQ(max_abs_diff(pinned.params, paged.params), 0.0);
+  EXPECT_EQ(max_abs_diff(pinned.params, host.params), 0.0);
+  EXPECT_EQ(max_abs_diff(pinned.params, on_device.params), 0.0);
+  EXPECT_GE(pinned.through_pinned, kSteps);  // the root group's gather, at least once a step
+  EXPECT_EQ(paged.through_pinned, 0);
+  if (on_zdev()) {
+    // The shards gathered from host memory add no copy from pageable memory
+    // to those of a run whose shards stay on the device (the batches').
+    EXPECT_EQ(host.pageable_copies_up, on_device.pageable_copies_up) << "offload_param cpu: shards not pinned";
+    EXPECT_EQ(pinned.pageable_copies_up, on_device.pageable_copies_up);
+    EXPECT_EQ(paged.pageable_copies_up - pinned.pageable_copies_up, pinned.through_pinned);
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -24,7 +24,8 @@ namespace {
 std::atomic<bool> g_installed{false};
 
 struct Counters {
-  std::atomic<int64_t> device_to_host{0}, host_waits{0}, host_to_device{0}, device_to_device{0};
+  std::atomic<int64_t> device_to_host{0}, host_waits{0}, host_to_device{0}, host_to_device_pageable{0},
+      device_to_device{0};
 };
 Counters g_counters;
 
@@ -127,6 +128,7 @@ TransferCounts transfer_counts() {
   c.device_to_host = g_counters.device_to_host;
   c.host_waits = g_counters.host_waits;
   c.host_to_device = g_counters.host_to_device;
+  c.host_to_device_pageable = g_counters.host_to_device_pageable;
   c.device_to_device = g_counters.device_to_device;
   return c;
 }
@@ -135,12 +137,14 @@ void reset_transfer_counts() {
   g_counters.device_to_host = 0;
   g_counters.host_waits = 0;
   g_counters.host_to_device = 0;
+  g_counters.host_to_device_pageable = 0;
   g_counters.device_to_device = 0;
 }
 
 namespace detail {
 
-void count_transfer(Transfer kind, bool host_waits) {
+void count_transfer(Transfer kind, bool host_waits, bool from_pageable) {
+  if (from_pageable) ++g_counters.host_to_device_pageable;
   switch (kind) {
     case Transfer::DeviceToHost:
       ++g_counters.device_to_host;

@@ -49,6 +49,9 @@ struct TransferCounts {
   // Those the host waits for: all but non_blocking copies into pinned memory.
   int64_t host_waits = 0;
   int64_t host_to_device = 0;
+  // Of those, the ones from pageable (not pinned) host memory: CUDA stages
+  // them through a buffer of its own, and the host waits for that.
+  int64_t host_to_device_pageable = 0;
   // Copies between two zdev devices.
   int64_t device_to_device = 0;
 };

@@ -184,7 +184,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     const bool into_pinned = pinned_host_memory().is_pinned(dst.const_data_ptr());
     count_transfer(Transfer::DeviceToHost, !(non_blocking && into_pinned));
   } else if (!on_test_device(self)) {
-    count_transfer(Transfer::HostToDevice, false);
+    count_transfer(Transfer::HostToDevice, false, !pinned_host_memory().is_pinned(self.const_data_ptr()));
   } else if (self.device() != dst.device()) {
     count_transfer(Transfer::DeviceToDevice, false);
   }

@@ -49,7 +49,8 @@ void check_memory(const at::Tensor& t, std::string_view op, std::string_view arg
 at::Tensor empty_on(c10::Device device, c10::IntArrayRef sizes, c10::IntArrayRef strides, caffe2::TypeMeta dtype);
 
 enum class Transfer { DeviceToHost, HostToDevice, DeviceToDevice };
-void count_transfer(Transfer kind, bool host_waits);
+// from_pageable: a copy to a device from host memory that is not pinned.
+void count_transfer(Transfer kind, bool host_waits, bool from_pageable = false);
 
 // Every op without a kernel of its own runs the CPU kernel in place.
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
