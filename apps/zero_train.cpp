@@ -300,11 +300,16 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     const int64_t first_step = trainer.steps_done() + 1;  // > 1 after --resume
     auto last_line = start;
+    int64_t last_line_step = first_step - 1;
+    // `window`: the steps the loss is a mean of (the engine's report);
+    // the time is per step since the last line, whoever printed it.
     auto progress_line = [&](int64_t s, double loss, int64_t window, double lr, double tokens_per_s, bool skipped) {
       const auto now = std::chrono::steady_clock::now();
       const double elapsed = std::chrono::duration<double>(now - start).count();
-      const double ms_per_step = std::chrono::duration<double, std::milli>(now - last_line).count() / window;
+      const double ms_per_step = std::chrono::duration<double, std::milli>(now - last_line).count() /
+                                 static_cast<double>(std::max<int64_t>(1, s - last_line_step));
       last_line = now;
+      last_line_step = s;
       char mean[48] = "";
       if (window > 1) std::snprintf(mean, sizeof mean, " (mean of %lld steps)", static_cast<long long>(window));
       std::fprintf(stderr, "step %5lld/%lld  loss %.4f%s  lr %.2e  %s%.0f tok/s  %.0f ms/step  ETA %.0f s\n",
