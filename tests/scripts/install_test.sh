@@ -65,11 +65,17 @@ else
     cmake -S "$2/examples/minimal" -B "$3/no-toolkit" -DCMAKE_PREFIX_PATH="$3/prefix" "${@:5}" 2>&1 || exit 91
     cmake --build "$3/no-toolkit" 2>&1 || exit 92
     "$3/prefix/bin/zero-run" -n 2 --timeout 120 -- "$3/no-toolkit/minimal" "$4" 2>&1 || exit 93
+    # find_package(zero) twice in one project (a subdirectory, a package
+    # depending on zero): the second finds the first one`s targets.
+    mkdir -p "$3/twice" && printf "%s\n" "cmake_minimum_required(VERSION 3.18)" "project(twice CXX)" \
+      "find_package(zero REQUIRED)" "find_package(zero REQUIRED)" > "$3/twice/CMakeLists.txt"
+    cmake -S "$3/twice" -B "$3/twice/build" -DCMAKE_PREFIX_PATH="$3/prefix" "${@:5}" 2>&1 || exit 94
   ' hide "$toolkit" "$SRC" "$tmp" "$SRC/examples/minimal/ds_config.json" "${cmake_args[@]}")
   rc=$?
   check "no CUDA toolkit ($toolkit hidden): find_package(zero) makes torch's target itself" \
     contains "$out" "zero: no CUDA toolkit here"
-  check "no CUDA toolkit: the example configures, builds and trains on 2 ranks (rc $rc)" [ $rc -eq 0 ]
+  check "no CUDA toolkit: the example configures, builds and trains on 2 ranks, and a project finds zero twice (rc $rc)" \
+    [ $rc -eq 0 ]
   check "no CUDA toolkit: the example ran stage 3 with its units" contains "$out" "ZeRO stage 3"
   [ $rc -eq 0 ] || tail -n 20 <<<"$out"
 fi
