@@ -40,7 +40,9 @@ void ParamSwap::adopt(const partition::FlatGroup& g) {
     kept_in_memory_ += shard.numel();  // max_in_cpu: stays in memory
     return;
   }
-  slot_by_shard_[shard.data_ptr()] = swapper_->adopt({shard}, label);
+  const int slot = swapper_->adopt({shard}, label);
+  slot_by_shard_[shard.data_ptr()] = slot;
+  if (staging_) staging_->reserve(swapper_->copy_bytes(slot));
 }
 
 int ParamSwap::slot_of(const partition::FlatGroup& g) const {
@@ -84,7 +86,7 @@ void ParamSwap::release(const partition::FlatGroup& g, bool dirty) {
 void ParamSwap::flush() { swapper_->flush(); }
 
 bool ParamSwap::room_to_read_ahead() const {
-  return swapper_->resident_slots() + (staging_ ? staging_->staged() : 0) < options_.buffer_count;
+  return swapper_->resident_slots() + (staging_ ? staging_->busy() : 0) < options_.buffer_count;
 }
 
 }  // namespace zero::offload

@@ -15,13 +15,7 @@ ShardStaging::ShardStaging(StateSwapper& swapper, int64_t buffers)
 
 ShardStaging::~ShardStaging() {
   for (auto& b : buffers_)
-    if (b.slot >= 0) {
-      try {
-        wait_read(b);
-      } catch (...) {
-        // What it read no longer matters; only that it is not still writing.
-      }
-    }
+    if (b.slot >= 0) discard_read(b);  // it must not still be writing into the buffer
 }
 
 bool ShardStaging::free(const Buffer& b) { return b.slot < 0 && (!b.uploading || b.uploading->query()); }
@@ -42,13 +36,19 @@ ShardStaging::Buffer* ShardStaging::free_buffer(bool take_any) {
       return &b;
     }
   Buffer& b = buffers_.front();  // every buffer holds another slot's read ahead
-  wait_read(b);
+  discard_read(b);
   return &b;
 }
 
+void ShardStaging::reserve(int64_t bytes) { largest_ = std::max(largest_, bytes); }
+
 at::Tensor ShardStaging::region(Buffer& b, int64_t bytes) {
-  if (!b.pinned.defined() || b.pinned.numel() < bytes + io::kAlignment)
-    b.pinned = at::empty({bytes + io::kAlignment}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  // Each buffer is made once, the size of the largest shard (reserve()), so
+  // none is reallocated -- and left in the pinned allocator's cache -- as
+  // larger shards come.
+  const int64_t size = std::max(bytes, largest_) + io::kAlignment;
+  if (!b.pinned.defined() || b.pinned.numel() < size)
+    b.pinned = at::empty({size}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
   b.uploading.reset();
   // Direct I/O needs an aligned start; the narrowed view keeps the pinned
   // storage, so the copy up is asynchronous and the allocator knows its use.
@@ -60,6 +60,15 @@ at::Tensor ShardStaging::region(Buffer& b, int64_t bytes) {
 void ShardStaging::wait_read(Buffer& b) {
   const int slot = std::exchange(b.slot, -1);
   swapper_.wait_copy(slot, b.ticket);
+}
+
+void ShardStaging::discard_read(Buffer& b) noexcept {
+  try {
+    wait_read(b);
+  } catch (...) {
+    // A read thrown away: its failure is not this caller's (a read of the
+    // slot itself, if it comes, fails on its own).
+  }
 }
 
 bool ShardStaging::stage(int slot) {
@@ -98,11 +107,11 @@ std::optional<at::Tensor> ShardStaging::upload(int slot, at::ScalarType dtype, i
 }
 
 void ShardStaging::drop(int slot) {
-  if (Buffer* b = find(slot)) wait_read(*b);
+  if (Buffer* b = find(slot)) discard_read(*b);
 }
 
-int64_t ShardStaging::staged() const {
-  return std::count_if(buffers_.begin(), buffers_.end(), [](const Buffer& b) { return b.slot >= 0; });
+int64_t ShardStaging::busy() const {
+  return std::count_if(buffers_.begin(), buffers_.end(), [](const Buffer& b) { return !free(b); });
 }
 
 }  // namespace zero::offload

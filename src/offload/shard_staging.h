@@ -46,11 +46,14 @@ class ShardStaging {
   // it was not. nullopt where the slot is not on disk alone: the caller
   // then pages it into host memory (StateSwapper::acquire).
   std::optional<at::Tensor> upload(int slot, at::ScalarType dtype, int64_t numel, at::Device device);
-  // Forgets the slot's staged copy, its read waited for: before the host
-  // acquires the slot (a write-back after it would rewrite what is read).
+  // Forgets the slot's staged copy, its read waited for (its failure
+  // dropped): before the host acquires the slot (a write-back after it
+  // would rewrite what is read).
   void drop(int slot);
+  // The largest shard, in bytes: each buffer is made this size once.
+  void reserve(int64_t bytes);
 
-  int64_t staged() const;  // buffers Reading
+  int64_t busy() const;  // buffers not Free (Reading, or their copy up not done)
 
  private:
   struct Buffer {
@@ -66,10 +69,12 @@ class ShardStaging {
   Buffer* free_buffer(bool take_any);
   // The buffer's aligned start, reallocated (pinned) if under `bytes`.
   at::Tensor region(Buffer& b, int64_t bytes);
-  void wait_read(Buffer& b);
+  void wait_read(Buffer& b);  // the buffer Free again; throws the read's failure
+  void discard_read(Buffer& b) noexcept;  // the same, its failure dropped
 
   StateSwapper& swapper_;
   std::vector<Buffer> buffers_;
+  int64_t largest_ = 0;
 };
 
 }  // namespace zero::offload

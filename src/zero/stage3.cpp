@@ -175,7 +175,7 @@ void Stage3Runtime::start_gather(size_t i) {
   // memory until the gather is done. Either first: a failed read leaves the
   // group as it was.
   std::optional<at::Tensor> uploaded;
-  if (!s.from_secondary && opts_.param_swap) {
+  if (!s.from_secondary && opts_.param_swap && !gathers_fp32_master(i)) {
     uploaded = opts_.param_swap->upload_for_gather(g, g.param_flat.device());
     if (!uploaded) {
       opts_.param_swap->acquire(g);
@@ -184,17 +184,22 @@ void Stage3Runtime::start_gather(size_t i) {
   }
   partition::restore_params(g);
   s.gather = s.from_secondary ? comm_.all_gather(*opts_.secondary_group, g.param_flat, s.secondary, s.label + " (hpZ)")
-                              : launch_gather(i, uploaded ? *uploaded : shard_for_gather(g));
+                              : launch_gather(i, std::move(uploaded));
   s.residency = Residency::Gathering;
   live_ += g.layout.padded_numel;
   if (!in_backward_) peak_live_forward_ = std::max(peak_live_forward_, live_);
 }
 
-comm::WorkHandle Stage3Runtime::launch_gather(size_t i, const at::Tensor& shard) {
+bool Stage3Runtime::gathers_fp32_master(size_t i) const {
   const auto& g = groups_[i];
-  const bool unfused = opts_.gather_fp32_master && g.param_flat.element_size() == 2 && g.master.defined() &&
-                       g.master.device() == g.param_flat.device();
-  if (!unfused) return comm_.all_gather(dp_, g.param_flat, shard, state_[i].label);
+  return opts_.gather_fp32_master && g.param_flat.element_size() == 2 && g.master.defined() &&
+         g.master.device() == g.param_flat.device();
+}
+
+comm::WorkHandle Stage3Runtime::launch_gather(size_t i, std::optional<at::Tensor> uploaded) {
+  const auto& g = groups_[i];
+  if (!gathers_fp32_master(i))
+    return comm_.all_gather(dp_, g.param_flat, uploaded ? *uploaded : shard_for_gather(g), state_[i].label);
   // Seed 000's "before": the fp32 master travels and a cast follows. The
   // fused path above moves the 16-bit shard the optimizer wrote in its pass.
   at::Tensor wide = at::empty({g.param_flat.numel()}, g.master.options());
@@ -418,7 +423,7 @@ void Stage3Runtime::after_step() {
   for (size_t i = 0; i < groups_.size(); ++i)
     if (state_[i].persistent || state_[i].pinned) {
       if (opts_.param_swap) opts_.param_swap->acquire(groups_[i]), paged_in.push_back(i);
-      works.push_back(launch_gather(i, shard_for_gather(groups_[i])));
+      works.push_back(launch_gather(i, std::nullopt));
     }
   for (auto& w : works) w->wait();
   for (size_t i : paged_in) opts_.param_swap->release(groups_[i], /*dirty=*/false);

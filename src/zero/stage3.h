@@ -35,6 +35,7 @@
 // engine.gathered_parameters() pins groups gathered for such code.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -187,8 +188,11 @@ class Stage3Runtime : public detail::UnitRuntime {
   };
 
   void start_gather(size_t group);  // restore the buffer and launch the allgather
-  // The allgather of `shard` (this rank's part) into the group's (restored) buffer.
-  comm::WorkHandle launch_gather(size_t group, const at::Tensor& shard);
+  // The allgather into the group's (restored) buffer of this rank's shard:
+  // `uploaded` (offload_param nvme's copy on the device) or the group's own;
+  // or of the fp32 master, cast after (gathers_fp32_master: seed 000's "before").
+  comm::WorkHandle launch_gather(size_t group, std::optional<at::Tensor> uploaded);
+  bool gathers_fp32_master(size_t group) const;
   void keep_secondary(size_t group);             // hpZ: this rank's part of a freshly gathered unit
   void drop_secondaries();
   // Releases units kept for reuse (gathered, not in use) until `need` more
