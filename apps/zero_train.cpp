@@ -189,12 +189,6 @@ int64_t peak_rss_bytes() {
 // count 1/n to each of the n mapping them, so the ranks' PSS adds up to
 // the host's use, where their RSS counts shared pages once per rank. The
 // kernel keeps no peak of it: sampled at a step's end (pss_sampled_at).
-// Reading it walks every mapped page (smaps_account: 3% of the 3.3M GPT's
-// step at 4 ranks when read every step, bench/profile.sh).
-// The steps whose end samples PSS: the first three (allocation settles),
-// every tenth, and the last.
-bool pss_sampled_at(int64_t step, int64_t last) { return step <= 3 || step % 10 == 0 || step == last; }
-
 int64_t pss_bytes() {
   std::ifstream rollup("/proc/self/smaps_rollup");
   std::string key;
@@ -208,6 +202,12 @@ int64_t pss_bytes() {
   }
   return 0;
 }
+
+// The steps whose end samples PSS: the first three (allocation settles),
+// every tenth, and the last. Reading it walks every mapped page
+// (smaps_account: 3% of the 3.3M GPT's step at 4 ranks when read after
+// every step, bench/profile.sh).
+bool pss_sampled_at(int64_t step, int64_t last) { return step <= 3 || step % 10 == 0 || step == last; }
 
 // Peak bytes the device's caching allocator handed out (0 on the CPU).
 int64_t peak_device_bytes(at::Device device) { return zero::memory::device_peak_allocated_bytes(device).value_or(0); }

@@ -13,7 +13,7 @@
 //     +-------drop(slot)-----+   (the host needs the shard itself: the read is waited for)
 //
 // Read ahead (stage) takes only a Free buffer; upload takes one even when
-// none is Free -- waiting for the oldest copy up, or dropping another
+// none is Free -- waiting for a buffer's copy up, or dropping another
 // slot's staged read.
 #pragma once
 
