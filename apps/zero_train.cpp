@@ -40,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memory/cpu_allocator.h"
+#include "memory/shared_arena.h"
 #include "memory/device_memory.h"
 #include "train/gpt_trainer.h"
 
@@ -175,7 +176,9 @@ nlohmann::json large_blocks_json() {
           {"hits", s.hits},
           {"maps", s.maps},
           {"unmaps", s.unmaps},
-          {"peak_mapped_bytes", s.peak_mapped_bytes}};
+          {"peak_mapped_bytes", s.peak_mapped_bytes},
+          // Stages 2 and 3: grad buffers that took a freed one's pages (memory/shared_arena.h).
+          {"grad_buffer_reuses", zero::memory::shared_arena_stats().kept_reuses}};
 }
 
 int64_t peak_rss_bytes() {

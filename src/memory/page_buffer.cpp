@@ -34,7 +34,7 @@ void unmap(void* ctx) {
   if (m->committed) note_pages_outside_cache(-static_cast<std::ptrdiff_t>(m->bytes));
   // A shared range's pages are freed now, not when the last peer's cached
   // mapping lets go (memory/shared_arena.h).
-  if (m->shared) free_shared_range(*m->shared);
+  if (m->shared) free_shared_range(*m->shared, /*resident=*/m->committed);
   else munmap(m->ptr, m->bytes);
   delete m;
 }
@@ -93,7 +93,11 @@ constexpr size_t kHugePage = size_t{2} << 20;
 // peers read in place; private: the rest (zero::Init's param scope).
 class PageAllocator final : public c10::Allocator {
  public:
-  explicit PageAllocator(bool shared) : shared_(shared) {}
+  explicit PageAllocator(bool shared) : shared_(shared) {
+    // Pages a scope keeps after their buffer is freed are memory in use
+    // outside the CPU allocator's cache, as the buffer's were.
+    if (shared) set_kept_bytes_observer(&note_pages_outside_cache);
+  }
   c10::DataPtr allocate(size_t bytes) override {
     if (bytes == 0) return {nullptr, nullptr, nullptr, c10::Device(c10::DeviceType::CPU)};
     note_pages_outside_cache(static_cast<std::ptrdiff_t>(bytes));  // before: the cache makes room

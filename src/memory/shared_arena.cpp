@@ -5,12 +5,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "common/fd_limit.h"
 
@@ -26,6 +31,20 @@ struct Arena {
   bool unavailable = false;              // no memfd on this system: buffers are private
   int64_t end = 0;                       // the memfd's size
   std::multimap<size_t, int64_t> freed;  // punched ranges by size, to reuse
+  // KeepFreedSharedPages: freed ranges still holding their pages and
+  // mapping, least recently freed first, and the bound they are kept under.
+  struct Kept {
+    char* ptr;
+    size_t bytes;
+    int64_t offset;
+  };
+  int keep_scopes = 0;
+  std::deque<Kept> kept;
+  size_t kept_bytes = 0;
+  size_t live_bytes = 0;  // in ranges mapped and not freed
+  size_t peak_bytes = 0;  // the most live since the outermost scope began
+  uint64_t kept_reuses = 0;
+  KeptBytesObserver observer = nullptr;
 };
 
 // Never destroyed: buffers are freed during exit too.
@@ -56,6 +75,8 @@ bool ensure_memfd(Arena& a) {
     a.unavailable = false;
     a.end = 0;
     a.freed.clear();
+    a.kept.clear();  // the parent's: its child frees none of them
+    a.kept_bytes = a.live_bytes = a.peak_bytes = 0;
   }
   if (a.fd >= 0) return true;
   if (a.unavailable) return false;
@@ -73,26 +94,73 @@ bool ensure_memfd(Arena& a) {
   return true;
 }
 
+void note_kept(Arena& a, std::ptrdiff_t bytes) {
+  if (a.observer) a.observer(bytes);
+}
+
+// Gives a kept range's pages back and lets its range be reused.
+void punch_kept(Arena& a, const Arena::Kept& k) {
+  munmap(k.ptr, k.bytes);
+  a.kept_bytes -= k.bytes;
+  note_kept(a, -static_cast<std::ptrdiff_t>(k.bytes));
+  if (fallocate(a.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(k.offset),
+                static_cast<off_t>(k.bytes)) == 0)
+    a.freed.emplace(k.bytes, k.offset);
+}
+
+// A kept range of exactly `len`, the most recently freed, taken out of the
+// kept ones; or none.
+std::optional<Arena::Kept> take_kept(Arena& a, size_t len) {
+  for (auto it = a.kept.rbegin(); it != a.kept.rend(); ++it)
+    if (it->bytes == len) {
+      Arena::Kept k = *it;
+      a.kept.erase(std::next(it).base());
+      a.kept_bytes -= len;
+      note_kept(a, -static_cast<std::ptrdiff_t>(len));
+      return k;
+    }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<SharedRange> map_shared_range(size_t bytes) {
   Arena& a = arena();
-  std::lock_guard<std::mutex> lock(a.mu);
+  std::unique_lock<std::mutex> lock(a.mu);
   if (!ensure_memfd(a)) return std::nullopt;
   const size_t len = page_rounded(bytes);
+  a.live_bytes += len;
+  if (a.keep_scopes > 0) {
+    a.peak_bytes = std::max(a.peak_bytes, a.live_bytes);
+    if (std::optional<Arena::Kept> k = take_kept(a, len)) {
+      ++a.kept_reuses;
+      const SharedRange r{k->ptr, len, k->offset, a.fd, a.inode, a.pid};
+      lock.unlock();
+      std::memset(r.ptr, 0, len);  // it holds the last buffer's bytes; a new one starts from zeros
+      return r;
+    }
+    while (!a.kept.empty() && a.live_bytes + a.kept_bytes > a.peak_bytes) {
+      punch_kept(a, a.kept.front());
+      a.kept.pop_front();
+    }
+  }
   int64_t offset;
   if (auto it = a.freed.find(len); it != a.freed.end()) {
     offset = it->second;
     a.freed.erase(it);
   } else {
     offset = a.end;
-    if (ftruncate(a.fd, static_cast<off_t>(a.end + static_cast<int64_t>(len))) != 0) out_of_memory(bytes, errno);
+    if (ftruncate(a.fd, static_cast<off_t>(a.end + static_cast<int64_t>(len))) != 0) {
+      a.live_bytes -= len;
+      out_of_memory(bytes, errno);
+    }
     a.end += static_cast<int64_t>(len);
   }
   void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd, static_cast<off_t>(offset));
   if (p == MAP_FAILED) {
     const int err = errno;
     a.freed.emplace(len, offset);  // untouched: still a hole
+    a.live_bytes -= len;
     out_of_memory(bytes, err);
   }
   return SharedRange{static_cast<char*>(p), len, offset, a.fd, a.inode, a.pid};
@@ -103,13 +171,66 @@ bool punch_shared_range(const SharedRange& r) {
                    static_cast<off_t>(r.bytes)) == 0;
 }
 
-void free_shared_range(const SharedRange& r) {
+void free_shared_range(const SharedRange& r, bool resident) {
+  Arena& a = arena();
+  if (r.owner == getpid()) {
+    std::lock_guard<std::mutex> lock(a.mu);
+    if (a.pid == r.owner) {
+      a.live_bytes -= r.bytes;
+      if (a.keep_scopes > 0 && resident) {
+        a.kept.push_back({r.ptr, r.bytes, r.offset});
+        a.kept_bytes += r.bytes;
+        note_kept(a, static_cast<std::ptrdiff_t>(r.bytes));
+        return;
+      }
+    }
+  }
   munmap(r.ptr, r.bytes);
   if (r.owner != getpid()) return;  // a forked child's copy of its parent's buffer
-  Arena& a = arena();
   std::lock_guard<std::mutex> lock(a.mu);
   // Reused only once its pages are gone: the next buffer starts zero-filled.
   if (a.pid == r.owner && punch_shared_range(r)) a.freed.emplace(r.bytes, r.offset);
+}
+
+// ZERO_KEEP_FREED_PAGES=off: scopes keep nothing, for measuring what they save.
+bool keeping_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("ZERO_KEEP_FREED_PAGES");
+    return !(v && std::string(v) == "off");
+  }();
+  return on;
+}
+
+KeepFreedSharedPages::KeepFreedSharedPages() {
+  if (!keeping_enabled()) return;
+  Arena& a = arena();
+  std::lock_guard<std::mutex> lock(a.mu);
+  if (a.keep_scopes++ == 0) a.peak_bytes = a.live_bytes;
+}
+
+KeepFreedSharedPages::~KeepFreedSharedPages() {
+  if (!keeping_enabled()) return;
+  Arena& a = arena();
+  std::lock_guard<std::mutex> lock(a.mu);
+  if (--a.keep_scopes > 0) return;
+  // (In a process forked inside a scope the kept ranges are its parent's:
+  // punching them would free the parent's pages.)
+  if (a.pid == getpid())
+    for (const Arena::Kept& k : a.kept) punch_kept(a, k);
+  a.kept.clear();
+  a.kept_bytes = 0;
+}
+
+SharedArenaStats shared_arena_stats() {
+  Arena& a = arena();
+  std::lock_guard<std::mutex> lock(a.mu);
+  return {a.kept_reuses, a.kept_bytes};
+}
+
+KeptBytesObserver set_kept_bytes_observer(KeptBytesObserver observer) {
+  Arena& a = arena();
+  std::lock_guard<std::mutex> lock(a.mu);
+  return std::exchange(a.observer, observer);
 }
 
 }  // namespace zero::memory

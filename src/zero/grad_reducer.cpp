@@ -97,6 +97,7 @@ void GradReducer::begin_backward(bool reduce, bool implicit) {
   if (!in_flight_.empty()) abort_backward();  // cannot happen: ends and aborts drain it; be safe
   if (flat_reduced_) restart_after_reduction();
   active_ = true;
+  if (opts_.policy.shard_grads) keep_freed_grads_.emplace();
   implicit_ = implicit;
   reduce_ = reduce;
   grad_scale_ = 1.0f;
@@ -238,6 +239,7 @@ void GradReducer::finish(size_t i) {
 
 void GradReducer::end_backward() {
   active_ = false;
+  keep_freed_grads_.reset();  // no grad buffer is made after the backward: kept pages would only wait
   for (size_t i = 0; i < groups_.size(); ++i)
     for (size_t p = 0; p < expected_[i].size(); ++p)
       if (arrived_[i][p] > 0) expected_[i][p] = arrived_[i][p];  // unused this time: keep the count
@@ -299,6 +301,7 @@ void GradReducer::reduce_remaining() {
 
 void GradReducer::abort_backward() {
   active_ = false;
+  keep_freed_grads_.reset();
   // Reductions already launched still write into the grad buffers when they
   // complete (the transports hold the tensors): let them land before the
   // buffers are cleared, or they would race with the next backward. A peer

@@ -42,6 +42,7 @@
 #include <optional>
 #include <vector>
 
+#include "memory/shared_arena.h"
 #include "partition/flat_group.h"
 #include "zero/comm.h"
 #include "zero/stage_policy.h"
@@ -171,6 +172,10 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   size_t next_launch_ = 0;
   int64_t late_reductions_ = 0;
   std::deque<size_t> in_flight_;  // launched, not finished, in launch order
+  // Stages 2 and 3, from a backward's start to its end: a unit's full grad
+  // buffer, freed after its reduce-scatter, leaves its pages to the next
+  // unit's instead of faulting in a fresh buffer's (memory/shared_arena.h).
+  std::optional<memory::KeepFreedSharedPages> keep_freed_grads_;
 };
 
 }  // namespace zero

@@ -1,7 +1,8 @@
 // The process's shared memory for flat buffers (src/memory/shared_arena.h):
 // one descriptor for any number of buffers, and a freed buffer seen from a
 // peer's mapping reads as zeros -- its pages gone, the file never shrunk
-// (which a reader would meet as SIGBUS).
+// (which a reader would meet as SIGBUS) -- unless a KeepFreedSharedPages
+// scope keeps them for the next buffer of its size.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -101,6 +102,107 @@ TEST(SharedArena, NoDescriptorForTheMemfdIsAnErrorNamingTheLimit) {
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "1: no error; 2: an error not naming the limit";
+}
+
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+std::ptrdiff_t g_observed = 0;
+void observe(std::ptrdiff_t bytes) { g_observed += bytes; }
+
+// Within a scope a freed range keeps its pages: the next buffer of its size
+// takes them, zero-filled, without faulting a page in -- where a fresh
+// range faults in every page. The allocator's observer is told the bytes
+// kept, and the pages go when the scope ends.
+TEST(SharedArena, AScopeKeepsAFreedRangesPagesForTheNextOfItsSize) {
+  constexpr size_t kBytes = 4 << 20;
+  const auto previous = zero::memory::set_kept_bytes_observer(&observe);
+  g_observed = 0;
+  {
+    auto fresh = map_shared_range(kBytes);
+    if (!fresh) GTEST_SKIP() << "no memfd on this system";
+    long before = minor_faults();
+    std::memset(fresh->ptr, 7, kBytes);
+    const long fresh_faults = minor_faults() - before;
+    EXPECT_GE(fresh_faults, static_cast<long>(kBytes / 4096 / 2)) << "the oracle: fresh pages fault in";
+    free_shared_range(*fresh);
+  }
+  zero::memory::KeepFreedSharedPages keep;
+  auto first = map_shared_range(kBytes);
+  ASSERT_TRUE(first);
+  std::memset(first->ptr, 7, kBytes);
+  const char* peer = map_as_a_peer(*first);
+  ASSERT_NE(peer, nullptr);
+  const uint64_t reuses = zero::memory::shared_arena_stats().kept_reuses;
+  free_shared_range(*first);
+  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, kBytes);
+  EXPECT_EQ(g_observed, static_cast<std::ptrdiff_t>(kBytes));
+  EXPECT_EQ(peer[kBytes - 1], 7) << "kept: its pages stay";
+
+  const long before = minor_faults();
+  auto second = map_shared_range(kBytes);
+  ASSERT_TRUE(second);
+  std::memset(second->ptr, 5, kBytes);
+  EXPECT_LT(minor_faults() - before, 16) << "the kept pages serve the next buffer of their size";
+  EXPECT_EQ(second->offset, first->offset);
+  EXPECT_EQ(zero::memory::shared_arena_stats().kept_reuses, reuses + 1);
+  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 0u);
+  EXPECT_EQ(g_observed, 0);
+  free_shared_range(*second);
+  zero::memory::set_kept_bytes_observer(previous);
+  munmap(const_cast<char*>(peer), kBytes);
+}
+
+TEST(SharedArena, AKeptRangeIsZeroFilledWhenTakenBackAndPunchedWhenTheScopeEnds) {
+  constexpr size_t kBytes = 1 << 20;
+  const char* peer = nullptr;
+  {
+    zero::memory::KeepFreedSharedPages keep;
+    auto r = map_shared_range(kBytes);
+    if (!r) GTEST_SKIP() << "no memfd on this system";
+    std::memset(r->ptr, 7, kBytes);
+    free_shared_range(*r);
+    auto again = map_shared_range(kBytes);
+    ASSERT_TRUE(again);
+    ASSERT_EQ(again->ptr, r->ptr);
+    for (size_t i = 0; i < kBytes; i += 512) ASSERT_EQ(again->ptr[i], 0) << "byte " << i;
+    std::memset(again->ptr, 3, kBytes);
+    peer = map_as_a_peer(*again);
+    ASSERT_NE(peer, nullptr);
+    free_shared_range(*again);
+    EXPECT_EQ(peer[0], 3);
+  }
+  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 0u);
+  for (size_t i = 0; i < kBytes; i += 4096) ASSERT_EQ(peer[i], 0) << "byte " << i << ": its pages went back";
+  munmap(const_cast<char*>(peer), kBytes);
+}
+
+// The bound: what is in use plus what is kept never passes the most in use
+// at once since the scope began. A request of another size that would pass
+// it punches kept ranges out first; a released buffer (no pages) is not kept.
+TEST(SharedArena, KeptRangesNeverRaiseThePeak) {
+  constexpr size_t kMiB = 1 << 20;
+  zero::memory::KeepFreedSharedPages keep;
+  auto a = map_shared_range(kMiB);
+  if (!a) GTEST_SKIP() << "no memfd on this system";
+  auto b = map_shared_range(kMiB);  // the peak: 2 MiB
+  std::memset(a->ptr, 1, kMiB);
+  std::memset(b->ptr, 1, kMiB);
+  const char* peer_a = map_as_a_peer(*a);
+  ASSERT_NE(peer_a, nullptr);
+  free_shared_range(*a);
+  free_shared_range(*b, /*resident=*/false);
+  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, kMiB) << "b's pages were gone already";
+  auto c = map_shared_range(2 * kMiB);  // 2 in use + 1 kept > 2: a goes
+  ASSERT_TRUE(c);
+  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 0u);
+  EXPECT_EQ(peer_a[0], 0) << "punched out";
+  free_shared_range(*c);
+  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 2 * kMiB);
+  munmap(const_cast<char*>(peer_a), kMiB);
 }
 
 }  // namespace
