@@ -177,8 +177,9 @@ nlohmann::json large_blocks_json() {
           {"maps", s.maps},
           {"unmaps", s.unmaps},
           {"peak_mapped_bytes", s.peak_mapped_bytes},
-          // Stages 2 and 3: grad buffers that took a freed one's pages (memory/shared_arena.h).
-          {"grad_buffer_reuses", zero::memory::shared_arena_stats().kept_reuses}};
+          // Shared buffers made in a backward from a freed one's pages: stage 3's
+          // grad buffers, a collective's scratch (memory/shared_arena.h).
+          {"shared_buffer_reuses", zero::memory::shared_arena_stats().kept_reuses}};
 }
 
 int64_t peak_rss_bytes() {

@@ -55,6 +55,12 @@ Mapping* map_shared(size_t bytes) {
   return m;
 }
 
+c10::DataPtr wrap(const SharedRange& r, size_t bytes) {
+  auto* m = new Mapping{r.ptr, bytes};
+  m->shared = r;
+  return {m->ptr, m, &unmap, c10::Device(c10::DeviceType::CPU)};
+}
+
 // Shared pages fault in more slowly than private ones: only where the
 // zero-copy collectives may read them (not with ZERO_COMM_ZERO_COPY=off or
 // ZERO_COMM_FASTPATH=off, which stage every collective).
@@ -100,8 +106,12 @@ class PageAllocator final : public c10::Allocator {
   }
   c10::DataPtr allocate(size_t bytes) override {
     if (bytes == 0) return {nullptr, nullptr, nullptr, c10::Device(c10::DeviceType::CPU)};
+    const bool shared = shared_ && shared_buffers_enabled();
+    // A kept range's pages are counted already (the observer, above).
+    if (shared)
+      if (std::optional<SharedRange> r = take_kept_range(bytes)) return wrap(*r, bytes);
     note_pages_outside_cache(static_cast<std::ptrdiff_t>(bytes));  // before: the cache makes room
-    if (shared_ && shared_buffers_enabled())
+    if (shared)
       if (Mapping* m = map_shared(bytes)) return {m->ptr, m, &unmap, c10::Device(c10::DeviceType::CPU)};
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {

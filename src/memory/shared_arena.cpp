@@ -77,6 +77,7 @@ bool ensure_memfd(Arena& a) {
     a.freed.clear();
     a.kept.clear();  // the parent's: its child frees none of them
     a.kept_bytes = a.live_bytes = a.peak_bytes = 0;
+    a.keep_scopes = 0;  // a scope the child inherited keeps nothing of the child's
   }
   if (a.fd >= 0) return true;
   if (a.unavailable) return false;
@@ -116,7 +117,6 @@ std::optional<Arena::Kept> take_kept(Arena& a, size_t len) {
       Arena::Kept k = *it;
       a.kept.erase(std::next(it).base());
       a.kept_bytes -= len;
-      note_kept(a, -static_cast<std::ptrdiff_t>(len));
       return k;
     }
   return std::nullopt;
@@ -124,25 +124,32 @@ std::optional<Arena::Kept> take_kept(Arena& a, size_t len) {
 
 }  // namespace
 
-std::optional<SharedRange> map_shared_range(size_t bytes) {
+std::optional<SharedRange> take_kept_range(size_t bytes) {
   Arena& a = arena();
   std::unique_lock<std::mutex> lock(a.mu);
+  if (a.keep_scopes == 0 || a.pid != getpid()) return std::nullopt;
+  const size_t len = page_rounded(bytes);
+  std::optional<Arena::Kept> k = take_kept(a, len);
+  if (!k) return std::nullopt;
+  a.live_bytes += len;  // within the peak: it was in use before
+  ++a.kept_reuses;
+  const SharedRange r{k->ptr, len, k->offset, a.fd, a.inode, a.pid};
+  lock.unlock();
+  std::memset(r.ptr, 0, len);  // it holds the last buffer's bytes; a new one starts from zeros
+  return r;
+}
+
+std::optional<SharedRange> map_shared_range(size_t bytes) {
+  Arena& a = arena();
+  std::lock_guard<std::mutex> lock(a.mu);
   if (!ensure_memfd(a)) return std::nullopt;
   const size_t len = page_rounded(bytes);
-  a.live_bytes += len;
-  if (a.keep_scopes > 0) {
-    a.peak_bytes = std::max(a.peak_bytes, a.live_bytes);
-    if (std::optional<Arena::Kept> k = take_kept(a, len)) {
-      ++a.kept_reuses;
-      const SharedRange r{k->ptr, len, k->offset, a.fd, a.inode, a.pid};
-      lock.unlock();
-      std::memset(r.ptr, 0, len);  // it holds the last buffer's bytes; a new one starts from zeros
-      return r;
-    }
-    while (!a.kept.empty() && a.live_bytes + a.kept_bytes > a.peak_bytes) {
-      punch_kept(a, a.kept.front());
-      a.kept.pop_front();
-    }
+  // In a scope, kept ranges make room first: in use, this one and those kept
+  // within the most in use at once (which this one may raise).
+  const size_t peak = std::max(a.peak_bytes, a.live_bytes + len);
+  while (a.keep_scopes > 0 && !a.kept.empty() && a.live_bytes + len + a.kept_bytes > peak) {
+    punch_kept(a, a.kept.front());
+    a.kept.pop_front();
   }
   int64_t offset;
   if (auto it = a.freed.find(len); it != a.freed.end()) {
@@ -150,19 +157,17 @@ std::optional<SharedRange> map_shared_range(size_t bytes) {
     a.freed.erase(it);
   } else {
     offset = a.end;
-    if (ftruncate(a.fd, static_cast<off_t>(a.end + static_cast<int64_t>(len))) != 0) {
-      a.live_bytes -= len;
-      out_of_memory(bytes, errno);
-    }
+    if (ftruncate(a.fd, static_cast<off_t>(a.end + static_cast<int64_t>(len))) != 0) out_of_memory(bytes, errno);
     a.end += static_cast<int64_t>(len);
   }
   void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd, static_cast<off_t>(offset));
   if (p == MAP_FAILED) {
     const int err = errno;
     a.freed.emplace(len, offset);  // untouched: still a hole
-    a.live_bytes -= len;
     out_of_memory(bytes, err);
   }
+  a.live_bytes += len;
+  if (a.keep_scopes > 0) a.peak_bytes = peak;
   return SharedRange{static_cast<char*>(p), len, offset, a.fd, a.inode, a.pid};
 }
 
@@ -212,7 +217,7 @@ KeepFreedSharedPages::~KeepFreedSharedPages() {
   if (!keeping_enabled()) return;
   Arena& a = arena();
   std::lock_guard<std::mutex> lock(a.mu);
-  if (--a.keep_scopes > 0) return;
+  if (a.keep_scopes == 0 || --a.keep_scopes > 0) return;  // (0: inherited by a forked child)
   // (In a process forked inside a scope the kept ranges are its parent's:
   // punching them would free the parent's pages.)
   if (a.pid == getpid())

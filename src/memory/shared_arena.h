@@ -38,24 +38,32 @@ struct SharedRange {
 // (naming the limit) or the memory cannot be mapped.
 std::optional<SharedRange> map_shared_range(size_t bytes);
 
+// In a KeepFreedSharedPages scope: a kept range of `bytes` (page-rounded),
+// zero-filled, if one was freed; else nullopt (then map_shared_range). Its
+// pages were counted while kept (set_kept_bytes_observer), so the caller
+// counts nothing more.
+std::optional<SharedRange> take_kept_range(size_t bytes);
+
 // Unmaps `r` and, in its owner, frees its pages and lets the range be
 // reused. `resident`: its pages are in memory (not punched out by a release),
 // so that a KeepFreedSharedPages scope may keep them.
 void free_shared_range(const SharedRange& r, bool resident = true);
 
 // While one of these is alive, a freed range keeps its pages and its mapping,
-// and the next request of its size takes it back, zero-filled by a memset --
-// against a fresh range, whose every 4 KiB page costs a fault, a page
-// allocation and its clearing, and a fallocate to punch it out again. For a
-// phase that frees and maps buffers of the same sizes in turn: the backward
-// at stages 2 and 3, where each unit's full grad buffer lives from its first
-// grad to its reduce-scatter (at 2 ranks on the ~101M GPT those faults were
-// 8% of stage 3's step; docs/benchmarks.md). The bound: the ranges in use
-// plus those kept never exceed the most in use at once since the first scope
-// began -- a request that would pass it first punches kept ranges out, the
-// least recently freed first -- so keeping adds nothing to the phase's peak.
-// When the last scope ends, the kept ranges' pages go back to the OS. Scopes
-// nest; any thread.
+// and take_kept_range hands it to the next request of its size, zero-filled
+// by a memset -- against a fresh range, whose every 4 KiB page costs a fault,
+// a page allocation and its clearing, and a fallocate to punch it out again.
+// For a phase that frees and maps buffers of the same sizes in turn: the
+// backward at stage 3 (and stage 2 with overlap_comm), where each unit's full
+// grad buffer lives from its first grad to its reduce-scatter (at 2 ranks on
+// the ~101M GPT those faults were 8% of stage 3's step; docs/performance.md).
+// The bound: the arena's ranges in use plus those kept never exceed the most
+// of them in use at once since the outermost scope began -- a fresh range
+// that would pass it first punches kept ranges out, the least recently freed
+// first -- so the shared buffers hold no more than they did at their peak in
+// the phase (other memory, such as activations, is not in that count). When
+// the last scope ends, the kept ranges' pages go back to the OS. Scopes
+// nest; any thread. ZERO_KEEP_FREED_PAGES=off: scopes keep nothing.
 class KeepFreedSharedPages {
  public:
   KeepFreedSharedPages();
@@ -66,14 +74,14 @@ class KeepFreedSharedPages {
 
 // Counts, for tests and the step summary.
 struct SharedArenaStats {
-  uint64_t kept_reuses = 0;  // requests served by a kept range
+  uint64_t kept_reuses = 0;  // requests served by a kept range (take_kept_range)
   size_t kept_bytes = 0;     // held now by kept ranges
 };
 SharedArenaStats shared_arena_stats();
 
 // Told each change in the bytes kept (+ when a range is kept, - when one is
-// taken back or punched out): the caching CPU allocator counts them as
-// memory in use outside it (memory/cpu_allocator.h). One observer; null:
+// punched out; one taken back stays counted, now in use): the caching CPU
+// allocator counts them as memory in use outside it (memory/cpu_allocator.h). One observer; null:
 // none. Returns the one it replaces.
 using KeptBytesObserver = void (*)(std::ptrdiff_t bytes);
 KeptBytesObserver set_kept_bytes_observer(KeptBytesObserver observer);
