@@ -75,6 +75,41 @@ TEST(Stage3, GradBuffersTakeTheFreedOnesPagesWithParity) {
   expect_params_close(dist.params, want.params);
 }
 
+// The same with a model as a user writes one: stock torch::nn layers, each
+// Linear a zero::Unit, one of them frozen, a LayerNorm and its params
+// outside every unit. Parity with one process and reused grad pages.
+struct StockUnitsNet : torch::nn::Module {
+  StockUnitsNet() {
+    at::manual_seed(23);
+    frozen = register_module("frozen", zero::Unit<torch::nn::Linear>(16, 16));
+    for (auto& p : frozen->parameters()) p.requires_grad_(false);
+    for (int i = 0; i < 6; ++i)
+      layers.push_back(register_module("l" + std::to_string(i), zero::Unit<torch::nn::Linear>(16, 16)));
+    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({16})));
+  }
+  at::Tensor loss(const at::Tensor& x) {
+    at::Tensor h = frozen->forward(x);
+    for (auto& l : layers) h = at::tanh(l->forward(h));
+    return ln->forward(h).pow(2).mean();
+  }
+  zero::Unit<torch::nn::Linear> frozen{nullptr};
+  std::vector<zero::Unit<torch::nn::Linear>> layers;
+  torch::nn::LayerNorm ln{nullptr};
+};
+
+TEST(Stage3, StockLayerUnitsTakeFreedGradPagesWithParity) {
+  StockUnitsNet m, ref;
+  zero::Engine e(m, toy_config(3, 4, 20), world().comm(), dp_group());
+  zero::Engine er(ref, toy_config(0, 4 * world().size()), world().comm(), solo_group());
+  const uint64_t before = zero::memory::shared_arena_stats().kept_reuses;
+  for (int step = 0; step < 4; ++step) {
+    step_with_reference(e, m, er, ref, 300 + step, 16);
+    EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 0u) << "step " << step;
+  }
+  EXPECT_GE(zero::memory::shared_arena_stats().kept_reuses - before, 4u * 2);
+  EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
+}
+
 // Seed 000's unfused baseline (zero_cpp.stage3_gather_fp32_master) gathers
 // the fp32 master and downcasts after: the values the fused path's 16-bit
 // gather carries (the optimizer wrote them from the same master, rounded
