@@ -44,17 +44,8 @@ void unmap(void* ctx) {
                            " MiB flat buffer: " + std::strerror(errno));
 }
 
-// A range of the process's memfd mapped shared: peers on this host can map
-// the same pages (comm/shm/peer_buffers.h). Null when the kernel offers no
-// memfd (then the buffer is private and its collectives take the staged path).
-Mapping* map_shared(size_t bytes) {
-  std::optional<SharedRange> r = map_shared_range(bytes);
-  if (!r) return nullptr;
-  auto* m = new Mapping{r->ptr, bytes};
-  m->shared = *r;
-  return m;
-}
-
+// A buffer of `bytes` on `r`, a range of the process's memfd mapped shared:
+// peers on this host can map the same pages (comm/shm/peer_buffers.h).
 c10::DataPtr wrap(const SharedRange& r, size_t bytes) {
   auto* m = new Mapping{r.ptr, bytes};
   m->shared = r;
@@ -111,8 +102,9 @@ class PageAllocator final : public c10::Allocator {
     if (shared)
       if (std::optional<SharedRange> r = take_kept_range(bytes)) return wrap(*r, bytes);
     note_pages_outside_cache(static_cast<std::ptrdiff_t>(bytes));  // before: the cache makes room
+    // No memfd on this system: a private buffer, whose collectives take the staged path.
     if (shared)
-      if (Mapping* m = map_shared(bytes)) return {m->ptr, m, &unmap, c10::Device(c10::DeviceType::CPU)};
+      if (std::optional<SharedRange> r = map_shared_range(bytes)) return wrap(*r, bytes);
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
       note_pages_outside_cache(-static_cast<std::ptrdiff_t>(bytes));

@@ -33,13 +33,8 @@ struct Arena {
   std::multimap<size_t, int64_t> freed;  // punched ranges by size, to reuse
   // KeepFreedSharedPages: freed ranges still holding their pages and
   // mapping, least recently freed first, and the bound they are kept under.
-  struct Kept {
-    char* ptr;
-    size_t bytes;
-    int64_t offset;
-  };
   int keep_scopes = 0;
-  std::deque<Kept> kept;
+  std::deque<SharedRange> kept;
   size_t kept_bytes = 0;
   size_t live_bytes = 0;  // in ranges mapped and not freed
   size_t peak_bytes = 0;  // the most live since the outermost scope began
@@ -100,26 +95,11 @@ void note_kept(Arena& a, std::ptrdiff_t bytes) {
 }
 
 // Gives a kept range's pages back and lets its range be reused.
-void punch_kept(Arena& a, const Arena::Kept& k) {
+void punch_kept(Arena& a, const SharedRange& k) {
   munmap(k.ptr, k.bytes);
   a.kept_bytes -= k.bytes;
   note_kept(a, -static_cast<std::ptrdiff_t>(k.bytes));
-  if (fallocate(a.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(k.offset),
-                static_cast<off_t>(k.bytes)) == 0)
-    a.freed.emplace(k.bytes, k.offset);
-}
-
-// A kept range of exactly `len`, the most recently freed, taken out of the
-// kept ones; or none.
-std::optional<Arena::Kept> take_kept(Arena& a, size_t len) {
-  for (auto it = a.kept.rbegin(); it != a.kept.rend(); ++it)
-    if (it->bytes == len) {
-      Arena::Kept k = *it;
-      a.kept.erase(std::next(it).base());
-      a.kept_bytes -= len;
-      return k;
-    }
-  return std::nullopt;
+  if (punch_shared_range(k)) a.freed.emplace(k.bytes, k.offset);
 }
 
 }  // namespace
@@ -129,11 +109,14 @@ std::optional<SharedRange> take_kept_range(size_t bytes) {
   std::unique_lock<std::mutex> lock(a.mu);
   if (a.keep_scopes == 0 || a.pid != getpid()) return std::nullopt;
   const size_t len = page_rounded(bytes);
-  std::optional<Arena::Kept> k = take_kept(a, len);
-  if (!k) return std::nullopt;
+  // The most recently freed of its size.
+  const auto it = std::find_if(a.kept.rbegin(), a.kept.rend(), [&](const SharedRange& k) { return k.bytes == len; });
+  if (it == a.kept.rend()) return std::nullopt;
+  const SharedRange r = *it;
+  a.kept.erase(std::next(it).base());
+  a.kept_bytes -= len;
   a.live_bytes += len;  // within the peak: it was in use before
   ++a.kept_reuses;
-  const SharedRange r{k->ptr, len, k->offset, a.fd, a.inode, a.pid};
   lock.unlock();
   std::memset(r.ptr, 0, len);  // it holds the last buffer's bytes; a new one starts from zeros
   return r;
@@ -183,7 +166,7 @@ void free_shared_range(const SharedRange& r, bool resident) {
     if (a.pid == r.owner) {
       a.live_bytes -= r.bytes;
       if (a.keep_scopes > 0 && resident) {
-        a.kept.push_back({r.ptr, r.bytes, r.offset});
+        a.kept.push_back(r);
         a.kept_bytes += r.bytes;
         note_kept(a, static_cast<std::ptrdiff_t>(r.bytes));
         return;
@@ -221,7 +204,7 @@ KeepFreedSharedPages::~KeepFreedSharedPages() {
   // (In a process forked inside a scope the kept ranges are its parent's:
   // punching them would free the parent's pages.)
   if (a.pid == getpid())
-    for (const Arena::Kept& k : a.kept) punch_kept(a, k);
+    for (const SharedRange& k : a.kept) punch_kept(a, k);
   a.kept.clear();
   a.kept_bytes = 0;
 }
