@@ -40,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memory/cpu_allocator.h"
+#include "memory/page_buffer.h"
 #include "memory/shared_arena.h"
 #include "memory/device_memory.h"
 #include "train/gpt_trainer.h"
@@ -179,7 +180,10 @@ nlohmann::json large_blocks_json() {
           {"peak_mapped_bytes", s.peak_mapped_bytes},
           // Shared buffers made in a backward from a freed one's pages: stage 3's
           // grad buffers, a collective's scratch (memory/shared_arena.h).
-          {"shared_buffer_reuses", zero::memory::shared_arena_stats().kept_reuses}};
+          {"shared_buffer_reuses", zero::memory::shared_arena_stats().kept_reuses},
+          // Stage 3's gathers into the pages of the unit released before them
+          // (memory/page_buffer.h hold_pages).
+          {"unit_page_handoffs", zero::memory::page_handoffs()}};
 }
 
 int64_t peak_rss_bytes() {

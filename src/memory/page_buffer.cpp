@@ -4,6 +4,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <new>
 #include <cstdlib>
@@ -16,6 +19,13 @@
 #include "memory/release_guard.h"
 #include "memory/shared_arena.h"
 
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000  // Linux 4.17; glibc before 2.28 lacks the name
+#endif
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4  // Linux 5.7; glibc before 2.32 lacks the name
+#endif
+
 namespace zero::memory {
 
 namespace {
@@ -23,7 +33,8 @@ namespace {
 struct Mapping {
   void* ptr;
   size_t bytes;
-  bool committed = true;
+  bool committed = true;               // its pages are in memory (counted by note_pages_outside_cache)
+  bool held = false;                   // committed but inaccessible: released, pages kept (hold_pages)
   int guard_id = -1;                   // its registration in memory/release_guard.h
   std::optional<SharedRange> shared = std::nullopt;  // its range of the process's shared memfd, or none (anonymous)
 };
@@ -86,6 +97,23 @@ Mapping& page_mapping(const at::Tensor& t, const char* what) {
 
 constexpr size_t kHugePage = size_t{2} << 20;
 
+// Private pages for `bytes`, from a 2 MiB boundary when that large: stage
+// 3 moves a released unit's pages into the next unit's buffer (hold_pages),
+// which moves whole huge pages only between equally aligned ranges. Null
+// when the memory cannot be mapped.
+void* map_private(size_t bytes) {
+  const size_t slack = bytes >= kHugePage ? kHugePage : 0;
+  void* p = mmap(nullptr, bytes + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  if (slack == 0) return p;
+  const auto start = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t aligned = (start + kHugePage - 1) & ~(uintptr_t{kHugePage} - 1);
+  const size_t end = page_rounded(bytes);
+  if (aligned > start) munmap(p, aligned - start);
+  munmap(reinterpret_cast<void*>(aligned + end), start + end + slack - (aligned + end));
+  return reinterpret_cast<void*>(aligned);
+}
+
 // `shared`: the engine's flat buffers, which the shared-memory transport's
 // peers read in place; private: the rest (zero::Init's param scope).
 class PageAllocator final : public c10::Allocator {
@@ -105,8 +133,8 @@ class PageAllocator final : public c10::Allocator {
     // No memfd on this system: a private buffer, whose collectives take the staged path.
     if (shared)
       if (std::optional<SharedRange> r = map_shared_range(bytes)) return wrap(*r, bytes);
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
+    void* p = map_private(bytes);
+    if (p == nullptr) {
       note_pages_outside_cache(-static_cast<std::ptrdiff_t>(bytes));
       out_of_memory(bytes);
     }
@@ -157,7 +185,8 @@ bool shared_backed(const at::Tensor& t) {
 
 std::optional<SharedPages> shared_pages(const at::Tensor& t) {
   const Mapping* m = mapping_of(t);
-  if (!m || !m->shared || m->shared->owner != getpid() || !m->committed || !t.is_contiguous()) return std::nullopt;
+  if (!m || !m->shared || m->shared->owner != getpid() || !m->committed || m->held || !t.is_contiguous())
+    return std::nullopt;
   const char* base = static_cast<const char*>(m->ptr);
   const char* data = static_cast<const char*>(t.data_ptr());
   const size_t end = static_cast<size_t>(data - base) + t.nbytes();
@@ -177,13 +206,92 @@ void release_pages(const at::Tensor& flat) {
   const bool freed = m.shared ? punch_shared_range(*m.shared) : madvise(m.ptr, len, MADV_DONTNEED) == 0;
   if (!freed || mprotect(m.ptr, len, PROT_NONE) != 0)
     throw std::runtime_error(std::string("zero-cpp: releasing a flat buffer failed: ") + std::strerror(errno));
-  m.committed = false;
+  m.committed = m.held = false;
   note_pages_outside_cache(-static_cast<std::ptrdiff_t>(m.bytes));
 }
+
+namespace {
+
+std::atomic<uint64_t> g_page_handoffs{0};
+
+// Whether this kernel moves pages with MREMAP_DONTUNMAP (Linux 5.7+): tried
+// once on a scratch page, since a failed move of a buffer's pages could leave
+// its address unmapped.
+bool page_moves_supported() {
+  static const bool ok = [] {
+    const size_t page = page_rounded(1);
+    void* a = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (a == MAP_FAILED) return false;
+    char* from = static_cast<char*>(a);
+    *from = 1;
+    const bool moved = mremap(from, page, page, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, from + page) !=
+                       MAP_FAILED && from[page] == 1;
+    munmap(a, 2 * page);
+    return moved;
+  }();
+  return ok;
+}
+
+// After a failed move: the kernel may have unmapped the destination before
+// failing. Its address is reserved again (inaccessible, as a released
+// buffer's), so that no other mapping can land where its tensors point.
+void reserve_again(const Mapping& m) {
+  const size_t len = page_rounded(m.bytes);
+  void* p = mmap(m.ptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  if (p == m.ptr) {
+    if (len >= kHugePage) madvise(p, len, MADV_HUGEPAGE);
+    return;
+  }
+  if (p == MAP_FAILED && errno == EEXIST) return;  // still mapped: nothing was unmapped
+  if (p != MAP_FAILED) munmap(p, len);
+  throw std::runtime_error("zero-cpp: moving a stage 3 unit's pages failed and its buffer's address could not be "
+                           "reserved again: " + std::string(std::strerror(errno)));
+}
+
+}  // namespace
+
+bool hold_pages(const at::Tensor& flat) {
+  Mapping* m = mapping_of(flat);
+  if (!m || m->shared || !m->committed || m->held || !keeping_freed_pages() || !page_moves_supported()) return false;
+  if (mprotect(m->ptr, page_rounded(m->bytes), PROT_NONE) != 0)
+    throw std::runtime_error(std::string("zero-cpp: releasing a flat buffer failed: ") + std::strerror(errno));
+  m->held = true;
+  return true;
+}
+
+bool take_held_pages(const at::Tensor& to, const at::Tensor& from) {
+  Mapping* dst = mapping_of(to);
+  Mapping* src = mapping_of(from);
+  // Exactly the same size: the CPU allocator's count of these pages moves
+  // with them unchanged.
+  if (!dst || !src || !src->held || dst->shared || dst->bytes != src->bytes) return false;
+  if (dst != src) {
+    if (dst->committed) return false;
+    // The page tables move, the pages stay: nothing is copied or cleared.
+    // The source keeps its (inaccessible) mapping, now without pages --
+    // released -- so its address stays reserved for its own next gather.
+    const size_t len = page_rounded(src->bytes);
+    if (mremap(src->ptr, len, len, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, dst->ptr) == MAP_FAILED) {
+      reserve_again(*dst);
+      return false;  // the source keeps its pages: the caller lets them go and restores
+    }
+    src->committed = src->held = false;
+    dst->committed = dst->held = true;  // the pages counted as src's count as dst's, inaccessible until below
+    ++g_page_handoffs;
+  }
+  // (Should this fail, dst stays held: a restore would clear it.)
+  if (mprotect(dst->ptr, page_rounded(dst->bytes), PROT_READ | PROT_WRITE) != 0)
+    throw std::runtime_error(std::string("zero-cpp: restoring a flat buffer failed: ") + std::strerror(errno));
+  dst->held = false;
+  return true;
+}
+
+uint64_t page_handoffs() { return g_page_handoffs.load(); }
 
 void restore_pages(const at::Tensor& flat) {
   if (flat.storage().nbytes() == 0) return;
   Mapping& m = page_mapping(flat, "restore_pages");
+  if (m.held) release_pages(flat);  // its old bytes: a restore gives zeros
   if (m.committed) return;
   note_pages_outside_cache(static_cast<std::ptrdiff_t>(m.bytes));  // before its pages come in
   if (mprotect(m.ptr, page_rounded(m.bytes), PROT_READ | PROT_WRITE) != 0) {
@@ -199,11 +307,13 @@ void restore_pages(const at::Tensor& flat) {
 
 bool pages_released(const at::Tensor& flat) {
   const Mapping* m = mapping_of(flat);
-  return m && !m->committed;
+  return m && (!m->committed || m->held);
 }
 
 int64_t resident_bytes(const at::Tensor& t) {
-  if (!t.defined() || pages_released(t)) return 0;
+  if (!t.defined()) return 0;
+  const Mapping* m = mapping_of(t);
+  if (m && !m->committed) return 0;
   return static_cast<int64_t>(t.storage().nbytes());
 }
 

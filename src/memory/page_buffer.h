@@ -62,9 +62,25 @@ struct SharedPages {
 std::optional<SharedPages> shared_pages(const at::Tensor& t);
 void release_pages(const at::Tensor& flat);
 void restore_pages(const at::Tensor& flat);
-bool pages_released(const at::Tensor& flat);
+bool pages_released(const at::Tensor& flat);  // also while held (below)
 // Bytes of `t`'s storage resident in memory: 0 while its pages are released.
 int64_t resident_bytes(const at::Tensor& t);
+
+// Stage 3's hand-over of a released unit's pages to the next unit gathered,
+// whose gather writes all of it: there is no clearing a fresh page for it
+// then (at 2 ranks on the ~101M GPT, refilling the gathered units' buffers
+// was 2% of stage 3's step; docs/performance.md). hold_pages makes a private
+// resident buffer inaccessible, as release_pages does, but keeps its pages:
+// false, and nothing done, for a shared or non-page buffer or with
+// ZERO_KEEP_FREED_PAGES=off. take_held_pages makes `to` -- released, with
+// pages of the same size -- resident with the pages held by `from` (remapped:
+// `to` then holds `from`'s old bytes; nothing is copied or zeroed), and
+// `from` released; `to` may be `from` (it is accessible again, its bytes
+// unchanged). False, and nothing done, where it cannot. release_pages lets a
+// held buffer's pages go; restore_pages on one clears it.
+bool hold_pages(const at::Tensor& flat);
+bool take_held_pages(const at::Tensor& to, const at::Tensor& from);
+uint64_t page_handoffs();  // how many take_held_pages moved pages between buffers
 // Names what `flat` holds, for the message a process stops with when it
 // reads or writes the buffer while released (memory/release_guard.h).
 void name_released_contents(const at::Tensor& flat, std::vector<NamedRange> ranges, std::string advice);

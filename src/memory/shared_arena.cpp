@@ -180,8 +180,7 @@ void free_shared_range(const SharedRange& r, bool resident) {
   if (a.pid == r.owner && punch_shared_range(r)) a.freed.emplace(r.bytes, r.offset);
 }
 
-// ZERO_KEEP_FREED_PAGES=off: scopes keep nothing, for measuring what they save.
-bool keeping_enabled() {
+bool keeping_freed_pages() {
   static const bool on = [] {
     const char* v = std::getenv("ZERO_KEEP_FREED_PAGES");
     return !(v && std::string(v) == "off");
@@ -190,14 +189,14 @@ bool keeping_enabled() {
 }
 
 KeepFreedSharedPages::KeepFreedSharedPages() {
-  if (!keeping_enabled()) return;
+  if (!keeping_freed_pages()) return;
   Arena& a = arena();
   std::lock_guard<std::mutex> lock(a.mu);
   if (a.keep_scopes++ == 0) a.peak_bytes = a.live_bytes;
 }
 
 KeepFreedSharedPages::~KeepFreedSharedPages() {
-  if (!keeping_enabled()) return;
+  if (!keeping_freed_pages()) return;
   Arena& a = arena();
   std::lock_guard<std::mutex> lock(a.mu);
   if (a.keep_scopes == 0 || --a.keep_scopes > 0) return;  // (0: inherited by a forked child)

@@ -72,6 +72,12 @@ class KeepFreedSharedPages {
   KeepFreedSharedPages& operator=(const KeepFreedSharedPages&) = delete;
 };
 
+// Whether freed pages may be kept for the next buffer of their size, here
+// and in stage 3's hand-over of a released unit's pages
+// (memory/page_buffer.h hold_pages): ZERO_KEEP_FREED_PAGES=off says no, for
+// measuring what keeping saves.
+bool keeping_freed_pages();
+
 // Counts, for tests and the step summary.
 struct SharedArenaStats {
   uint64_t kept_reuses = 0;  // requests served by a kept range (take_kept_range)

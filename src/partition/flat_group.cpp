@@ -56,6 +56,10 @@ void restore_params(const FlatGroup& g) {
   if (memory::page_backed(g.param_flat)) memory::restore_pages(g.param_flat);
   else memory::restore_storage(g.param_flat);
 }
+bool hold_params(const FlatGroup& g) { return memory::hold_pages(g.param_flat); }
+bool take_held_params(const FlatGroup& to, const FlatGroup& from) {
+  return memory::take_held_pages(to.param_flat, from.param_flat);
+}
 bool params_released(const FlatGroup& g) {
   return memory::pages_released(g.param_flat) || memory::storage_released(g.param_flat);
 }

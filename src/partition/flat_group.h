@@ -82,5 +82,11 @@ void view_params_in(FlatGroup& g, at::Tensor flat);
 void release_params(const FlatGroup& g);
 void restore_params(const FlatGroup& g);
 bool params_released(const FlatGroup& g);
+// The same release keeping the pages for the next gather of a group of the
+// same size, which take_held_params gives them to (memory/page_buffer.h
+// hold_pages; host pages only: false where the group's buffer cannot be
+// held or taken from, and nothing is done). A held group is released.
+bool hold_params(const FlatGroup& g);
+bool take_held_params(const FlatGroup& to, const FlatGroup& from);
 
 }  // namespace zero::partition

@@ -103,6 +103,13 @@ Stage3Runtime::Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vec
   }
 }
 
+Stage3Runtime::~Stage3Runtime() {
+  try {
+    drop_held();  // the units stay released after the engine (stage3.h): without pages
+  } catch (...) {   // a failed release (mprotect) leaves them to the buffer's own unmap
+  }
+}
+
 int64_t Stage3Runtime::root_numel() const {
   return root_unit_ == kNoUnit ? 0 : groups_[unit_to_group_[root_unit_]].layout.numel;
 }
@@ -182,9 +189,21 @@ void Stage3Runtime::start_gather(size_t i) {
       s.shard_acquired = true;
     }
   }
-  partition::restore_params(g);
-  s.gather = s.from_secondary ? comm_.all_gather(*opts_.secondary_group, g.param_flat, s.secondary, s.label + " (hpZ)")
-                              : launch_gather(i, std::move(uploaded));
+  if (held_ && partition::take_held_params(g, groups_[*held_])) {
+    held_.reset();
+  } else {
+    drop_held();  // of another size (or device memory): it goes before this one's pages come
+    partition::restore_params(g);
+  }
+  try {
+    s.gather = s.from_secondary
+                   ? comm_.all_gather(*opts_.secondary_group, g.param_flat, s.secondary, s.label + " (hpZ)")
+                   : launch_gather(i, std::move(uploaded));
+  } catch (...) {
+    // Not gathered: inaccessible again (its pages may hold another unit's params).
+    partition::release_params(g);
+    throw;
+  }
   s.residency = Residency::Gathering;
   live_ += g.layout.padded_numel;
   if (!in_backward_) peak_live_forward_ = std::max(peak_live_forward_, live_);
@@ -210,7 +229,8 @@ comm::WorkHandle Stage3Runtime::launch_gather(size_t i, std::optional<at::Tensor
 void Stage3Runtime::evict_for(int64_t need) {
   for (size_t i = 0; i < groups_.size() && live_ + need > opts_.max_live_parameters; ++i) {
     const auto& s = state_[i];
-    if (gathered(i) && !s.persistent && s.in_forward == 0 && !s.awaiting_grads && !s.prefetched) release(i);
+    if (gathered(i) && !s.persistent && s.in_forward == 0 && !s.awaiting_grads && !s.prefetched)
+      in_backward_ || at::GradMode::is_enabled() ? release_to_next_gather(i) : release(i);
   }
 }
 
@@ -275,6 +295,21 @@ void Stage3Runtime::release(size_t i) {
   partition::release_params(groups_[i]);
   s.residency = Residency::Released;
   live_ -= groups_[i].layout.padded_numel;
+}
+
+void Stage3Runtime::release_to_next_gather(size_t i) {
+  auto& s = state_[i];
+  if (s.residency == Residency::Released || s.persistent || s.pinned || s.in_forward > 0) return;
+  if (s.residency == Residency::Gathering) gather(i);
+  drop_held();
+  if (!partition::hold_params(groups_[i])) return release(i);
+  held_ = i;
+  s.residency = Residency::Released;
+  live_ -= groups_[i].layout.padded_numel;
+}
+
+void Stage3Runtime::drop_held() {
+  if (held_) partition::release_params(groups_[*std::exchange(held_, std::nullopt)]);
 }
 
 void Stage3Runtime::use(size_t unit, Phase phase) {
@@ -364,9 +399,10 @@ void Stage3Runtime::forward_failed(size_t unit) {
 at::Tensor Stage3Runtime::after_forward(size_t unit, const at::Tensor& out) {
   const size_t g = group_of(unit);
   --state_[g].in_forward;
-  const bool keep = at::GradMode::is_enabled() && schedule_.following() && live_ <= opts_.max_live_parameters &&
+  const bool training = at::GradMode::is_enabled();
+  const bool keep = training && schedule_.following() && live_ <= opts_.max_live_parameters &&
                     reused_soon(unit, schedule_.position());
-  if (!keep) release(g);
+  if (!keep) training ? release_to_next_gather(g) : release(g);
   if (!out.requires_grad()) return out;  // no backward will come (e.g. evaluation)
   // A grad hook on the output runs before the grad flows into the unit's
   // own backward ops, which need its params. (A hook, not a wrapping
@@ -385,7 +421,7 @@ void Stage3Runtime::before_backward(size_t unit) {
 
 void Stage3Runtime::on_grads_complete(size_t group) {
   state_[group].awaiting_grads = false;
-  release(group);
+  release_to_next_gather(group);
 }
 
 void Stage3Runtime::after_backward(bool keep_awaited) {
@@ -395,6 +431,7 @@ void Stage3Runtime::after_backward(bool keep_awaited) {
     s.prefetched = false;
     if (!s.awaiting_grads) release(i);
   }
+  drop_held();
   schedule_.end_step();
   in_backward_ = false;
   drop_secondaries();  // the next forward takes fresh ones
@@ -407,6 +444,7 @@ void Stage3Runtime::reset_after_error() {
     s.in_forward = 0;
     if (s.residency != Residency::Gathering) release(i);  // a gather still in flight keeps its buffer
   }
+  drop_held();
   in_backward_ = false;
   schedule_.reset_position();
   drop_secondaries();
@@ -414,6 +452,7 @@ void Stage3Runtime::reset_after_error() {
 
 void Stage3Runtime::after_step() {
   drop_secondaries();
+  drop_held();
   for (size_t i = 0; i < groups_.size(); ++i) {
     state_[i].awaiting_grads = false;
     release(i);  // no-op for persistent and pinned groups

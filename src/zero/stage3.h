@@ -6,7 +6,9 @@
 // next gather, so the params -- views of it -- and the tensors autograd saved
 // in forward see the regathered data in backward, and no param's version
 // counter moves. Each group is Released, Gathering (its allgather in
-// flight) or Gathered.
+// flight) or Gathered. In training, a released group's host pages go to the
+// next gather of a group of their size rather than back to the OS
+// (release_to_next_gather, below).
 //
 // Gathers happen before a unit's forward and again before its backward (a
 // hook on the unit's output); the release follows its forward, and its
@@ -122,6 +124,9 @@ class Stage3Runtime : public detail::UnitRuntime {
   Stage3Runtime(std::vector<partition::FlatGroup>& groups, std::vector<bool> persistent,
                 std::vector<size_t> unit_to_group, std::vector<std::string> unit_names, size_t root_group,
                 comm::Comm& comm, const comm::Group& dp, Stage3Options opts);
+  ~Stage3Runtime() override;
+  Stage3Runtime(const Stage3Runtime&) = delete;
+  Stage3Runtime& operator=(const Stage3Runtime&) = delete;
 
   void before_forward(size_t unit) override;
   at::Tensor after_forward(size_t unit, const at::Tensor& out) override;
@@ -188,6 +193,13 @@ class Stage3Runtime : public detail::UnitRuntime {
   };
 
   void start_gather(size_t group);  // restore the buffer and launch the allgather
+  // A release in training whose pages the next gather takes (held_), since
+  // one mostly follows at once: the unit after next in forward, the one
+  // before in backward (memory/page_buffer.h hold_pages: no fresh page to
+  // clear for it). Where none follows -- a forward whose backward never
+  // comes -- they wait for the next gather, step, or the engine's end.
+  void release_to_next_gather(size_t group);
+  void drop_held();  // the held pages go back to the OS
   // The allgather into the group's (restored) buffer of this rank's shard:
   // `uploaded` (offload_param nvme's copy on the device) or the group's own;
   // or of the fp32 master, cast after (gathers_fp32_master: seed 000's "before").
@@ -221,6 +233,13 @@ class Stage3Runtime : public detail::UnitRuntime {
   Stage3Options opts_;
   UnitSchedule schedule_;
   int64_t live_ = 0;  // elements of non-persistent groups gathered or in flight
+  // A released group whose pages the next gather takes: at most one, and
+  // never past that gather (a group of another size drops it first), the
+  // backward, the step or the engine, so no more memory is held than while
+  // it was gathered. Not in live_: it is not gathered (what
+  // stage3_max_live_parameters bounds is unchanged; a gather that takes it
+  // adds no memory, one that does not lets it go first).
+  std::optional<size_t> held_;
   int64_t peak_live_forward_ = 0;
   bool in_backward_ = false;
   static constexpr size_t kNoUnit = static_cast<size_t>(-1);

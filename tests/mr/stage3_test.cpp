@@ -110,6 +110,55 @@ TEST(Stage3, StockLayerUnitsTakeFreedGradPagesWithParity) {
   EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
 }
 
+// A unit's gather takes the pages of the unit released just before it
+// (memory/page_buffer.h hold_pages) instead of clearing fresh ones, and
+// overwrites them: a byte of the other unit's params left over would show
+// as a loss or a param off stage 1's on the same ranks (bit for bit, as
+// Parity.StagesAgreeWithEachOtherAcrossOptions holds the stages to), in
+// fp32, in bf16 (2-byte params, half the pages), and in bf16 gathering the
+// fp32 master (the buffer written by a cast after the gather). Six units of one size,
+// one prefetched ahead of use (the benchmark's schedule): most gathers take
+// a released unit's pages.
+TEST(Stage3, GathersTakeTheReleasedUnitsPagesBitForBit) {
+  zero::models::GPTConfig model = small_gpt();
+  model.n_layer = 6;
+  const int steps = 4;
+  for (const auto& [dtype, fp32_master] : {std::pair{"fp32", false}, {"bf16", false}, {"bf16", true}}) {
+    SCOPED_TRACE(std::string(dtype) + (fp32_master ? ", gathering the fp32 master" : ""));
+    RunSpec s;
+    s.dtype = dtype;
+    s.gather_fp32_master = fp32_master;
+    s.clip = 0.0;  // as in the stages' bit-for-bit test: the norm is summed per shard in stage 1
+    s.persistence = 0;
+    auto run = [&](int stage, uint64_t* handoffs, uint64_t* gathers) {
+      RunSpec spec = s;
+      spec.stage = stage;
+      // One block is ~50k params: the next unit only is gathered ahead.
+      spec.prefetch = 60000;
+      GptTrainer t(model, make_config(spec), corpus(), /*seed=*/7, world().comm(), dp_group());
+      RunResult r;
+      const uint64_t before = zero::memory::page_handoffs();
+      for (int i = 0; i < steps; ++i) {
+        const auto step = t.train_step();
+        r.losses.push_back(step.loss);
+        if (gathers && step.comm.count("allgather")) *gathers += step.comm.at("allgather").calls;
+      }
+      if (handoffs) *handoffs = zero::memory::page_handoffs() - before;
+      r.params = t.engine().full_parameters();
+      return r;
+    };
+    uint64_t handoffs = 0, gathers = 0;
+    const RunResult got = run(3, &handoffs, &gathers);
+    const RunResult want = run(1, nullptr, nullptr);
+    EXPECT_EQ(got.losses, want.losses);
+    EXPECT_EQ(max_abs_diff(got.params, want.params), 0.0);
+    // Each step gathers the root and six units twice; those that follow a
+    // release of a unit of their size take its pages (34 of 55 at 2 and 4
+    // ranks when written; 0 with ZERO_KEEP_FREED_PAGES=off).
+    EXPECT_GE(handoffs, gathers / 2) << handoffs << " of " << gathers << " gathers took a released unit's pages";
+  }
+}
+
 // Seed 000's unfused baseline (zero_cpp.stage3_gather_fp32_master) gathers
 // the fp32 master and downcasts after: the values the fused path's 16-bit
 // gather carries (the optimizer wrote them from the same master, rounded
