@@ -399,10 +399,16 @@ void Stage3Runtime::forward_failed(size_t unit) {
 at::Tensor Stage3Runtime::after_forward(size_t unit, const at::Tensor& out) {
   const size_t g = group_of(unit);
   --state_[g].in_forward;
-  const bool training = at::GradMode::is_enabled();
-  const bool keep = training && schedule_.following() && live_ <= opts_.max_live_parameters &&
+  const bool keep = at::GradMode::is_enabled() && schedule_.following() && live_ <= opts_.max_live_parameters &&
                     reused_soon(unit, schedule_.position());
-  if (!keep) training ? release_to_next_gather(g) : release(g);
+  // Its pages go to the next gather where the recorded order says another
+  // unit's forward comes next (whose prefetch gathers at once); not where
+  // the model's head and loss come first, as activations peak there.
+  const auto& trace = schedule_.trace();
+  const size_t next = schedule_.position();
+  const bool forward_follows = at::GradMode::is_enabled() && schedule_.following() && next < trace.size() &&
+                               trace[next].phase == Phase::Forward;
+  if (!keep) forward_follows ? release_to_next_gather(g) : release(g);
   if (!out.requires_grad()) return out;  // no backward will come (e.g. evaluation)
   // A grad hook on the output runs before the grad flows into the unit's
   // own backward ops, which need its params. (A hook, not a wrapping

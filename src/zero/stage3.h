@@ -194,10 +194,11 @@ class Stage3Runtime : public detail::UnitRuntime {
 
   void start_gather(size_t group);  // restore the buffer and launch the allgather
   // A release in training whose pages the next gather takes (held_), since
-  // one mostly follows at once: the unit after next in forward, the one
-  // before in backward (memory/page_buffer.h hold_pages: no fresh page to
-  // clear for it). Where none follows -- a forward whose backward never
-  // comes -- they wait for the next gather, step, or the engine's end.
+  // one follows at once: the unit after next in forward (where the recorded
+  // order has another forward next), the one before in backward
+  // (memory/page_buffer.h hold_pages: no fresh page to clear for it). Where
+  // none follows -- a forward whose backward never comes -- they wait for
+  // the next gather, step, or the engine's end.
   void release_to_next_gather(size_t group);
   void drop_held();  // the held pages go back to the OS
   // The allgather into the group's (restored) buffer of this rank's shard:

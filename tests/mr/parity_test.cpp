@@ -7,6 +7,7 @@
 
 #include "comm/shm_transport.h"
 #include "fixtures.h"
+#include "memory/shared_arena.h"
 
 namespace {
 
@@ -158,6 +159,43 @@ TEST(Memory, ModelStateBytesMatchTheStageFormula) {
     const double got = static_cast<double>(t.engine().state_bytes().total());
     EXPECT_NEAR(got / expect, 1.0, 0.01) << "got " << got << " expected " << expect;
   });
+}
+
+// Stage 2 with overlap_comm reduce-scatters each group during the backward
+// and frees its full grad buffer: a later group's buffer of the same size
+// takes those pages (memory/shared_arena.h KeepFreedSharedPages), as stage
+// 3's grad buffers do. The same losses and params as one process (a reused
+// buffer starts from zeros: a stale grad would show), nothing kept once a
+// backward is over.
+TEST(Memory, Stage2OverlappedGradBuffersTakeFreedPagesWithParity) {
+  zero::models::GPTConfig model = small_gpt();
+  model.n_layer = 6;  // six blocks of one size
+  RunSpec s;
+  s.stage = 2;
+  s.overlap = true;
+  s.bucket = 1;  // a group per param: the blocks' params give groups of equal sizes
+  const int steps = 4;
+  auto run = [&](const RunSpec& spec, std::shared_ptr<zero::comm::Group> g) {
+    GptTrainer t(model, make_config(spec), corpus(), /*seed=*/7, world().comm(), g);
+    RunResult r;
+    for (int i = 0; i < steps; ++i) {
+      r.losses.push_back(t.train_step().loss);
+      EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 0u) << "step " << i << ": pages kept past the backward";
+    }
+    r.params = t.engine().full_parameters();
+    return r;
+  };
+  const uint64_t before = zero::memory::shared_arena_stats().kept_reuses;
+  const RunResult got = run(s, dp_group());
+  const uint64_t reuses = zero::memory::shared_arena_stats().kept_reuses - before;
+  RunSpec ref = s;
+  ref.stage = 0;
+  ref.micro *= world().size();
+  const RunResult want = run(ref, solo_group());
+  // 139 in 4 steps at 2 and 4 ranks when written; 0 with ZERO_KEEP_FREED_PAGES=off.
+  EXPECT_GE(reuses, 20u * steps) << "groups' grad buffers took freed ones' pages";
+  EXPECT_LT(max_rel_loss_diff(got.losses, want.losses), kLossRelTol);
+  expect_params_close(got.params, want.params);
 }
 
 TEST(Communication, BytesPerStepMatchTheFormula) {

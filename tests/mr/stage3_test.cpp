@@ -153,9 +153,10 @@ TEST(Stage3, GathersTakeTheReleasedUnitsPagesBitForBit) {
     EXPECT_EQ(got.losses, want.losses);
     EXPECT_EQ(max_abs_diff(got.params, want.params), 0.0);
     // Each step gathers the root and six units twice; those that follow a
-    // release of a unit of their size take its pages (34 of 55 at 2 and 4
-    // ranks when written; 0 with ZERO_KEEP_FREED_PAGES=off).
-    EXPECT_GE(handoffs, gathers / 2) << handoffs << " of " << gathers << " gathers took a released unit's pages";
+    // release of a unit of their size take its pages, from the second step
+    // on in forward too (29 of 55 at 2 and 4 ranks when written; 0 with
+    // ZERO_KEEP_FREED_PAGES=off).
+    EXPECT_GE(handoffs, gathers / 3) << handoffs << " of " << gathers << " gathers took a released unit's pages";
   }
 }
 
