@@ -210,15 +210,10 @@ void release_pages(const at::Tensor& flat) {
   note_pages_outside_cache(-static_cast<std::ptrdiff_t>(m.bytes));
 }
 
-namespace {
-
-std::atomic<uint64_t> g_page_handoffs{0};
-
-// Whether this kernel moves pages with MREMAP_DONTUNMAP (Linux 5.7+): tried
-// once on a scratch page, since a failed move of a buffer's pages could leave
-// its address unmapped.
-bool page_moves_supported() {
-  static const bool ok = [] {
+// The kernel's support (MREMAP_DONTUNMAP) is tried once on a scratch page,
+// since a failed move of a buffer's pages could leave its address unmapped.
+bool page_handoffs_possible() {
+  static const bool ok = keeping_freed_pages() && [] {
     const size_t page = page_rounded(1);
     void* a = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (a == MAP_FAILED) return false;
@@ -231,6 +226,10 @@ bool page_moves_supported() {
   }();
   return ok;
 }
+
+namespace {
+
+std::atomic<uint64_t> g_page_handoffs{0};
 
 // After a failed move: the kernel may have unmapped the destination before
 // failing. Its address is reserved again (inaccessible, as a released
@@ -252,7 +251,7 @@ void reserve_again(const Mapping& m) {
 
 bool hold_pages(const at::Tensor& flat) {
   Mapping* m = mapping_of(flat);
-  if (!m || m->shared || !m->committed || m->held || !keeping_freed_pages() || !page_moves_supported()) return false;
+  if (!m || m->shared || !m->committed || m->held || !page_handoffs_possible()) return false;
   if (mprotect(m->ptr, page_rounded(m->bytes), PROT_NONE) != 0)
     throw std::runtime_error(std::string("zero-cpp: releasing a flat buffer failed: ") + std::strerror(errno));
   m->held = true;

@@ -71,8 +71,8 @@ int64_t resident_bytes(const at::Tensor& t);
 // then (at 2 ranks on the ~101M GPT, refilling the gathered units' buffers
 // was 2% of stage 3's step; docs/performance.md). hold_pages makes a private
 // resident buffer inaccessible, as release_pages does, but keeps its pages:
-// false, and nothing done, for a shared or non-page buffer or with
-// ZERO_KEEP_FREED_PAGES=off. take_held_pages makes `to` -- released, with
+// false, and nothing done, for a shared or non-page buffer or where
+// page_handoffs_possible() is not. take_held_pages makes `to` -- released, with
 // pages of the same size -- resident with the pages held by `from` (remapped:
 // `to` then holds `from`'s old bytes; nothing is copied or zeroed), and
 // `from` released; `to` may be `from` (it is accessible again, its bytes
@@ -81,6 +81,9 @@ int64_t resident_bytes(const at::Tensor& t);
 bool hold_pages(const at::Tensor& flat);
 bool take_held_pages(const at::Tensor& to, const at::Tensor& from);
 uint64_t page_handoffs();  // how many take_held_pages moved pages between buffers
+// Unless ZERO_KEEP_FREED_PAGES=off, or the kernel cannot move pages
+// (MREMAP_DONTUNMAP, Linux 5.7+).
+bool page_handoffs_possible();
 // Names what `flat` holds, for the message a process stops with when it
 // reads or writes the buffer while released (memory/release_guard.h).
 void name_released_contents(const at::Tensor& flat, std::vector<NamedRange> ranges, std::string advice);

@@ -230,7 +230,7 @@ void Stage3Runtime::evict_for(int64_t need) {
   for (size_t i = 0; i < groups_.size() && live_ + need > opts_.max_live_parameters; ++i) {
     const auto& s = state_[i];
     if (gathered(i) && !s.persistent && s.in_forward == 0 && !s.awaiting_grads && !s.prefetched)
-      in_backward_ || at::GradMode::is_enabled() ? release_to_next_gather(i) : release(i);
+      release(i, /*to_next_gather=*/in_backward_ || at::GradMode::is_enabled());
   }
 }
 
@@ -287,23 +287,14 @@ void configure_hpz(Stage3Options& o, int64_t size, const comm::Group& dp) {
   o.secondary_rank = h->local;
 }
 
-void Stage3Runtime::release(size_t i) {
+void Stage3Runtime::release(size_t i, bool to_next_gather) {
   auto& s = state_[i];
   // in_forward: a unit whose params live in the root ends its forward inside the root's.
   if (s.residency == Residency::Released || s.persistent || s.pinned || s.in_forward > 0) return;
   if (s.residency == Residency::Gathering) gather(i);  // never free a buffer a collective is writing
-  partition::release_params(groups_[i]);
-  s.residency = Residency::Released;
-  live_ -= groups_[i].layout.padded_numel;
-}
-
-void Stage3Runtime::release_to_next_gather(size_t i) {
-  auto& s = state_[i];
-  if (s.residency == Residency::Released || s.persistent || s.pinned || s.in_forward > 0) return;
-  if (s.residency == Residency::Gathering) gather(i);
-  drop_held();
-  if (!partition::hold_params(groups_[i])) return release(i);
-  held_ = i;
+  if (to_next_gather) drop_held();  // at most one held
+  if (to_next_gather && partition::hold_params(groups_[i])) held_ = i;
+  else partition::release_params(groups_[i]);
   s.residency = Residency::Released;
   live_ -= groups_[i].layout.padded_numel;
 }
@@ -408,7 +399,7 @@ at::Tensor Stage3Runtime::after_forward(size_t unit, const at::Tensor& out) {
   const size_t next = schedule_.position();
   const bool forward_follows = at::GradMode::is_enabled() && schedule_.following() && next < trace.size() &&
                                trace[next].phase == Phase::Forward;
-  if (!keep) forward_follows ? release_to_next_gather(g) : release(g);
+  if (!keep) release(g, forward_follows);
   if (!out.requires_grad()) return out;  // no backward will come (e.g. evaluation)
   // A grad hook on the output runs before the grad flows into the unit's
   // own backward ops, which need its params. (A hook, not a wrapping
@@ -427,7 +418,7 @@ void Stage3Runtime::before_backward(size_t unit) {
 
 void Stage3Runtime::on_grads_complete(size_t group) {
   state_[group].awaiting_grads = false;
-  release_to_next_gather(group);
+  release(group, /*to_next_gather=*/true);
 }
 
 void Stage3Runtime::after_backward(bool keep_awaited) {

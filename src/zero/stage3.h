@@ -8,7 +8,7 @@
 // counter moves. Each group is Released, Gathering (its allgather in
 // flight) or Gathered. In training, a released group's host pages go to the
 // next gather of a group of their size rather than back to the OS
-// (release_to_next_gather, below).
+// (release(group, to_next_gather), below).
 //
 // Gathers happen before a unit's forward and again before its backward (a
 // hook on the unit's output); the release follows its forward, and its
@@ -162,7 +162,14 @@ class Stage3Runtime : public detail::UnitRuntime {
   void reset_after_error();
 
   void gather(size_t group);   // synchronous; waits for a prefetch in flight
-  void release(size_t group);  // no-op for persistent and pinned groups
+  // No-op for persistent and pinned groups. to_next_gather: in training,
+  // where a gather follows at once -- the unit after next in forward (where
+  // the recorded order has another forward next), the one before in
+  // backward -- its pages go to that gather (held_; memory/page_buffer.h
+  // hold_pages: no fresh page to clear for it). Where none follows -- a
+  // forward whose backward never comes -- they wait for the next gather,
+  // step, or the engine's end.
+  void release(size_t group, bool to_next_gather = false);
   // Gathered and kept until unpinned (engine.gathered_parameters()); pins nest.
   void pin(size_t group);
   void unpin(size_t group);
@@ -193,13 +200,6 @@ class Stage3Runtime : public detail::UnitRuntime {
   };
 
   void start_gather(size_t group);  // restore the buffer and launch the allgather
-  // A release in training whose pages the next gather takes (held_), since
-  // one follows at once: the unit after next in forward (where the recorded
-  // order has another forward next), the one before in backward
-  // (memory/page_buffer.h hold_pages: no fresh page to clear for it). Where
-  // none follows -- a forward whose backward never comes -- they wait for
-  // the next gather, step, or the engine's end.
-  void release_to_next_gather(size_t group);
   void drop_held();  // the held pages go back to the OS
   // The allgather into the group's (restored) buffer of this rank's shard:
   // `uploaded` (offload_param nvme's copy on the device) or the group's own;

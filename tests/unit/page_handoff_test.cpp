@@ -10,14 +10,12 @@
 #include <sstream>
 #include <string>
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 #include <ATen/ATen.h>
 
 #include "memory/page_buffer.h"
-#include "memory/shared_arena.h"
 
 namespace {
 
@@ -45,19 +43,8 @@ std::string protection_at(const void* p) {
   return "unmapped";
 }
 
-// Hand-overs need ZERO_KEEP_FREED_PAGES on (the default) and a kernel that
-// moves pages with MREMAP_DONTUNMAP (Linux 5.7+).
-bool handoffs_possible() {
-  if (!zero::memory::keeping_freed_pages()) return false;
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  void* a = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  char* from = static_cast<char*>(a);
-  const bool ok = mremap(from, page, page, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, from + page) != MAP_FAILED;
-  munmap(a, 2 * page);
-  return ok;
-}
 #define SKIP_WITHOUT_HANDOFFS() \
-  if (!handoffs_possible()) GTEST_SKIP() << "no page hand-over here (ZERO_KEEP_FREED_PAGES=off, or Linux < 5.7)"
+  if (!page_handoffs_possible()) GTEST_SKIP() << "no page hand-over here (ZERO_KEEP_FREED_PAGES=off, or Linux < 5.7)"
 
 at::Tensor released_buffer(int64_t numel = kNumel) {
   at::Tensor t = zeros_flat(numel, at::kFloat, at::kCPU, /*shared=*/false);
