@@ -205,6 +205,39 @@ TEST(ZeroCopy, FreedBuffersLeaveNothingMappedBehind) {
   EXPECT_LT(rss_shmem_kib() - before, 4 * (8 << 10)) << "KiB of shared pages still mapped";
 }
 
+// Buffers that live on (as the engine's param shards and grad buffers do),
+// read by every collective kind: once a collective returns, the reader's
+// view of the peers' pages is gone from its RSS (they are the peers'
+// memory, counted in theirs), and the next read faults the peers' current
+// values back in.
+TEST(ZeroCopy, LiveBuffersReadLeaveNoPeerPagesInTheReadersRss) {
+  auto& comm = world().comm();
+  const Group& g = world().group();
+  if (!shm_zero_copy(g)) GTEST_SKIP() << "no zero-copy here";
+  const int N = g.size(), me = g.rank();
+  const int64_t n = (32 << 20) / 4 / N;  // 32 MiB gathered, reduced and all-reduced
+  at::Tensor shard = flat_copy_of(at::zeros({n}));
+  at::Tensor full = flat_copy_of(at::zeros({n * N}));
+  at::Tensor summed = flat_copy_of(at::zeros({n * N}));
+  at::Tensor gathered = at::empty({n * N}), reduced = at::empty({n});
+  const int64_t mine_kib = rss_shmem_kib();  // this rank's own buffers, all resident
+  for (int i = 1; i <= 3; ++i) {
+    shard.fill_(i * 10 + me);
+    full.fill_(i + me);
+    summed.fill_(i * 100 + me);
+    EXPECT_EQ(zero_copy_count(g, [&] { comm.all_gather(g, gathered, shard)->wait(); }), 1);
+    EXPECT_EQ(zero_copy_count(g, [&] { comm.reduce_scatter(g, reduced, full)->wait(); }), 1);
+    EXPECT_EQ(zero_copy_count(g, [&] { comm.all_reduce(g, summed)->wait(); }), 1);
+    for (int r = 0; r < N; ++r) ASSERT_EQ(gathered[r * n + n - 1].item<float>(), i * 10 + r) << "iteration " << i;
+    ASSERT_EQ(reduced[n - 1].item<float>(), N * i + N * (N - 1) / 2) << "iteration " << i;
+    ASSERT_EQ(summed[n * N - 1].item<float>(), N * i * 100 + N * (N - 1) / 2) << "iteration " << i;
+    // Kept mapped, the peers' pages read here would be (N-1)/N of 32 MiB
+    // (the gather) plus all 32 MiB of each peer's all-reduced buffer.
+    EXPECT_LT(rss_shmem_kib() - mine_kib, 2 << 10) << "KiB of the peers' pages still in this rank's RSS, iteration " << i;
+    comm.barrier(g)->wait();  // every rank has checked before any refills
+  }
+}
+
 // Run alone (ctest zero_copy_unwind; it ends the world): the last rank
 // throws while its peers are in the middle of reading its buffer in a large
 // zero-copy allgather, and its world is shut down as the exception unwinds

@@ -457,6 +457,9 @@ std::vector<const char*> Lane::peer_inputs(const char* mine) {
 
 void Lane::end_direct() {
   end_round();
+  // This rank's reads are done: its view of the peers' pages goes now,
+  // while they may still be reading its own buffer.
+  peers_.release_read_pages();
   // The caller may reuse or free its input once this returns: not before
   // every peer has read what it needed from it.
   wait_all(&Lane::consumed_word, round_, "to finish reading this rank's buffer");

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -42,7 +43,20 @@ const char* map_ref(const BufferRef& ref, std::string* why) {
   return static_cast<const char*>(p);
 }
 
+// ZERO_COMM_PEER_PAGES: release (unset) or keep.
+bool releasing_read_pages() {
+  static const bool release = [] {
+    const char* v = std::getenv("ZERO_COMM_PEER_PAGES");
+    if (!v || !*v || std::strcmp(v, "release") == 0) return true;
+    if (std::strcmp(v, "keep") == 0) return false;
+    throw std::invalid_argument(std::string("ZERO_COMM_PEER_PAGES=") + v + ": expected release or keep");
+  }();
+  return release;
+}
+
 }  // namespace
+
+PeerBuffers::PeerBuffers() : release_read_(releasing_read_pages()) {}
 
 PeerBuffers::~PeerBuffers() {
   while (!entries_.empty()) drop(entries_.size() - 1);
@@ -59,6 +73,7 @@ const char* PeerBuffers::data(int peer, const BufferRef& ref) {
     if (e.peer != peer || e.inode != ref.inode || e.map_offset != ref.map_offset || e.bytes != ref.map_bytes)
       continue;
     const char* base = e.base;
+    e.read = true;
     if (i + 1 != entries_.size()) {  // keep the order by use
       Entry moved = e;
       entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
@@ -72,8 +87,16 @@ const char* PeerBuffers::data(int peer, const BufferRef& ref) {
   if (!base)
     throw std::runtime_error("zero-copy read of rank " + std::to_string(peer) + "'s buffer: " + why +
                              " (ZERO_COMM_ZERO_COPY=off stages every collective instead)");
-  entries_.push_back(Entry{peer, ref.inode, ref.map_offset, ref.map_bytes, base});
+  entries_.push_back(Entry{peer, ref.inode, ref.map_offset, ref.map_bytes, base, true});
   return base + ref.offset;
+}
+
+void PeerBuffers::release_read_pages() {
+  for (Entry& e : entries_) {
+    // Best effort: a failure leaves the entries mapped, which costs RSS only.
+    if (e.read && release_read_) madvise(const_cast<char*>(e.base), static_cast<size_t>(e.bytes), MADV_DONTNEED);
+    e.read = false;
+  }
 }
 
 bool PeerBuffers::can_map(const BufferRef& ref, std::string* why) {

@@ -10,8 +10,17 @@
 // and an owner reuses a freed range for the next buffer of its size, which
 // the cached mapping then serves); at most kMaxCached, the least recently
 // used dropped first. A freed buffer's pages are punched out of the memfd,
-// so a stale mapping holds no memory. Not thread-safe: one per lane. No
-// torch.
+// so a stale mapping holds no memory.
+//
+// After each zero-copy collective the lane drops the page-table entries of
+// what it read (release_read_pages): the pages stay the owner's, and the
+// next read faults them back in (64 KiB at a time, no clearing: they are in
+// the memfd). Kept, they would count in this process's RSS as well as in
+// their owner's -- a peer's whole param shard at stage 3 and its grad
+// buffers at stage 0, 241 and 385 MiB a rank on the ~101M GPT at 2 ranks --
+// which is memory this process does not hold (docs/performance.md, "Where
+// the bytes go"). ZERO_COMM_PEER_PAGES=keep keeps them mapped (for
+// measuring). Not thread-safe: one per lane. No torch.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +46,7 @@ class PeerBuffers {
  public:
   static constexpr size_t kMaxCached = 64;
 
-  PeerBuffers() = default;
+  PeerBuffers();  // throws std::invalid_argument on a bad ZERO_COMM_PEER_PAGES
   ~PeerBuffers();
   PeerBuffers(const PeerBuffers&) = delete;
   PeerBuffers& operator=(const PeerBuffers&) = delete;
@@ -50,6 +59,11 @@ class PeerBuffers {
   // once per group at setup, on a small probe buffer.
   static bool can_map(const BufferRef& ref, std::string* why);
 
+  // Drops this process's page-table entries of every buffer read since the
+  // last call (madvise MADV_DONTNEED on a shared mapping: the owner's pages
+  // and their contents stay). Call once the reads are done.
+  void release_read_pages();
+
   size_t cached() const { return entries_.size(); }
 
  private:
@@ -59,9 +73,11 @@ class PeerBuffers {
     int64_t map_offset;
     int64_t bytes;
     const char* base;
+    bool read;  // since the last release_read_pages
   };
   void drop(size_t i);
   std::vector<Entry> entries_;  // most recently used last
+  bool release_read_;           // ZERO_COMM_PEER_PAGES
 };
 
 }  // namespace zero::comm::shm
