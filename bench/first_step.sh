@@ -12,7 +12,7 @@
 # once for what later runs find cached (DeepSpeed's first took 53 s to its
 # rendezvous here, its next ones 4 s), which is not what a user sees twice. Prints one JSON object: the runs, each case's
 # medians, and zero-cpp's ratios to DDP's and DeepSpeed's.
-#   bench/first_step.sh BUILD_DIR PYTHON [small|big]
+#   bench/first_step.sh BUILD_DIR PYTHON [small|big|large]
 set -euo pipefail
 B=${1:-build}
 PY=${2:?the python of the torch environment}

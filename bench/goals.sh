@@ -12,7 +12,7 @@
 #   stage3_vs_stage0   zero-cpp stage 3 / stage 0              goal <= 1.05
 #   rss3_vs_ds3        stage 3's peak RSS / DeepSpeed stage 3's goal <= 0.5
 #   saving_vs_ideal    (stage 0 - stage 3 peak RSS) / 16 psi (1 - 1/N)  goal >= 0.9
-#   bench/goals.sh BUILD_DIR PYTHON [small|big] [STEPS]
+#   bench/goals.sh BUILD_DIR PYTHON [small|big|large] [STEPS]
 set -euo pipefail
 B=${1:-build}
 PY=${2:?the python of the torch environment}

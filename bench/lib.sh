@@ -59,11 +59,16 @@ last_losses() {
   echo "[$(grep '"event":"step"' "$tmp/log.jsonl" | grep -o '"loss":[^,]*' | cut -d: -f2 | paste -sd, -)]"
 }
 
-# The two benchmark GPTs: sets `model_args` for "small" (4 x 256, 3.3M
-# params) or "big" (8 x 1024, ~101M params).
+# The benchmark GPTs: sets `model_args` for "small" (4 x 256, 3.3M params),
+# "big" (8 x 1024, ~101M) or "large" (24 x 1024, ~302M: the largest on which
+# stage 0 and every peer fit in 24 GiB at 2 ranks; a ~1B GPT's stage 0 needs
+# 2 x 15.6 GB of model state alone).
 bench_model() {
-  if [ "$1" = small ]; then model_args=(--layers 4 --d-model 256 --heads 4 --seq 128)
-  else model_args=(--layers 8 --d-model 1024 --heads 16 --seq 128); fi
+  case $1 in
+    small) model_args=(--layers 4 --d-model 256 --heads 4 --seq 128) ;;
+    large) model_args=(--layers 24 --d-model 1024 --heads 16 --seq 128) ;;
+    *) model_args=(--layers 8 --d-model 1024 --heads 16 --seq 128) ;;
+  esac
 }
 
 # GB/s of direct sequential I/O in directory $1 by fio (io_uring, 1 MiB
