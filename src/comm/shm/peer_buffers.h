@@ -19,7 +19,7 @@
 // their owner's -- a peer's whole param shard at stage 3 and its grad
 // buffers at stage 0, 241 and 385 MiB a rank on the ~101M GPT at 2 ranks --
 // which is memory this process does not hold (docs/performance.md, "Where
-// the bytes go"). ZERO_COMM_PEER_PAGES=keep keeps them mapped (for
+// a rank's bytes are"). ZERO_COMM_PEER_PAGES=keep keeps them mapped (for
 // measuring). Not thread-safe: one per lane. No torch.
 #pragma once
 
