@@ -3,6 +3,8 @@
 // the model-state bytes and the counted communication each stage's formula gives, unused
 // params and odd sizes, and 16-bit precision (overflow skipping the step everywhere).
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <gtest/gtest.h>
 
 #include "comm/shm_transport.h"
@@ -196,6 +198,57 @@ TEST(Memory, Stage2OverlappedGradBuffersTakeFreedPagesWithParity) {
   EXPECT_GE(reuses, 20u * steps) << "groups' grad buffers took freed ones' pages";
   EXPECT_LT(max_rel_loss_diff(got.losses, want.losses), kLossRelTol);
   expect_params_close(got.params, want.params);
+}
+
+// The KiB of peers' shared flat buffers resident in this process's mappings
+// (/proc/self/smaps: ranges of another process's "zero-cpp-flat" memfd). They
+// are the peers' pages, but a rank's RSS counts every page it has mapped.
+int64_t peers_flat_rss_kib() {
+  const auto own = zero::memory::map_shared_range(1);
+  if (!own) return 0;
+  const uint64_t own_inode = own->inode;
+  zero::memory::free_shared_range(*own);
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool peers = false;
+  int64_t kib = 0;
+  while (std::getline(smaps, line)) {
+    std::istringstream fields(line);
+    std::string first;
+    fields >> first;
+    if (first.empty()) continue;
+    if (first.back() != ':') {  // a mapping's header: range, perms, offset, device, inode, path
+      std::string perms, offset, device, path;
+      uint64_t inode = 0;
+      fields >> perms >> offset >> device >> inode;
+      std::getline(fields, path);
+      peers = path.find("zero-cpp-flat") != std::string::npos && inode != own_inode;
+    } else if (peers && first == "Rss:") {
+      int64_t value = 0;
+      fields >> value;
+      kib += value;
+    }
+  }
+  return kib;
+}
+
+// Once a step is over no rank holds a view of a peer's pages, at any stage:
+// each zero-copy collective drops what it read when it ends
+// (comm/shm/peer_buffers.h release_read_pages) -- the peers' param shards
+// gathered at stage 3, their grad buffers reduced at every stage. Kept, they
+// were 13-15% of a rank's RSS on the ~101M GPT (docs/performance.md, "Where
+// a rank's bytes are"); with ZERO_COMM_PEER_PAGES=keep this fails.
+TEST(Memory, NoPeersPagesStayInARanksRssAfterAStep) {
+  if (!zero::comm::shm_zero_copy(*dp_group())) GTEST_SKIP() << "no zero-copy here";
+  for (int stage : {0, 1, 2, 3}) {
+    RunSpec s;
+    s.stage = stage;
+    GptTrainer t(small_gpt(), make_config(s), corpus(), /*seed=*/7, world().comm(), dp_group());
+    for (int step = 0; step < 2; ++step) {
+      t.train_step();
+      EXPECT_EQ(peers_flat_rss_kib(), 0) << "KiB of peers' buffers mapped, stage " << stage << ", step " << step;
+    }
+  }
 }
 
 TEST(Communication, BytesPerStepMatchTheFormula) {
