@@ -13,6 +13,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -38,6 +39,9 @@ struct Arena {
   size_t kept_bytes = 0;
   size_t live_bytes = 0;  // in ranges mapped and not freed
   size_t peak_bytes = 0;  // the most live since the outermost scope began
+  size_t fresh_bytes = 0;  // mapped afresh (no kept range of their size) since then
+  std::set<size_t> fresh_sizes;  // ... their sizes
+  size_t largest_fresh = 0;      // ... the largest
   uint64_t kept_reuses = 0;
   KeptBytesObserver observer = nullptr;
 };
@@ -47,6 +51,12 @@ Arena& arena() {
   static auto* a = new Arena;
   return *a;
 }
+
+// How far past the peak kept ranges may take the arena's bytes before a
+// fresh range punches them: a grad buffer smaller than those kept (a root
+// unit's, first in a backward) does not cost one kept for the next of its size.
+// As the CPU allocator's cache's (memory/cpu_allocator.h kLargeBlockSlackBytes).
+constexpr size_t kKeptPagesSlackBytes = size_t{32} << 20;
 
 size_t page_rounded(size_t bytes) {
   static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -128,9 +138,12 @@ std::optional<SharedRange> map_shared_range(size_t bytes) {
   if (!ensure_memfd(a)) return std::nullopt;
   const size_t len = page_rounded(bytes);
   // In a scope, kept ranges make room first: in use, this one and those kept
-  // within the most in use at once (which this one may raise).
+  // within the most in use at once (which this one may raise) and the slack.
+  // Outside one, the ranges carried from the last scope go: their memory is
+  // wanted elsewhere.
   const size_t peak = std::max(a.peak_bytes, a.live_bytes + len);
-  while (a.keep_scopes > 0 && !a.kept.empty() && a.live_bytes + len + a.kept_bytes > peak) {
+  while (!a.kept.empty() &&
+         (a.keep_scopes == 0 || a.live_bytes + len + a.kept_bytes > peak + kKeptPagesSlackBytes)) {
     punch_kept(a, a.kept.front());
     a.kept.pop_front();
   }
@@ -150,7 +163,12 @@ std::optional<SharedRange> map_shared_range(size_t bytes) {
     out_of_memory(bytes, err);
   }
   a.live_bytes += len;
-  if (a.keep_scopes > 0) a.peak_bytes = peak;
+  if (a.keep_scopes > 0) {
+    a.peak_bytes = peak;
+    a.fresh_bytes += len;
+    a.fresh_sizes.insert(len);
+    a.largest_fresh = std::max(a.largest_fresh, len);
+  }
   return SharedRange{static_cast<char*>(p), len, offset, a.fd, a.inode, a.pid};
 }
 
@@ -192,7 +210,12 @@ KeepFreedSharedPages::KeepFreedSharedPages() {
   if (!keeping_freed_pages()) return;
   Arena& a = arena();
   std::lock_guard<std::mutex> lock(a.mu);
-  if (a.keep_scopes++ == 0) a.peak_bytes = a.live_bytes;
+  // Ranges carried from the last scope were in use before it, as its peak.
+  if (a.keep_scopes++ == 0) {
+    a.peak_bytes = a.live_bytes + a.kept_bytes;
+    a.fresh_bytes = a.largest_fresh = 0;
+    a.fresh_sizes.clear();
+  }
 }
 
 KeepFreedSharedPages::~KeepFreedSharedPages() {
@@ -202,16 +225,48 @@ KeepFreedSharedPages::~KeepFreedSharedPages() {
   if (a.keep_scopes == 0 || --a.keep_scopes > 0) return;  // (0: inherited by a forked child)
   // (In a process forked inside a scope the kept ranges are its parent's:
   // punching them would free the parent's pages.)
-  if (a.pid == getpid())
-    for (const SharedRange& k : a.kept) punch_kept(a, k);
+  if (a.pid != getpid()) {
+    a.kept.clear();
+    a.kept_bytes = 0;
+    return;
+  }
+  // Carried to the next scope: of each size this scope mapped afresh, the
+  // most recently freed range -- the next will ask for one of that size
+  // again before it frees any (at stage 3 the first grad buffer of a
+  // backward, of each unit size) -- most recently freed first, in all no
+  // more than the largest of them and the slack. About one buffer: the first
+  // grad buffer of a backward is in use beside all of the forward's
+  // activations, so holding its pages through the forward adds nothing to
+  // the step's peak; a second would (+39 MB of peak RSS on the ~101M GPT at
+  // stage 3, docs/performance.md).
+  std::deque<SharedRange> carried;
+  size_t carried_bytes = 0;
+  for (auto it = a.kept.rbegin(); it != a.kept.rend(); ++it) {
+    const bool fresh_size = a.fresh_sizes.count(it->bytes) > 0;
+    const bool first_of_size =
+        std::none_of(carried.begin(), carried.end(), [&](const SharedRange& c) { return c.bytes == it->bytes; });
+    if (fresh_size && first_of_size && carried_bytes + it->bytes <= a.largest_fresh + kKeptPagesSlackBytes) {
+      carried.push_front(*it);
+      carried_bytes += it->bytes;
+    } else {
+      punch_kept(a, *it);
+    }
+  }
+  a.kept = std::move(carried);
+}
+
+void release_kept_shared_pages() {
+  Arena& a = arena();
+  std::lock_guard<std::mutex> lock(a.mu);
+  if (a.keep_scopes > 0 || a.pid != getpid()) return;
+  for (const SharedRange& k : a.kept) punch_kept(a, k);
   a.kept.clear();
-  a.kept_bytes = 0;
 }
 
 SharedArenaStats shared_arena_stats() {
   Arena& a = arena();
   std::lock_guard<std::mutex> lock(a.mu);
-  return {a.kept_reuses, a.kept_bytes};
+  return {a.kept_reuses, a.kept_bytes, a.fresh_bytes};
 }
 
 KeptBytesObserver set_kept_bytes_observer(KeptBytesObserver observer) {

@@ -58,11 +58,20 @@ void free_shared_range(const SharedRange& r, bool resident = true);
 // grad buffer lives from its first grad to its reduce-scatter (at 2 ranks on
 // the ~101M GPT those faults were 8% of stage 3's step; docs/performance.md).
 // The bound: the arena's ranges in use plus those kept never exceed the most
-// of them in use at once since the outermost scope began -- a fresh range
-// that would pass it first punches kept ranges out, the least recently freed
-// first -- so the shared buffers hold no more than they did at their peak in
-// the phase (other memory, such as activations, is not in that count). When
-// the last scope ends, the kept ranges' pages go back to the OS. Scopes
+// of them in use at once since the outermost scope began, plus a 32 MiB
+// slack -- a fresh range that would pass it first punches kept ranges out,
+// the least recently freed first -- so the shared buffers hold no more than
+// they did at their peak in the phase (other memory, such as activations, is
+// not in that count; the CPU allocator's cache counts kept pages as in use:
+// set_kept_bytes_observer). When the last scope ends, the most recently
+// freed kept range, if the scope mapped at least its bytes afresh, is
+// carried to the next scope, whose first request of its size takes it (at
+// stage 3 the first grad buffer of the next backward, which otherwise
+// faults in fresh pages every step: that buffer is in use beside all of the
+// forward's activations, so its pages held through the forward do not raise
+// the step's peak); the rest go back to the OS. A carried range counts as
+// in use at the next scope's start; a range mapped outside any scope, or
+// release_kept_shared_pages, gives it back first. Scopes
 // nest; any thread. ZERO_KEEP_FREED_PAGES=off: scopes keep nothing.
 class KeepFreedSharedPages {
  public:
@@ -71,6 +80,10 @@ class KeepFreedSharedPages {
   KeepFreedSharedPages(const KeepFreedSharedPages&) = delete;
   KeepFreedSharedPages& operator=(const KeepFreedSharedPages&) = delete;
 };
+
+// Gives back the ranges carried from the last scope (none while one is
+// alive): for an owner of scopes that ends, so nothing waits for a next one.
+void release_kept_shared_pages();
 
 // Whether freed pages may be kept for the next buffer of their size, here
 // and in stage 3's hand-over of a released unit's pages
@@ -81,7 +94,8 @@ bool keeping_freed_pages();
 // Counts, for tests and the step summary.
 struct SharedArenaStats {
   uint64_t kept_reuses = 0;  // requests served by a kept range (take_kept_range)
-  size_t kept_bytes = 0;     // held now by kept ranges
+  size_t kept_bytes = 0;     // held now by kept ranges (carried ones included)
+  size_t fresh_bytes = 0;    // mapped afresh in the current or last outermost scope
 };
 SharedArenaStats shared_arena_stats();
 

@@ -239,11 +239,11 @@ void GradReducer::finish(size_t i) {
 
 void GradReducer::end_backward() {
   active_ = false;
-  keep_freed_grads_.reset();  // no grad buffer is made after the backward: kept pages would only wait
   for (size_t i = 0; i < groups_.size(); ++i)
     for (size_t p = 0; p < expected_[i].size(); ++p)
       if (arrived_[i][p] > 0) expected_[i][p] = arrived_[i][p];  // unused this time: keep the count
   if (!reduce_) {
+    keep_freed_grads_.reset();
     unreduced_ = true;
     return;
   }
@@ -256,6 +256,15 @@ void GradReducer::end_backward() {
     abort_backward();  // nothing left in flight; this step's grads are gone
     throw;
   }
+  // The last buffers, freed by the reductions above, were kept: the scope's
+  // end carries what the next backward's first buffers take
+  // (memory/shared_arena.h) and gives back the rest.
+  keep_freed_grads_.reset();
+}
+
+GradReducer::~GradReducer() {
+  keep_freed_grads_.reset();
+  memory::release_kept_shared_pages();  // no next backward of this engine's to take them
 }
 
 void GradReducer::reduce_late_groups() {

@@ -83,6 +83,7 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
  public:
   GradReducer(std::vector<partition::FlatGroup>& groups, comm::Comm& comm, const comm::Group& dp,
               ReducerOptions opts);
+  ~GradReducer();
   // Installs the hooks (needs shared_from_this, so after construction).
   void install_hooks();
 
@@ -173,9 +174,11 @@ class GradReducer : public std::enable_shared_from_this<GradReducer> {
   int64_t late_reductions_ = 0;
   std::deque<size_t> in_flight_;  // launched, not finished, in launch order
   // Stages 2 and 3 (where a reduction can end within the backward: stage 3,
-  // stage 2 with overlap_comm), from a backward's start to its end: a unit's full grad
-  // buffer, freed after its reduce-scatter, leaves its pages to the next
-  // unit's instead of faulting in a fresh buffer's (memory/shared_arena.h).
+  // stage 2 with overlap_comm), from a backward's start to its last
+  // reduction: a unit's full grad buffer, freed after its reduce-scatter,
+  // leaves its pages to the next unit's instead of faulting in a fresh
+  // buffer's, and the last ones to the next backward's first
+  // (memory/shared_arena.h).
   std::optional<memory::KeepFreedSharedPages> keep_freed_grads_;
 };
 

@@ -168,7 +168,7 @@ TEST(Memory, ModelStateBytesMatchTheStageFormula) {
 // takes those pages (memory/shared_arena.h KeepFreedSharedPages), as stage
 // 3's grad buffers do. The same losses and params as one process (a reused
 // buffer starts from zeros: a stale grad would show), nothing kept once a
-// backward is over.
+// backward is over but the last freed buffer of each size it mapped afresh.
 TEST(Memory, Stage2OverlappedGradBuffersTakeFreedPagesWithParity) {
   zero::models::GPTConfig model = small_gpt();
   model.n_layer = 6;  // six blocks of one size
@@ -182,7 +182,8 @@ TEST(Memory, Stage2OverlappedGradBuffersTakeFreedPagesWithParity) {
     RunResult r;
     for (int i = 0; i < steps; ++i) {
       r.losses.push_back(t.train_step().loss);
-      EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 0u) << "step " << i << ": pages kept past the backward";
+      const auto arena = zero::memory::shared_arena_stats();
+      EXPECT_LE(arena.kept_bytes, arena.fresh_bytes) << "step " << i << ": kept past the backward";
     }
     r.params = t.engine().full_parameters();
     return r;

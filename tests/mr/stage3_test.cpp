@@ -43,7 +43,9 @@ TEST(Stage3, UnitCasesTrainWithParity) {
 // (memory/shared_arena.h, KeepFreedSharedPages) instead of faulting fresh
 // ones in: reused at every step after the first, the same losses and params
 // as one process (a reused buffer starts from zeros: stale grads would show
-// here), and nothing kept once the backward is over.
+// here). Past the backward only what it had to map afresh may stay kept:
+// the last freed buffer of each size, which the next backward's first
+// buffers take, so from the second step on a backward maps less afresh.
 TEST(Stage3, GradBuffersTakeTheFreedOnesPagesWithParity) {
   zero::models::GPTConfig model = small_gpt();
   model.n_layer = 6;  // six units of the same size: more than are ever live at once
@@ -54,9 +56,14 @@ TEST(Stage3, GradBuffersTakeTheFreedOnesPagesWithParity) {
     GptTrainer t(model, make_config(spec), corpus(), /*seed=*/7, world().comm(), g);
     RunResult r;
     const uint64_t before = zero::memory::shared_arena_stats().kept_reuses;
+    size_t first_fresh = 0;
     for (int i = 0; i < 4; ++i) {
       r.losses.push_back(t.train_step().loss);
-      EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 0u) << "step " << i << ": pages kept past the backward";
+      if (!reuses) continue;  // the reference: stage 0 keeps nothing
+      const auto arena = zero::memory::shared_arena_stats();
+      EXPECT_LE(arena.kept_bytes, arena.fresh_bytes) << "step " << i << ": kept past the backward";
+      if (i == 0) first_fresh = arena.fresh_bytes;
+      else EXPECT_LT(arena.fresh_bytes, first_fresh) << "step " << i << ": the first grad buffers mapped afresh again";
     }
     if (reuses) *reuses = zero::memory::shared_arena_stats().kept_reuses - before;
     r.params = t.engine().full_parameters();
@@ -104,7 +111,8 @@ TEST(Stage3, StockLayerUnitsTakeFreedGradPagesWithParity) {
   const uint64_t before = zero::memory::shared_arena_stats().kept_reuses;
   for (int step = 0; step < 4; ++step) {
     step_with_reference(e, m, er, ref, 300 + step, 16);
-    EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 0u) << "step " << step;
+    const auto arena = zero::memory::shared_arena_stats();
+    EXPECT_LE(arena.kept_bytes, arena.fresh_bytes) << "step " << step << ": kept past the backward";
   }
   EXPECT_GE(zero::memory::shared_arena_stats().kept_reuses - before, 4u * 2);
   EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);

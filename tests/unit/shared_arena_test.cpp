@@ -172,8 +172,12 @@ TEST(SharedArena, AScopeKeepsAFreedRangesPagesForTheNextOfItsSize) {
   munmap(const_cast<char*>(peer), kBytes);
 }
 
-TEST(SharedArena, AKeptRangeIsZeroFilledWhenTakenBackAndPunchedWhenTheScopeEnds) {
+// ... and the last one freed, of a size the scope mapped afresh, is carried
+// past its end (the next backward's first grad buffer takes it: the
+// following test); given back, its pages go.
+TEST(SharedArena, AKeptRangeIsZeroFilledWhenTakenBackAndPunchedWhenGivenBack) {
   constexpr size_t kBytes = 1 << 20;
+  zero::memory::release_kept_shared_pages();  // what the test before carried
   Observing observing;
   const char* peer = nullptr;
   std::ptrdiff_t observed_in_scope = 0;
@@ -194,6 +198,9 @@ TEST(SharedArena, AKeptRangeIsZeroFilledWhenTakenBackAndPunchedWhenTheScopeEnds)
     EXPECT_EQ(peer[0], 3);
     observed_in_scope = g_observed;
   }
+  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, kBytes) << "carried past the scope";
+  EXPECT_EQ(peer[0], 3);
+  zero::memory::release_kept_shared_pages();
   EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 0u);
   EXPECT_EQ(g_observed, observed_in_scope - static_cast<std::ptrdiff_t>(kBytes)) << "told the pages went";
   for (size_t i = 0; i < kBytes; i += 4096) ASSERT_EQ(peer[i], 0) << "byte " << i << ": its pages went back";
@@ -201,28 +208,78 @@ TEST(SharedArena, AKeptRangeIsZeroFilledWhenTakenBackAndPunchedWhenTheScopeEnds)
 }
 
 // The bound: what is in use plus what is kept never passes the most in use
-// at once since the scope began. A request of another size that would pass
-// it punches kept ranges out first; a released buffer (no pages) is not kept.
-TEST(SharedArena, KeptRangesNeverRaiseThePeak) {
-  constexpr size_t kMiB = 1 << 20;
+// at once since the scope began by more than the 32 MiB slack. A request of
+// another size that would pass it punches kept ranges out first; a smaller
+// one within the slack does not; a released buffer (no pages) is not kept.
+TEST(SharedArena, KeptRangesNeverRaiseThePeakPastTheSlack) {
+  constexpr size_t kMiB = 1 << 20, kUnit = 40 * kMiB;
+  zero::memory::release_kept_shared_pages();  // what an earlier test carried
   zero::memory::KeepFreedSharedPages keep;
-  auto a = map_shared_range(kMiB);
+  auto a = map_shared_range(kUnit);
   if (!a) GTEST_SKIP() << "no memfd on this system";
-  auto b = map_shared_range(kMiB);  // the peak: 2 MiB
-  std::memset(a->ptr, 1, kMiB);
-  std::memset(b->ptr, 1, kMiB);
+  auto b = map_shared_range(kUnit);  // the peak: 80 MiB
+  std::memset(a->ptr, 1, kUnit);
+  std::memset(b->ptr, 1, kUnit);
   const char* peer_a = map_as_a_peer(*a);
   ASSERT_NE(peer_a, nullptr);
   free_shared_range(*a);
   free_shared_range(*b, /*resident=*/false);
-  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, kMiB) << "b's pages were gone already";
-  auto c = map_shared_range(2 * kMiB);  // 2 in use + 1 kept > 2: a goes
+  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, kUnit) << "b's pages were gone already";
+  auto small = map_shared_range(kMiB);  // 1 in use + 40 kept: within the peak and the slack
+  ASSERT_TRUE(small);
+  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, kUnit);
+  EXPECT_EQ(peer_a[0], 1) << "still kept";
+  auto c = map_shared_range(2 * kUnit);  // 81 in use + 40 kept > 81 + 32: a goes
   ASSERT_TRUE(c);
   EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 0u);
   EXPECT_EQ(peer_a[0], 0) << "punched out";
   free_shared_range(*c);
-  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 2 * kMiB);
-  munmap(const_cast<char*>(peer_a), kMiB);
+  free_shared_range(*small);
+  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 2 * kUnit + kMiB);
+  munmap(const_cast<char*>(peer_a), kUnit);
+}
+
+// Where the scope ends, the most recently freed range of each size it
+// mapped afresh is carried to the next scope (the first grad buffer of the
+// next backward, of each unit size), within the largest of them and the
+// slack; the rest are punched out. The next scope's first request of that
+// size takes it, zero-filled; a range mapped outside any scope punches
+// what is carried first.
+TEST(SharedArena, TheLastFreedRangeOfEachSizeIsCarriedToTheNextScope) {
+  constexpr size_t kMiB = 1 << 20, kUnit = 40 * kMiB;
+  zero::memory::release_kept_shared_pages();
+  std::optional<SharedRange> older, newer, root;
+  {
+    zero::memory::KeepFreedSharedPages keep;
+    older = map_shared_range(kUnit);
+    if (!older) GTEST_SKIP() << "no memfd on this system";
+    newer = map_shared_range(kUnit);
+    root = map_shared_range(kMiB);
+    for (auto* r : {&*older, &*newer, &*root}) std::memset(r->ptr, 9, r->bytes);
+    free_shared_range(*older);
+    free_shared_range(*newer);
+    free_shared_range(*root);
+    EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 2 * kUnit + kMiB);
+  }
+  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, kUnit + kMiB) << "the newer unit range and the root's";
+  {
+    zero::memory::KeepFreedSharedPages keep;
+    const uint64_t reuses = zero::memory::shared_arena_stats().kept_reuses;
+    auto again = map_shared_range(kMiB);  // the root's fresh map: within the slack, the unit range stays
+    auto unit = zero::memory::take_kept_range(kUnit);
+    ASSERT_TRUE(unit);
+    EXPECT_EQ(unit->offset, newer->offset) << "the most recently freed of its size";
+    for (size_t i = 0; i < kUnit; i += 4096) ASSERT_EQ(unit->ptr[i], 0) << "byte " << i;
+    EXPECT_EQ(zero::memory::shared_arena_stats().kept_reuses, reuses + 1);
+    EXPECT_FALSE(zero::memory::take_kept_range(kUnit)) << "the older one was punched at the scope's end";
+    free_shared_range(*unit);
+    if (again) free_shared_range(*again);
+  }
+  EXPECT_GT(zero::memory::shared_arena_stats().kept_bytes, 0u);
+  auto outside = map_shared_range(kMiB);  // outside any scope: what is carried goes
+  ASSERT_TRUE(outside);
+  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 0u);
+  free_shared_range(*outside);
 }
 
 }  // namespace
