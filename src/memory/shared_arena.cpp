@@ -198,13 +198,26 @@ void free_shared_range(const SharedRange& r, bool resident) {
   if (a.pid == r.owner && punch_shared_range(r)) a.freed.emplace(r.bytes, r.offset);
 }
 
-bool keeping_freed_pages() {
-  static const bool on = [] {
+namespace {
+
+enum class KeepMode { On, WithinScope, Off };
+
+KeepMode keep_mode() {
+  static const KeepMode mode = [] {
     const char* v = std::getenv("ZERO_KEEP_FREED_PAGES");
-    return !(v && std::string(v) == "off");
+    const std::string s = v ? v : "";
+    if (s == "off") return KeepMode::Off;
+    if (s == "within-scope") return KeepMode::WithinScope;
+    if (!s.empty() && s != "on")
+      throw std::invalid_argument("ZERO_KEEP_FREED_PAGES=" + s + ": expected on, within-scope or off");
+    return KeepMode::On;
   }();
-  return on;
+  return mode;
 }
+
+}  // namespace
+
+bool keeping_freed_pages() { return keep_mode() != KeepMode::Off; }
 
 KeepFreedSharedPages::KeepFreedSharedPages() {
   if (!keeping_freed_pages()) return;
@@ -241,11 +254,12 @@ KeepFreedSharedPages::~KeepFreedSharedPages() {
   // stage 3, docs/performance.md).
   std::deque<SharedRange> carried;
   size_t carried_bytes = 0;
+  const bool carry = keep_mode() == KeepMode::On;
   for (auto it = a.kept.rbegin(); it != a.kept.rend(); ++it) {
     const bool fresh_size = a.fresh_sizes.count(it->bytes) > 0;
     const bool first_of_size =
         std::none_of(carried.begin(), carried.end(), [&](const SharedRange& c) { return c.bytes == it->bytes; });
-    if (fresh_size && first_of_size && carried_bytes + it->bytes <= a.largest_fresh + kKeptPagesSlackBytes) {
+    if (carry && fresh_size && first_of_size && carried_bytes + it->bytes <= a.largest_fresh + kKeptPagesSlackBytes) {
       carried.push_front(*it);
       carried_bytes += it->bytes;
     } else {

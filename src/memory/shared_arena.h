@@ -72,7 +72,9 @@ void free_shared_range(const SharedRange& r, bool resident = true);
 // the step's peak); the rest go back to the OS. A carried range counts as
 // in use at the next scope's start; a range mapped outside any scope, or
 // release_kept_shared_pages, gives it back first. Scopes
-// nest; any thread. ZERO_KEEP_FREED_PAGES=off: scopes keep nothing.
+// nest; any thread. ZERO_KEEP_FREED_PAGES (for measuring what keeping
+// saves): on (the default); within-scope, nothing carried past a scope; off,
+// scopes keep nothing. Another value throws std::invalid_argument.
 class KeepFreedSharedPages {
  public:
   KeepFreedSharedPages();

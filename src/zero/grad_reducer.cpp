@@ -56,6 +56,7 @@ struct AfterAccumulate : torch::autograd::FunctionPostHook {
 GradReducer::GradReducer(std::vector<partition::FlatGroup>& groups, comm::Comm& comm, const comm::Group& dp,
                          ReducerOptions opts)
     : groups_(groups), comm_(comm), dp_(dp), opts_(opts), state_(groups.size()) {
+  memory::keeping_freed_pages();  // a bad ZERO_KEEP_FREED_PAGES throws here, as the engine is made, not mid-backward
   for (auto& g : groups_) {
     expected_.emplace_back(g.params.size(), 1);
     arrived_.emplace_back(g.params.size(), 0);
