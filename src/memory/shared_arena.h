@@ -63,16 +63,16 @@ void free_shared_range(const SharedRange& r, bool resident = true);
 // the least recently freed first -- so the shared buffers hold no more than
 // they did at their peak in the phase (other memory, such as activations, is
 // not in that count; the CPU allocator's cache counts kept pages as in use:
-// set_kept_bytes_observer). When the last scope ends, the most recently
-// freed kept range, if the scope mapped at least its bytes afresh, is
-// carried to the next scope, whose first request of its size takes it (at
-// stage 3 the first grad buffer of the next backward, which otherwise
-// faults in fresh pages every step: that buffer is in use beside all of the
-// forward's activations, so its pages held through the forward do not raise
-// the step's peak); the rest go back to the OS. A carried range counts as
-// in use at the next scope's start; a range mapped outside any scope, or
-// release_kept_shared_pages, gives it back first. Scopes
-// nest; any thread. ZERO_KEEP_FREED_PAGES (for measuring what keeping
+// set_kept_bytes_observer). When the last scope ends, of each size it
+// mapped afresh the most recently freed kept range is carried to the next
+// scope (in all within the largest of them and the slack), whose first
+// request of that size takes it: at stage 3 the first grad buffer of the
+// next backward, which otherwise faults in fresh pages every step. That
+// buffer is in use beside all of the forward's activations, so its pages
+// held through the forward do not raise the step's peak. The rest go back
+// to the OS. Carried ranges count as in use at the next scope's start; a
+// range mapped outside any scope, or release_kept_shared_pages, gives them
+// back first. Scopes nest; any thread. ZERO_KEEP_FREED_PAGES (for measuring what keeping
 // saves): on (the default); within-scope, nothing carried past a scope; off,
 // scopes keep nothing. Another value throws std::invalid_argument.
 class KeepFreedSharedPages {
