@@ -177,6 +177,7 @@ nlohmann::json large_blocks_json() {
           {"hits", s.hits},
           {"maps", s.maps},
           {"unmaps", s.unmaps},
+          {"resizes", s.resizes},  // misses served by a cached block's pages
           {"peak_mapped_bytes", s.peak_mapped_bytes},
           // Shared buffers made in a backward from a freed one's pages: stage 3's
           // grad buffers, a collective's scratch (memory/shared_arena.h).

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <new>
+#include <string>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -16,11 +17,17 @@ namespace {
 // their blocks here.
 LargeBlockCache& large_blocks() {
   // ZERO_LARGE_BLOCK_SLACK_MB sets the slack, for measuring its effect
-  // (bench/allocators.sh, "caching-noslack").
-  static auto* cache = new LargeBlockCache([] {
-    const char* mb = std::getenv("ZERO_LARGE_BLOCK_SLACK_MB");
-    return mb ? std::strtoull(mb, nullptr, 10) << 20 : kLargeBlockSlackBytes;
-  }());
+  // (bench/allocators.sh, "caching-noslack"); ZERO_LARGE_BLOCK_RESIZE=off
+  // maps every miss afresh, for measuring what resizing saves.
+  static auto* cache = new LargeBlockCache(
+      [] {
+        const char* mb = std::getenv("ZERO_LARGE_BLOCK_SLACK_MB");
+        return mb ? std::strtoull(mb, nullptr, 10) << 20 : kLargeBlockSlackBytes;
+      }(),
+      [] {
+        const char* resize = std::getenv("ZERO_LARGE_BLOCK_RESIZE");
+        return !(resize && std::string(resize) == "off");
+      }());
   return *cache;
 }
 

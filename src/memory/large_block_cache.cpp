@@ -43,20 +43,26 @@ void* LargeBlockCache::allocate(size_t bytes) {
     return block;
   }
   // A miss: map a block only within the most ever in use (plus the slack),
-  // giving back the least recently freed blocks first where it would not fit.
+  // giving back the least recently freed blocks first where it would not fit
+  // -- or taking one of those blocks' pages.
   stats_.live_bytes += size;
+  void* block = resize_on_miss_ ? resize_one_to_be_unmapped_locked(size) : nullptr;
   fit_locked();
-  void* block = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (block == MAP_FAILED && !lru_.empty()) {  // what is cached may be what stands in the way
-    while (!lru_.empty()) unmap_oldest_locked();
+  if (block != nullptr) {
+    ++stats_.resizes;
+  } else {
     block = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  }
-  if (block == MAP_FAILED) {
-    stats_.live_bytes -= size;
-    throw std::bad_alloc();
+    if (block == MAP_FAILED && !lru_.empty()) {  // what is cached may be what stands in the way
+      while (!lru_.empty()) unmap_oldest_locked();
+      block = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    }
+    if (block == MAP_FAILED) {
+      stats_.live_bytes -= size;
+      throw std::bad_alloc();
+    }
+    ++stats_.maps;
   }
   live_.emplace(block, size);
-  ++stats_.maps;
   stats_.peak_mapped_bytes =
       std::max(stats_.peak_mapped_bytes, stats_.live_bytes + stats_.outside_bytes + stats_.cached_bytes);
   return block;
@@ -72,6 +78,33 @@ bool LargeBlockCache::free(void* block) {
   stats_.cached_bytes += size;
   by_size_[size].push_back(lru_.insert(lru_.end(), Cached{block, size}));
   return true;
+}
+
+void* LargeBlockCache::resize_one_to_be_unmapped_locked(size_t size) {
+  const size_t in_use = stats_.live_bytes + stats_.outside_bytes;
+  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, in_use);
+  const size_t limit = stats_.peak_live_bytes + slack_;
+  // fit_locked unmaps the oldest blocks until the bytes mapped are within
+  // the limit: of those, the one whose pages cover most of the request.
+  size_t mapped = in_use + stats_.cached_bytes;
+  Lru::iterator chosen = lru_.end();
+  for (auto it = lru_.begin(); it != lru_.end() && mapped > limit; ++it) {
+    mapped -= it->bytes;
+    if (chosen == lru_.end() || std::min(it->bytes, size) > std::min(chosen->bytes, size)) chosen = it;
+  }
+  if (chosen == lru_.end()) return nullptr;
+  const Cached taken = *chosen;
+  std::vector<Lru::iterator>& same = by_size_[taken.bytes];
+  same.erase(std::find(same.begin(), same.end(), chosen));
+  lru_.erase(chosen);
+  stats_.cached_bytes -= taken.bytes;
+  // Shrinking gives the tail's pages back; growing adds untouched ones (and
+  // may move the block, its pages with it).
+  void* block = mremap(taken.block, taken.bytes, size, MREMAP_MAYMOVE);
+  if (block != MAP_FAILED) return block;
+  munmap(taken.block, taken.bytes);
+  ++stats_.unmaps;
+  return nullptr;
 }
 
 void LargeBlockCache::note_outside(std::ptrdiff_t bytes) {

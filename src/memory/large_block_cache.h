@@ -23,6 +23,14 @@
 // class rounds up by at most 1/16). Frees never unmap; only a miss, a note
 // of more memory outside, `release_cached()` or the destructor does.
 //
+// A miss that would give cached blocks back takes the pages of one of them
+// instead: that block is resized (mremap) to the request, keeping its
+// resident pages, and only the rest is unmapped. The sizes of a backward
+// differ from its forward's (stage 3's most: its gathered units come and go
+// beside them), so without this each such miss cleared fresh pages while the
+// same number of resident ones went back to the OS. A block's old bytes are
+// not cleared (nor are malloc's).
+//
 // Thread-safe (one mutex: large blocks are few, their allocations rare
 // against the work done on them).
 #pragma once
@@ -40,6 +48,7 @@ struct LargeBlockCacheStats {
   uint64_t hits = 0;       // requests served by a cached block
   uint64_t maps = 0;       // requests served by a new mapping
   uint64_t unmaps = 0;     // cached blocks given back to the OS
+  uint64_t resizes = 0;    // misses served by a cached block resized, its pages kept
   size_t live_bytes = 0;   // in blocks handed out and not freed (class sizes)
   size_t cached_bytes = 0; // in freed blocks kept mapped
   size_t outside_bytes = 0;      // mapped outside the cache (note_outside)
@@ -49,7 +58,10 @@ struct LargeBlockCacheStats {
 
 class LargeBlockCache {
  public:
-  explicit LargeBlockCache(size_t slack_bytes) : slack_(slack_bytes) {}
+  // `resize_on_miss`: a miss takes the pages of a block it would give back
+  // (above); false: it maps afresh (for measuring what that saves).
+  explicit LargeBlockCache(size_t slack_bytes, bool resize_on_miss = true)
+      : slack_(slack_bytes), resize_on_miss_(resize_on_miss) {}
   ~LargeBlockCache();  // unmaps the cached blocks; live ones stay their owners'
   LargeBlockCache(const LargeBlockCache&) = delete;
   LargeBlockCache& operator=(const LargeBlockCache&) = delete;
@@ -80,11 +92,16 @@ class LargeBlockCache {
   using Lru = std::list<Cached>;  // least recently freed first
 
   void unmap_oldest_locked();
+  // On a miss of `size` (counted in use already): of the blocks fit_locked
+  // would unmap, the one keeping the most pages, resized to `size`; null
+  // where none would be unmapped or the kernel refuses.
+  void* resize_one_to_be_unmapped_locked(size_t size);
   // Unmaps the oldest cached blocks until in use (outside included) plus
   // cached is within the peak in use plus the slack.
   void fit_locked();
 
   const size_t slack_;
+  const bool resize_on_miss_;
   mutable std::mutex mu_;
   std::unordered_map<void*, size_t> live_;  // block -> its class size
   Lru lru_;

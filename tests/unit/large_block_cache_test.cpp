@@ -1,7 +1,8 @@
 // The large-block cache (memory/large_block_cache.h): a freed block serves
-// the next request of its size class, and the memory it keeps mapped never
-// exceeds the peak in use plus its slack -- counted by the cache and
-// measured as the process's resident set.
+// the next request of its size class, a miss takes the pages of a block it
+// would give back, and the memory it keeps mapped never exceeds the peak in
+// use plus its slack -- counted by the cache and measured as the process's
+// resident set and its page faults.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -29,6 +31,22 @@ size_t resident_bytes() {
   if (f == nullptr || std::fscanf(f, "%ld %ld", &pages, &resident) != 2) ADD_FAILURE() << "/proc/self/statm";
   if (f != nullptr) std::fclose(f);
   return static_cast<size_t>(resident) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+// Page faults this process has taken so far (minor: no disk involved).
+long minor_faults() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
+}
+
+// Writes a byte into every page of [p, p + n): the faults it takes are the
+// pages that were not resident.
+long faults_touching(void* p, size_t n) {
+  const long before = minor_faults();
+  auto* bytes = static_cast<volatile unsigned char*>(p);
+  for (size_t i = 0; i < n; i += 4096) bytes[i] = bytes[i];
+  return minor_faults() - before;
 }
 
 TEST(LargeBlockCache, SizeClassesRoundUpBySixteenthsOfAPowerOfTwo) {
@@ -64,7 +82,7 @@ TEST(LargeBlockCache, AFreedBlockServesTheNextRequestOfItsClass) {
 }
 
 TEST(LargeBlockCache, AMissGivesBackTheOldestCachedBlocksFirst) {
-  LargeBlockCache cache(0);
+  LargeBlockCache cache(0, /*resize_on_miss=*/false);
   void* a = cache.allocate(4 * kMiB);
   void* b = cache.allocate(6 * kMiB);  // 10 MiB in use at the peak
   cache.free(a);                       // oldest
@@ -126,8 +144,66 @@ TEST(LargeBlockCache, ResidentMemoryStaysAtThePeakInUseWhenSizesChange) {
   }
   const size_t grew = resident_bytes() - std::min(before, resident_bytes());
   EXPECT_LE(grew, largest + largest / 8) << "resident grew by " << grew / kMiB << " MiB";
-  EXPECT_EQ(cache.stats().maps, 20u);
-  EXPECT_EQ(cache.stats().unmaps, 19u);
+  // Each miss takes the last block's pages (and grows it): one mapping.
+  EXPECT_EQ(cache.stats().maps, 1u);
+  EXPECT_EQ(cache.stats().resizes, 19u);
+  EXPECT_EQ(cache.stats().unmaps, 0u);
+}
+
+// A miss that would give a cached block back takes its pages: resized, the
+// block keeps what is resident (its old bytes, no page cleared or faulted
+// in afresh); shrunk, its tail goes back to the OS.
+TEST(LargeBlockCache, AMissTakesThePagesOfABlockItWouldGiveBack) {
+  LargeBlockCache cache(0);
+  void* a = cache.allocate(8 * kMiB);
+  std::memset(a, 0xab, 8 * kMiB);
+  cache.free(a);  // 8 MiB cached, the peak in use
+  const size_t resident_before = resident_bytes();
+  // 6 + 8 cached is over the peak of 8: a would go; its pages serve b.
+  auto* b = static_cast<unsigned char*>(cache.allocate(6 * kMiB));
+  auto s = cache.stats();
+  EXPECT_EQ(s.maps, 1u);
+  EXPECT_EQ(s.resizes, 1u);
+  EXPECT_EQ(s.unmaps, 0u);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_EQ(b[0], 0xab);
+  EXPECT_EQ(b[6 * kMiB - 1], 0xab);
+  EXPECT_LT(faults_touching(b, 6 * kMiB), 16) << "b's pages were not a's";
+  EXPECT_LE(resident_bytes(), resident_before) << "a's tail stayed resident";
+  cache.free(b);
+  // Grown: the first 6 MiB keep their pages; the rest are new.
+  auto* c = static_cast<unsigned char*>(cache.allocate(10 * kMiB));
+  s = cache.stats();
+  EXPECT_EQ(s.maps, 1u);
+  EXPECT_EQ(s.resizes, 2u);
+  EXPECT_EQ(c[6 * kMiB - 1], 0xab);
+  EXPECT_LT(faults_touching(c, 6 * kMiB), 16);
+  EXPECT_GT(faults_touching(c + 6 * kMiB, 4 * kMiB), 0);
+  cache.free(c);
+}
+
+// Of the blocks a miss would give back (the least recently freed, until the
+// bytes mapped fit), it takes the one whose pages cover most of it; the
+// others go only as far as the bound needs.
+TEST(LargeBlockCache, AMissTakesTheBlockThatKeepsTheMostPages) {
+  LargeBlockCache cache(0);
+  void* a = cache.allocate(2 * kMiB);
+  void* b = cache.allocate(8 * kMiB);
+  void* c = cache.allocate(4 * kMiB);  // 14 MiB in use at the peak
+  std::memset(b, 0xbb, 8 * kMiB);
+  cache.free(a);  // oldest
+  cache.free(b);
+  cache.free(c);
+  // 6 + 14 cached is over 14: a, then b would go (6 + 4 fits). b covers 6
+  // MiB of the request, a 2: b is taken, and a need not go at all.
+  auto* d = static_cast<unsigned char*>(cache.allocate(6 * kMiB));
+  const auto s = cache.stats();
+  EXPECT_EQ(d[0], 0xbb);
+  EXPECT_EQ(s.resizes, 1u);
+  EXPECT_EQ(s.unmaps, 0u);
+  EXPECT_EQ(s.cached_bytes, 6 * kMiB);
+  EXPECT_EQ(cache.allocate(2 * kMiB), a);
+  EXPECT_EQ(cache.allocate(4 * kMiB), c);
 }
 
 // A random mix of sizes and lifetimes: blocks never overlap (each keeps the
@@ -165,6 +241,7 @@ TEST(LargeBlockCache, RandomTrafficKeepsBlocksApartAndTheBound) {
     }
   }
   const auto s = cache.stats();
+  EXPECT_GT(s.resizes, 0u);  // the traffic walked the resizing path too
   EXPECT_EQ(s.peak_live_bytes, peak_live);
   EXPECT_LE(s.peak_mapped_bytes, peak_live + kSlack);
   EXPECT_EQ(s.live_bytes, live_classes);
@@ -198,6 +275,7 @@ TEST(LargeBlockCache, RepeatedStepsMapNothingAfterTheFirstGivenSlack) {
   for (int i = 0; i < 5; ++i) step();
   const auto s = cache.stats();
   EXPECT_EQ(s.maps, first.maps);
+  EXPECT_EQ(s.resizes, first.resizes);
   EXPECT_EQ(s.unmaps, first.unmaps);
   EXPECT_EQ(s.peak_mapped_bytes, first.peak_mapped_bytes);
 }
