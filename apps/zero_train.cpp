@@ -367,6 +367,7 @@ int main(int argc, char** argv) {
             {"wall_ms", wall},
             {"tokens_per_s", r.tokens_per_s},
             {"peak_rss_bytes", peak_rss_bytes()},
+            {"minor_faults", minor_faults()},  // this rank's so far: a step's are the difference
             {"model_state_bytes", r.model_state_bytes},
             {"comm", comm_json(r.comm)}};
       if (pss >= 0) record["pss_bytes"] = pss;
