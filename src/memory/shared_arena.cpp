@@ -280,7 +280,7 @@ void release_kept_shared_pages() {
 SharedArenaStats shared_arena_stats() {
   Arena& a = arena();
   std::lock_guard<std::mutex> lock(a.mu);
-  return {a.kept_reuses, a.kept_bytes, a.fresh_bytes};
+  return {a.kept_reuses, a.kept_bytes, a.fresh_bytes, a.pid == getpid() ? a.inode : 0};
 }
 
 KeptBytesObserver set_kept_bytes_observer(KeptBytesObserver observer) {

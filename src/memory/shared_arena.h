@@ -98,6 +98,7 @@ struct SharedArenaStats {
   uint64_t kept_reuses = 0;  // requests served by a kept range (take_kept_range)
   size_t kept_bytes = 0;     // held now by kept ranges (carried ones included)
   size_t fresh_bytes = 0;    // mapped afresh in the current or last outermost scope
+  uint64_t memfd_inode = 0;  // this process's memfd (0 before its first buffer): its ranges told from a peer's
 };
 SharedArenaStats shared_arena_stats();
 

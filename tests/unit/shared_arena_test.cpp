@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -49,6 +50,11 @@ TEST(SharedArena, OneDescriptorForAnyNumberOfBuffers) {
     EXPECT_EQ(r.fd, ranges.front().fd);
     EXPECT_EQ(r.offset % 4096, 0);
   }
+  // The one memfd, as the stats name it (to tell its ranges from a peer's).
+  struct stat st {};
+  ASSERT_EQ(fstat(ranges.front().fd, &st), 0);
+  EXPECT_EQ(zero::memory::shared_arena_stats().memfd_inode, static_cast<uint64_t>(st.st_ino));
+  EXPECT_EQ(ranges.front().inode, static_cast<uint64_t>(st.st_ino));
   for (const auto& r : ranges) free_shared_range(r);
 }
 
