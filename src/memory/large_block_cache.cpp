@@ -37,7 +37,7 @@ void* LargeBlockCache::allocate(size_t bytes) {
     lru_.erase(cached);
     stats_.cached_bytes -= size;
     stats_.live_bytes += size;
-    stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes + stats_.outside_bytes);
+    note_in_use_locked();
     live_.emplace(block, size);
     ++stats_.hits;
     return block;
@@ -63,8 +63,7 @@ void* LargeBlockCache::allocate(size_t bytes) {
     ++stats_.maps;
   }
   live_.emplace(block, size);
-  stats_.peak_mapped_bytes =
-      std::max(stats_.peak_mapped_bytes, stats_.live_bytes + stats_.outside_bytes + stats_.cached_bytes);
+  note_mapped_locked();
   return block;
 }
 
@@ -80,9 +79,19 @@ bool LargeBlockCache::free(void* block) {
   return true;
 }
 
-void* LargeBlockCache::resize_one_to_be_unmapped_locked(size_t size) {
+size_t LargeBlockCache::note_in_use_locked() {
   const size_t in_use = stats_.live_bytes + stats_.outside_bytes;
   stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, in_use);
+  return in_use;
+}
+
+void LargeBlockCache::note_mapped_locked() {
+  stats_.peak_mapped_bytes =
+      std::max(stats_.peak_mapped_bytes, stats_.live_bytes + stats_.outside_bytes + stats_.cached_bytes);
+}
+
+void* LargeBlockCache::resize_one_to_be_unmapped_locked(size_t size) {
+  const size_t in_use = note_in_use_locked();
   const size_t limit = stats_.peak_live_bytes + slack_;
   // fit_locked unmaps the oldest blocks until the bytes mapped are within
   // the limit: of those, the one whose pages cover most of the request.
@@ -115,13 +124,11 @@ void LargeBlockCache::note_outside(std::ptrdiff_t bytes) {
   }
   stats_.outside_bytes += static_cast<size_t>(bytes);
   fit_locked();
-  stats_.peak_mapped_bytes =
-      std::max(stats_.peak_mapped_bytes, stats_.live_bytes + stats_.outside_bytes + stats_.cached_bytes);
+  note_mapped_locked();
 }
 
 void LargeBlockCache::fit_locked() {
-  const size_t in_use = stats_.live_bytes + stats_.outside_bytes;
-  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, in_use);
+  const size_t in_use = note_in_use_locked();
   while (!lru_.empty() && in_use + stats_.cached_bytes > stats_.peak_live_bytes + slack_) unmap_oldest_locked();
 }
 

@@ -92,6 +92,10 @@ class LargeBlockCache {
   using Lru = std::list<Cached>;  // least recently freed first
 
   void unmap_oldest_locked();
+  // The bytes in use (outside included), its peak raised to them.
+  size_t note_in_use_locked();
+  // Raises the peak mapped to the bytes mapped now.
+  void note_mapped_locked();
   // On a miss of `size` (counted in use already): of the blocks fit_locked
   // would unmap, the one keeping the most pages, resized to `size`; null
   // where none would be unmapped or the kernel refuses.
