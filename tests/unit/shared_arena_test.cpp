@@ -14,6 +14,7 @@
 #include <cstring>
 #include <optional>
 #include <stdexcept>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -286,6 +287,51 @@ TEST(SharedArena, TheLastFreedRangeOfEachSizeIsCarriedToTheNextScope) {
   ASSERT_TRUE(outside);
   EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, 0u);
   free_shared_range(*outside);
+}
+
+// A size whose first request a scope served from what the last one carried
+// is carried again: every backward's first grad buffer takes the pages the
+// one before left it, not every other backward's (where the scope that took
+// a carried range, having mapped none of its size afresh, carried none on).
+TEST(SharedArena, ARangeTakenFromTheCarryIsCarriedOnAgain) {
+  constexpr size_t kMiB = 1 << 20, kUnit = 8 * kMiB;
+  zero::memory::release_kept_shared_pages();
+  {
+    zero::memory::KeepFreedSharedPages keep;
+    auto fresh = map_shared_range(kUnit);
+    if (!fresh) GTEST_SKIP() << "no memfd on this system";
+    std::memset(fresh->ptr, 9, kUnit);
+    free_shared_range(*fresh);
+  }
+  ASSERT_EQ(zero::memory::shared_arena_stats().kept_bytes, kUnit) << "carried into the first scope after";
+  for (int scope = 0; scope < 3; ++scope) {
+    SCOPED_TRACE("scope " + std::to_string(scope));
+    zero::memory::KeepFreedSharedPages keep;
+    auto carried = zero::memory::take_kept_range(kUnit);
+    ASSERT_TRUE(carried) << "the last scope carried nothing of this size";
+    std::memset(carried->ptr, 9, kUnit);
+    free_shared_range(*carried);
+  }
+  EXPECT_EQ(zero::memory::shared_arena_stats().kept_bytes, kUnit);
+  zero::memory::release_kept_shared_pages();
+}
+
+// A scope opened before the process's first shared buffer keeps what is
+// freed in it, as any other (the arena, made at that buffer, once dropped
+// the scope as if a forked child had inherited it). In a process of its
+// own: gtest's threadsafe death test runs the case in a fresh one.
+TEST(SharedArena, AScopeOpenedBeforeTheFirstBufferKeeps) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  constexpr size_t kBytes = 1 << 20;
+  EXPECT_EXIT(
+      {
+        zero::memory::KeepFreedSharedPages keep;
+        auto r = map_shared_range(kBytes);
+        if (!r) std::_Exit(0);  // no memfd on this system: nothing is kept anywhere
+        free_shared_range(*r);
+        std::_Exit(zero::memory::shared_arena_stats().kept_bytes == kBytes ? 0 : 1);
+      },
+      testing::ExitedWithCode(0), "");
 }
 
 }  // namespace
