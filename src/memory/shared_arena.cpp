@@ -35,6 +35,7 @@ struct Arena {
   // KeepFreedSharedPages: freed ranges still holding their pages and
   // mapping, least recently freed first, and the bound they are kept under.
   int keep_scopes = 0;
+  pid_t scope_pid = 0;  // the process whose scopes they are: a forked child inherits its parent's count
   std::deque<SharedRange> kept;
   size_t kept_bytes = 0;
   size_t live_bytes = 0;  // in ranges mapped and not freed
@@ -88,9 +89,8 @@ bool ensure_memfd(Arena& a) {
     a.freed.clear();
     a.kept.clear();  // the parent's: its child frees none of them
     a.kept_bytes = a.live_bytes = a.peak_bytes = 0;
-    // A scope the child inherited keeps nothing of the child's; one this
-    // process opened before its first buffer (pid 0: no arena yet) stays.
-    if (a.pid != 0) a.keep_scopes = 0;
+    // (A scope this process opened before its first buffer stays open: the
+    // scopes are told apart by scope_pid, not by the arena's pid.)
     a.pid = getpid();
   }
   if (a.fd >= 0) return true;
@@ -122,6 +122,9 @@ void punch_kept(Arena& a, const SharedRange& k) {
   if (punch_shared_range(k)) a.freed.emplace(k.bytes, k.offset);
 }
 
+// In one of this process's scopes (not only in one a forked child inherited).
+bool in_scope(const Arena& a) { return a.keep_scopes > 0 && a.scope_pid == getpid(); }
+
 void note_carry_size(Arena& a, size_t bytes) {
   a.carry_sizes.insert(bytes);
   a.largest_carry_size = std::max(a.largest_carry_size, bytes);
@@ -132,7 +135,7 @@ void note_carry_size(Arena& a, size_t bytes) {
 std::optional<SharedRange> take_kept_range(size_t bytes) {
   Arena& a = arena();
   std::unique_lock<std::mutex> lock(a.mu);
-  if (a.keep_scopes == 0 || a.pid != getpid()) return std::nullopt;
+  if (!in_scope(a) || a.pid != getpid()) return std::nullopt;
   const size_t len = page_rounded(bytes);
   // The most recently freed of its size.
   const auto it = std::find_if(a.kept.rbegin(), a.kept.rend(), [&](const SharedRange& k) { return k.bytes == len; });
@@ -159,7 +162,7 @@ std::optional<SharedRange> map_shared_range(size_t bytes) {
   // wanted elsewhere.
   const size_t peak = std::max(a.peak_bytes, a.live_bytes + len);
   while (!a.kept.empty() &&
-         (a.keep_scopes == 0 || a.live_bytes + len + a.kept_bytes > peak + kKeptPagesSlackBytes)) {
+         (!in_scope(a) || a.live_bytes + len + a.kept_bytes > peak + kKeptPagesSlackBytes)) {
     punch_kept(a, a.kept.front());
     a.kept.pop_front();
   }
@@ -179,7 +182,7 @@ std::optional<SharedRange> map_shared_range(size_t bytes) {
     out_of_memory(bytes, err);
   }
   a.live_bytes += len;
-  if (a.keep_scopes > 0) {
+  if (in_scope(a)) {
     a.peak_bytes = peak;
     a.fresh_bytes += len;
     note_carry_size(a, len);
@@ -198,7 +201,7 @@ void free_shared_range(const SharedRange& r, bool resident) {
     std::lock_guard<std::mutex> lock(a.mu);
     if (a.pid == r.owner) {
       a.live_bytes -= r.bytes;
-      if (a.keep_scopes > 0 && resident) {
+      if (in_scope(a) && resident) {
         a.kept.push_back(r);
         a.kept_bytes += r.bytes;
         note_kept(a, static_cast<std::ptrdiff_t>(r.bytes));
@@ -238,8 +241,10 @@ KeepFreedSharedPages::KeepFreedSharedPages() {
   if (!keeping_freed_pages()) return;
   Arena& a = arena();
   std::lock_guard<std::mutex> lock(a.mu);
+  if (a.scope_pid != getpid()) a.keep_scopes = 0;  // those a forked child inherited are not its own
   // Ranges carried from the last scope were in use before it, as its peak.
   if (a.keep_scopes++ == 0) {
+    a.scope_pid = getpid();
     a.peak_bytes = a.live_bytes + a.kept_bytes;
     a.fresh_bytes = a.largest_carry_size = 0;
     a.carry_sizes.clear();
@@ -252,9 +257,10 @@ KeepFreedSharedPages::~KeepFreedSharedPages() {
   if (!keeping_freed_pages()) return;
   Arena& a = arena();
   std::lock_guard<std::mutex> lock(a.mu);
-  if (a.keep_scopes == 0 || --a.keep_scopes > 0) return;  // (0: inherited by a forked child)
-  // (In a process forked inside a scope the kept ranges are its parent's:
-  // punching them would free the parent's pages.)
+  // (In a forked child, a scope of its parent's ends as if it never began.)
+  if (!in_scope(a) || --a.keep_scopes > 0) return;
+  // (A forked child that has mapped no buffer of its own holds its parent's
+  // kept ranges: punching them would free the parent's pages.)
   if (a.pid != getpid()) {
     a.kept.clear();
     a.kept_bytes = 0;
@@ -291,7 +297,7 @@ KeepFreedSharedPages::~KeepFreedSharedPages() {
 void release_kept_shared_pages() {
   Arena& a = arena();
   std::lock_guard<std::mutex> lock(a.mu);
-  if (a.keep_scopes > 0 || a.pid != getpid()) return;
+  if (in_scope(a) || a.pid != getpid()) return;
   for (const SharedRange& k : a.kept) punch_kept(a, k);
   a.kept.clear();
 }

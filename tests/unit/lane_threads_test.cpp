@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -58,6 +59,40 @@ int sums_with_concurrent_waiters(shm::Lane& lane, int rank) {
     for (auto& d : data) wrong += d.front() != 3.0f || d.back() != 3.0f;
   }
   return wrong;
+}
+
+// A collective's keep-alive (its buffers) is released before its job is
+// done, whether the worker or the waiting caller ran it: a caller that lets
+// go of its own references once wait() returns frees the buffers itself, not
+// the lane's thread a moment later (a grad buffer freed after the backward
+// has ended is not kept for the next: memory/shared_arena.h). Returns how
+// many of 40 were released after their job was done.
+int keep_alive_goes_before_the_job_is_done(shm::Lane& lane) {
+  struct Probe {
+    std::atomic<shm::Job*> job{nullptr};
+    std::atomic<int> late{0};
+  };
+  auto probe = std::make_shared<Probe>();
+  const auto sig = zero::comm::make_signature_record("a probe of when its buffers go");
+  for (int i = 0; i < 40; ++i) {
+    std::atomic<bool> published{false};
+    shm::Lane::KeepAlive keep(nullptr, [probe](const void*) {
+      shm::Job* job = probe->job.load();
+      if (job == nullptr || job->done()) ++probe->late;
+    });
+    auto job = lane.external("probe", sig, std::move(keep), [&](const shm::Lane::Handshake& handshake) {
+      while (!published) std::this_thread::yield();  // until the probe knows its job
+      handshake();
+    });
+    probe->job = job.get();
+    published = true;
+    if (i % 2 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the worker runs it
+    job->wait();
+    probe->job = nullptr;
+  }
+  if (probe->late > 0) std::fprintf(stderr, "%d of 40 collectives let go of their buffers after they were done\n",
+                                    probe->late.load());
+  return probe->late;
 }
 
 // Rank 1 alone, on a lane of its own: a caller waits on the second of two
@@ -140,6 +175,7 @@ int main() {
   {
     shm::Lane lane(region, rank, kRanks, kSlot, kTimeout, "the test group");
     failures += sums_with_concurrent_waiters(lane, rank);
+    failures += keep_alive_goes_before_the_job_is_done(lane);
   }
   if (rank == 1) failures += teardown_while_waiting(rank);
   if (rank == 1) failures += teardown_keeps_a_published_input(rank);

@@ -11,10 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <stdexcept>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -330,6 +331,51 @@ TEST(SharedArena, AScopeOpenedBeforeTheFirstBufferKeeps) {
         if (!r) std::_Exit(0);  // no memfd on this system: nothing is kept anywhere
         free_shared_range(*r);
         std::_Exit(zero::memory::shared_arena_stats().kept_bytes == kBytes ? 0 : 1);
+      },
+      testing::ExitedWithCode(0), "");
+}
+
+// A forked child keeps freed pages under its own scopes only: not under one
+// its parent had open when it forked (that scope never ends in the child),
+// and under one it opens before its first buffer as under any other --
+// whether or not its parent had used the arena. In a fresh process (gtest's
+// threadsafe death test), so the first case meets an arena never used.
+TEST(SharedArena, AForkedChildKeepsUnderItsOwnScopesOnly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  constexpr size_t kBytes = 1 << 20;
+  // In a child: 0 where its buffers were kept as they should be; 1: kept
+  // under its parent's scope; 2: its own scope kept nothing (99: it died).
+  const auto child = [](bool parents_scope_open) {
+    if (auto r = map_shared_range(kBytes)) {
+      free_shared_range(*r);
+      if (parents_scope_open && zero::memory::shared_arena_stats().kept_bytes != 0) return 1;
+    }
+    zero::memory::release_kept_shared_pages();
+    zero::memory::KeepFreedSharedPages own;
+    auto r = map_shared_range(kBytes);
+    if (!r) return 0;  // no memfd on this system: nothing is kept anywhere
+    free_shared_range(*r);
+    return zero::memory::shared_arena_stats().kept_bytes == kBytes ? 0 : 2;
+  };
+  const auto in_a_child = [](const std::function<int()>& body) {
+    const pid_t pid = fork();
+    if (pid == 0) std::_Exit(body());
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 99;
+  };
+  EXPECT_EXIT(
+      {
+        int failed = 0;
+        {
+          zero::memory::KeepFreedSharedPages parents;  // the arena not used yet
+          failed = in_a_child([&] { return child(/*parents_scope_open=*/true); });
+        }
+        if (failed == 0) {
+          if (auto r = map_shared_range(kBytes)) free_shared_range(*r);  // the parent has used it
+          failed = in_a_child([&] { return child(/*parents_scope_open=*/false); });
+        }
+        std::_Exit(failed);
       },
       testing::ExitedWithCode(0), "");
 }

@@ -193,8 +193,8 @@ struct LaneQueue {
     items.pop_front();
     running = true;
     lock.unlock();
-    lane->run(*item.first, item.second);
-    item = {};  // the buffers it kept alive, released outside the lock
+    lane->run(*item.first, item.second);  // releases the buffers it kept alive, outside the lock
+    item = {};
     lock.lock();
     running = false;
     if (!items.empty() || waiting_callers > 0 || stop) cv.notify_all();
@@ -315,7 +315,8 @@ std::shared_ptr<Job> Lane::submit(const char* op, const SignatureRecord& sig, Ke
   job->queue_ = queue_;
   std::lock_guard<std::mutex> lock(queue_->mu);
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
-  // `keep` lives in the queued closure: released once the collective has run.
+  // `keep` lives in the queued closure: released once the collective has
+  // run, before its job is finished (Lane::run).
   queue_->items.emplace_back(job, [this, op, sig, keep = std::move(keep), body = std::move(body)] {
     current_op_ = op;
     current_sig_ = sig;
@@ -348,6 +349,11 @@ void Lane::run(Job& job, std::function<void()>& body) {
   }
   try {
     body();
+    // The buffers it kept alive go before its waiter wakes: a waiter that
+    // then lets go of its own references frees them there, not this thread
+    // a moment later (memory/shared_arena.h: a grad buffer freed after the
+    // backward's scope has ended is not kept).
+    body = nullptr;
     job.finish(std::nullopt);
   } catch (const Mismatch& e) {
     failed_ = e.what();  // it names op and group
