@@ -151,6 +151,16 @@ int64_t minor_faults() {
   return u.ru_minflt;
 }
 
+// The CPU time this process has used so far (user and system, all its
+// threads), in ms: a step's, against its wall time, says how long the rank
+// waited (for its peers, at a collective).
+double cpu_ms() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  const auto ms = [](const timeval& t) { return static_cast<double>(t.tv_sec) * 1e3 + t.tv_usec / 1e3; };
+  return ms(u.ru_utime) + ms(u.ru_stime);
+}
+
 // How long this process has run, in ms: from its start as the kernel
 // records it (/proc/self/stat's starttime, clock ticks since boot) to now,
 // so it counts the loader and libtorch's static initialisers too.
@@ -368,6 +378,7 @@ int main(int argc, char** argv) {
             {"tokens_per_s", r.tokens_per_s},
             {"peak_rss_bytes", peak_rss_bytes()},
             {"minor_faults", minor_faults()},  // this rank's so far: a step's are the difference
+            {"cpu_ms", cpu_ms()},              // ditto
             {"model_state_bytes", r.model_state_bytes},
             {"comm", comm_json(r.comm)}};
       if (pss >= 0) record["pss_bytes"] = pss;
@@ -445,6 +456,7 @@ int main(int argc, char** argv) {
           {"coalesce", args.coalesce},
           {"last_step_comm", comm_json(last_comm)},
           {"minor_faults", minor_faults()},  // this rank's, over the whole run
+          {"cpu_ms", cpu_ms()},              // ditto
           // This process's age at the rendezvous's end, when ready to step,
           // after the first step (bench/first_step.sh).
           {"process_age_ms", {{"rendezvous", age_rendezvous_ms}, {"ready", age_ready_ms},

@@ -28,9 +28,16 @@ for field in '"n_params"' '"world_size":2' '"dp_size":2' '"stage":0' '"dtype":"f
 done
 step=$(grep '"event":"step"' <<<"$log" | tail -1)
 for field in '"step":3' '"loss":' '"lr":' '"loss_scale":' '"step_ms":' '"tokens_per_s":' '"peak_rss_bytes":' \
-             '"model_state_bytes":' '"comm":{"all_reduce":{"bytes":'; do
+             '"model_state_bytes":' '"comm":{"all_reduce":{"bytes":' '"minor_faults":' '"cpu_ms":'; do
   check "step has $field" contains "$step" "$field"
 done
+# cpu_ms is the rank's so far: it grows from step to step.
+cpu_grows() {
+  python3 -c 'import json, sys
+v = [json.loads(l)["cpu_ms"] for l in sys.stdin if "\"event\":\"step\"" in l]
+sys.exit(0 if v[0] > 0 and all(b > a for a, b in zip(v, v[1:])) else 1)' <<<"$log"
+}
+check "step records' cpu_ms grows" cpu_grows
 
 # --log-json-all writes one file per rank.
 "$ZR" -n 2 --timeout 120 -- "$ZT" --config "$DATA/ds_configs/ok/zero_tutorial_stage2.json" "${tiny[@]}" \
