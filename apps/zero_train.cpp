@@ -152,8 +152,9 @@ int64_t minor_faults() {
 }
 
 // The CPU time this process has used so far (user and system, all its
-// threads), in ms: a step's, against its wall time, says how long the rank
-// waited (for its peers, at a collective).
+// threads), in ms: with one compute thread per rank, a step's against its
+// wall time says about how long the rank waited for its peers (a lane's
+// polling counts as CPU).
 double cpu_ms() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);

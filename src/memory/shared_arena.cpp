@@ -89,6 +89,9 @@ bool ensure_memfd(Arena& a) {
     a.freed.clear();
     a.kept.clear();  // the parent's: its child frees none of them
     a.kept_bytes = a.live_bytes = a.peak_bytes = 0;
+    a.carried_offsets.clear();  // offsets in the parent's memfd
+    a.carry_sizes.clear();
+    a.largest_carry_size = 0;
     // (A scope this process opened before its first buffer stays open: the
     // scopes are told apart by scope_pid, not by the arena's pid.)
     a.pid = getpid();

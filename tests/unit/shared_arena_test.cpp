@@ -336,19 +336,22 @@ TEST(SharedArena, AScopeOpenedBeforeTheFirstBufferKeeps) {
 }
 
 // A forked child keeps freed pages under its own scopes only: not under one
-// its parent had open when it forked (that scope never ends in the child),
-// and under one it opens before its first buffer as under any other --
-// whether or not its parent had used the arena. In a fresh process (gtest's
-// threadsafe death test), so the first case meets an arena never used.
+// its parent had open when it forked (that scope never ends in the child;
+// here the parent had not used the arena yet), and under its own as under
+// any other -- one opened after its first buffer, and one opened before it
+// in a child of a parent that had used the arena (the child's first buffer
+// makes its own memfd). In a fresh process (gtest's threadsafe death test).
 TEST(SharedArena, AForkedChildKeepsUnderItsOwnScopesOnly) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   constexpr size_t kBytes = 1 << 20;
   // In a child: 0 where its buffers were kept as they should be; 1: kept
   // under its parent's scope; 2: its own scope kept nothing (99: it died).
   const auto child = [](bool parents_scope_open) {
-    if (auto r = map_shared_range(kBytes)) {
-      free_shared_range(*r);
-      if (parents_scope_open && zero::memory::shared_arena_stats().kept_bytes != 0) return 1;
+    if (parents_scope_open) {  // a buffer of its own, freed under its parent's scope
+      if (auto r = map_shared_range(kBytes)) {
+        free_shared_range(*r);
+        if (zero::memory::shared_arena_stats().kept_bytes != 0) return 1;
+      }
     }
     zero::memory::release_kept_shared_pages();
     zero::memory::KeepFreedSharedPages own;

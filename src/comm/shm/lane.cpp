@@ -193,7 +193,10 @@ struct LaneQueue {
     items.pop_front();
     running = true;
     lock.unlock();
-    lane->run(*item.first, item.second);  // releases the buffers it kept alive, outside the lock
+    // Once it has run, the buffers it kept alive go outside the lock: a
+    // successful run lets go of them before finishing the job, this of what
+    // is left (a lane that had failed already; a failed run's are retained_).
+    lane->run(*item.first, item.second);
     item = {};
     lock.lock();
     running = false;
