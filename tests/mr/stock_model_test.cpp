@@ -5,6 +5,8 @@
 // fp32 stage-0 run of the same model on the same batches, the plain model's
 // param names, and the bytes a 16-bit param holds at rest.
 #include <functional>
+#include <map>
+#include <string>
 #include <filesystem>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
@@ -12,7 +14,6 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/normalization.h>
 #include <algorithm>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -202,49 +203,72 @@ TEST(StockModules, Stage3WithParamsAndOptimizerOnNvmeMatchesMemory) {
   remove_dir(dir);
 }
 
+// A user's model of stock layers made from `seed` -- a frozen Linear(in, in),
+// Linear(in, wide), ReLU, LayerNorm(wide), Linear(wide, in) -- trained at
+// `stage` with the CPU allocator `allocator` on batches of rows[s] x in
+// (mapped back to themselves): its losses, its state, and how far the caching
+// allocator's `counted` stat rose over the run.
+struct AllocatorRun {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> state;
+  uint64_t counted = 0;
+};
+AllocatorRun train_stock_sequential(int stage, const char* allocator, int64_t in, int64_t wide,
+                                    const std::vector<int64_t>& rows, int seed,
+                                    uint64_t zero::memory::LargeBlockCacheStats::*counted) {
+  at::manual_seed(seed);
+  torch::nn::Sequential model(torch::nn::Linear(in, in), torch::nn::Linear(in, wide), torch::nn::ReLU(),
+                              torch::nn::LayerNorm(torch::nn::LayerNormOptions({wide})), torch::nn::Linear(wide, in));
+  for (auto& p : model[0]->parameters()) p.set_requires_grad(false);  // the first Linear frozen
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", rows.front()},
+                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+                      {"zero_optimization", {{"stage", stage}}},
+                      {"zero_cpp", {{"cpu_allocator", allocator}}}};
+  zero::Engine engine(*model, Config::from_json(j), world().comm(), dp_group());
+  const uint64_t before = zero::memory::cpu_large_block_stats().*counted;
+  AllocatorRun r;
+  for (size_t s = 0; s < rows.size(); ++s) {
+    at::manual_seed(seed * 100 + static_cast<int64_t>(s) * dp_group()->size() + dp_group()->rank());
+    const at::Tensor x = at::randn({rows[s], in});
+    const at::Tensor loss = (engine.forward(model, x) - x).pow(2).mean();
+    engine.backward(loss);
+    engine.step();
+    r.losses.push_back(engine.global_mean(loss));
+  }
+  r.counted = zero::memory::cpu_large_block_stats().*counted - before;
+  r.state = engine.state_dict();
+  return r;
+}
+
+// The same model trained with torch's allocator and with the caching one:
+// the same losses and state, bit for bit; `counted` rose by more than
+// `more_than` with the caching one (`what` it says), by nothing with torch's.
+void expect_caching_as_torchs_own(int stage, int64_t in, int64_t wide, const std::vector<int64_t>& rows, int seed,
+                                  uint64_t zero::memory::LargeBlockCacheStats::*counted, uint64_t more_than,
+                                  const char* what) {
+  SCOPED_TRACE("stage " + std::to_string(stage));
+  const AllocatorRun want = train_stock_sequential(stage, "torch", in, wide, rows, seed, counted);
+  const AllocatorRun got = train_stock_sequential(stage, "caching", in, wide, rows, seed, counted);
+  EXPECT_EQ(want.counted, 0u);
+  EXPECT_GT(got.counted, more_than) << what;
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(max_abs_diff(got.state, want.state), 0.0);
+}
+
 // The caching CPU allocator (the default) on a user's model of stock layers
 // whose activations are MiBs (so they come from its cache: its hits are
 // counted), with a frozen layer and LayerNorm: the same losses and state as
 // torch's own allocator, bit for bit, at stages 0 and 3.
 TEST(StockModules, CachingAllocatorTrainsAsTorchsOwn) {
-  auto run = [](int stage, const char* allocator) {
-    at::manual_seed(5);
-    torch::nn::Sequential model(torch::nn::Linear(256, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 1024),
-                                torch::nn::LayerNorm(torch::nn::LayerNormOptions({1024})),
-                                torch::nn::Linear(1024, 256));
-    for (auto& p : model[0]->parameters()) p.set_requires_grad(false);  // the first Linear frozen
-    nlohmann::json j = {{"train_micro_batch_size_per_gpu", 512},
-                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
-                        {"zero_optimization", {{"stage", stage}}},
-                        {"zero_cpp", {{"cpu_allocator", allocator}}}};
-    zero::Engine engine(*model, Config::from_json(j), world().comm(), dp_group());
-    const uint64_t hits_before = zero::memory::cpu_large_block_stats().hits;
-    std::vector<double> losses;
-    for (int s = 0; s < 4; ++s) {
-      at::manual_seed(200 + s * dp_group()->size() + dp_group()->rank());
-      const at::Tensor x = at::randn({512, 256});  // activations 512 x 1024 fp32: 2 MiB
-      const at::Tensor loss = (engine.forward(model, x) - x).pow(2).mean();
-      engine.backward(loss);
-      engine.step();
-      losses.push_back(engine.global_mean(loss));
-    }
-    const uint64_t hits = zero::memory::cpu_large_block_stats().hits - hits_before;
-    return std::make_tuple(losses, engine.state_dict(), hits);
-  };
-  for (int stage : {0, 3}) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
-    const auto [want_losses, want_state, torch_hits] = run(stage, "torch");
-    const auto [got_losses, got_state, caching_hits] = run(stage, "caching");
-    EXPECT_EQ(torch_hits, 0u);
-    EXPECT_GT(caching_hits, 20u) << "the activations came from the cache";
-    EXPECT_EQ(got_losses, want_losses);
-    EXPECT_EQ(max_abs_diff(got_state, want_state), 0.0);
-  }
+  const std::vector<int64_t> rows(4, 512);  // activations 512 x 1024 fp32: 2 MiB
+  for (int stage : {0, 3})
+    expect_caching_as_torchs_own(stage, 256, 1024, rows, 5, &zero::memory::LargeBlockCacheStats::hits, 20,
+                                 "the activations came from the cache");
 }
 
 // Batches whose size changes from step to step (a last partial batch,
 // sequences packed to varying lengths), on a user's model of stock layers
-// whose activations are 10-16 MiB: each new size misses the caching
+// whose activations are 9-16 MiB: each new size misses the caching
 // allocator, and keeping within its bound makes it give back blocks of the
 // sizes before -- a miss then takes one's pages (resized, not mapped
 // afresh). The same losses and state as torch's own allocator, bit for
@@ -257,42 +281,12 @@ TEST(StockModulesFreshProcess, CachingAllocatorResizesForBatchesOfChangingSize) 
   if (zero::memory::cpu_large_block_stats().maps > 0)
     GTEST_SKIP() << "the caching allocator was used before in this process: run it alone "
                     "(--gtest_filter=StockModulesFreshProcess.*)";
-  static constexpr int64_t kIn = 64, kWide = 4096;  // an activation of rows x 4096 fp32: rows / 64 MiB
-  auto run = [](int stage, const char* allocator, const std::vector<int64_t>& rows) {
-    at::manual_seed(7);
-    torch::nn::Sequential model(torch::nn::Linear(kIn, kIn), torch::nn::Linear(kIn, kWide), torch::nn::ReLU(),
-                                torch::nn::LayerNorm(torch::nn::LayerNormOptions({kWide})),
-                                torch::nn::Linear(kWide, kIn));
-    for (auto& p : model[0]->parameters()) p.set_requires_grad(false);  // the first Linear frozen
-    nlohmann::json j = {{"train_micro_batch_size_per_gpu", rows.front()},
-                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
-                        {"zero_optimization", {{"stage", stage}}},
-                        {"zero_cpp", {{"cpu_allocator", allocator}}}};
-    zero::Engine engine(*model, Config::from_json(j), world().comm(), dp_group());
-    const uint64_t resizes_before = zero::memory::cpu_large_block_stats().resizes;
-    std::vector<double> losses;
-    for (size_t s = 0; s < rows.size(); ++s) {
-      at::manual_seed(400 + static_cast<int64_t>(s) * dp_group()->size() + dp_group()->rank());
-      const at::Tensor x = at::randn({rows[s], kIn});
-      const at::Tensor loss = (engine.forward(model, x) - x).pow(2).mean();
-      engine.backward(loss);
-      engine.step();
-      losses.push_back(engine.global_mean(loss));
-    }
-    const uint64_t resizes = zero::memory::cpu_large_block_stats().resizes - resizes_before;
-    return std::make_tuple(losses, engine.state_dict(), resizes);
-  };
-  // Stage 3's sizes differ from stage 0's, whose blocks it finds cached.
+  // An activation of rows x 4096 fp32: rows / 64 MiB. Stage 3's sizes differ
+  // from stage 0's, whose blocks it finds cached.
   for (const auto& [stage, rows] : {std::pair<int, std::vector<int64_t>>{0, {1024, 768, 896, 640, 1024}},
-                                    std::pair<int, std::vector<int64_t>>{3, {960, 704, 832, 576, 960}}}) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
-    const auto [want_losses, want_state, torch_resizes] = run(stage, "torch", rows);
-    const auto [got_losses, got_state, caching_resizes] = run(stage, "caching", rows);
-    EXPECT_EQ(torch_resizes, 0u);
-    EXPECT_GT(caching_resizes, 0u) << "no miss took a cached block's pages";
-    EXPECT_EQ(got_losses, want_losses);
-    EXPECT_EQ(max_abs_diff(got_state, want_state), 0.0);
-  }
+                                    std::pair<int, std::vector<int64_t>>{3, {960, 704, 832, 576, 960}}})
+    expect_caching_as_torchs_own(stage, 64, 4096, rows, 7, &zero::memory::LargeBlockCacheStats::resizes, 0,
+                                 "no miss took a cached block's pages");
 }
 
 TEST(StockModules, InitWorksAtEveryStage) {
