@@ -41,15 +41,13 @@ struct Arena {
   size_t live_bytes = 0;  // in ranges mapped and not freed
   size_t peak_bytes = 0;  // the most live since the outermost scope began
   size_t fresh_bytes = 0;  // mapped afresh (no kept range of their size) since then
-  // The sizes the scope met first with nothing of theirs freed within it --
-  // mapped afresh, or taken from what the last scope carried -- and the
+  // The sizes the scope asked for (mapped afresh or taken kept) and the
   // largest: the next scope will ask for them again before it frees any, so
   // its end carries one range of each. (Sizes mapped afresh alone would
   // carry a size every other scope: the scope that takes a carried range
   // maps none of its size.)
   std::set<size_t> carry_sizes;
   size_t largest_carry_size = 0;
-  std::set<int64_t> carried_offsets;  // the ranges carried into this scope, while kept
   uint64_t kept_reuses = 0;
   KeptBytesObserver observer = nullptr;
 };
@@ -89,9 +87,6 @@ bool ensure_memfd(Arena& a) {
     a.freed.clear();
     a.kept.clear();  // the parent's: its child frees none of them
     a.kept_bytes = a.live_bytes = a.peak_bytes = 0;
-    a.carried_offsets.clear();  // offsets in the parent's memfd
-    a.carry_sizes.clear();
-    a.largest_carry_size = 0;
     // (A scope this process opened before its first buffer stays open: the
     // scopes are told apart by scope_pid, not by the arena's pid.)
     a.pid = getpid();
@@ -120,7 +115,6 @@ void note_kept(Arena& a, std::ptrdiff_t bytes) {
 void punch_kept(Arena& a, const SharedRange& k) {
   munmap(k.ptr, k.bytes);
   a.kept_bytes -= k.bytes;
-  a.carried_offsets.erase(k.offset);
   note_kept(a, -static_cast<std::ptrdiff_t>(k.bytes));
   if (punch_shared_range(k)) a.freed.emplace(k.bytes, k.offset);
 }
@@ -146,7 +140,7 @@ std::optional<SharedRange> take_kept_range(size_t bytes) {
   const SharedRange r = *it;
   a.kept.erase(std::next(it).base());
   a.kept_bytes -= len;
-  if (a.carried_offsets.erase(r.offset) > 0) note_carry_size(a, len);
+  note_carry_size(a, len);
   a.live_bytes += len;  // within the peak: it was in use before
   ++a.kept_reuses;
   lock.unlock();
@@ -251,8 +245,6 @@ KeepFreedSharedPages::KeepFreedSharedPages() {
     a.peak_bytes = a.live_bytes + a.kept_bytes;
     a.fresh_bytes = a.largest_carry_size = 0;
     a.carry_sizes.clear();
-    a.carried_offsets.clear();
-    for (const SharedRange& k : a.kept) a.carried_offsets.insert(k.offset);
   }
 }
 
@@ -269,9 +261,8 @@ KeepFreedSharedPages::~KeepFreedSharedPages() {
     a.kept_bytes = 0;
     return;
   }
-  // Carried to the next scope: of each size this scope met first with none
-  // freed within it (mapped afresh, or taken from what the last scope
-  // carried), the most recently freed range -- the next will ask for one of that size
+  // Carried to the next scope: of each size this scope asked for, the most
+  // recently freed range -- the next will ask for one of that size
   // again before it frees any (at stage 3 the first grad buffer of a
   // backward, of each unit size) -- most recently freed first, in all no
   // more than the largest of them and the slack. About one buffer: the first
@@ -283,10 +274,10 @@ KeepFreedSharedPages::~KeepFreedSharedPages() {
   size_t carried_bytes = 0;
   const bool carry = keep_mode() == KeepMode::On;
   for (auto it = a.kept.rbegin(); it != a.kept.rend(); ++it) {
-    const bool wanted_first = a.carry_sizes.count(it->bytes) > 0;
+    const bool asked_for = a.carry_sizes.count(it->bytes) > 0;
     const bool first_of_size =
         std::none_of(carried.begin(), carried.end(), [&](const SharedRange& c) { return c.bytes == it->bytes; });
-    if (carry && wanted_first && first_of_size &&
+    if (carry && asked_for && first_of_size &&
         carried_bytes + it->bytes <= a.largest_carry_size + kKeptPagesSlackBytes) {
       carried.push_front(*it);
       carried_bytes += it->bytes;

@@ -64,8 +64,7 @@ void free_shared_range(const SharedRange& r, bool resident = true);
 // they did at their peak in the phase (other memory, such as activations, is
 // not in that count; the CPU allocator's cache counts kept pages as in use:
 // set_kept_bytes_observer). When the last scope ends, of each size it
-// met first with none freed within it (mapped afresh, or taken from what the
-// scope before carried) the most recently freed kept range is carried to the next
+// asked for the most recently freed kept range is carried to the next
 // scope (in all within the largest of them and the slack), whose first
 // request of that size takes it: at stage 3 the first grad buffer of the
 // next backward, which otherwise faults in fresh pages every step. That

@@ -76,8 +76,10 @@ TEST(Stage3, GradBuffersTakeTheFreedOnesPagesWithParity) {
     }
     // Over the three later steps, not each: how many buffers are live at once,
     // and so mapped afresh, depends on when each reduce-scatter ends.
-    if (reuses) EXPECT_LT(later_fresh, 3 * first_fresh) << "the first grad buffers were mapped afresh every step";
-    if (reuses) *reuses = zero::memory::shared_arena_stats().kept_reuses - before;
+    if (reuses) {
+      EXPECT_LT(later_fresh, 3 * first_fresh) << "the first grad buffers were mapped afresh every step";
+      *reuses = zero::memory::shared_arena_stats().kept_reuses - before;
+    }
     r.params = t.engine().full_parameters();
     return r;
   };
