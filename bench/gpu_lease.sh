@@ -65,6 +65,16 @@ run() {
     export ZERO_JOBS=14 ZERO_GPU_TEST=1
     if timeout "$build_secs" nice ./run gpu-build > "$logs/bare-build.log" 2>&1; then
       echo "built" >> "$logs/bare-build.log"
+      # Issue 36 item 1: where the bare build's std:: calls bind, and the
+      # toolchain facts that decide it (its link line, the NEEDED order).
+      {
+        tests/scripts/std_bindings.sh build-gpu/tests/mr_device_test build-gpu/zero-train \
+          build-gpu/tests/std_binding_probe_zero; echo "std_bindings rc=$?"
+        readelf -d build-gpu/tests/mr_device_test | grep NEEDED | head -n 6
+        (cd build-gpu && ninja -t commands tests/mr_device_test | tail -n 1)
+        c++ --version | head -n 1; ld --version | head -n 1; cmake --version | head -n 1
+        echo "LDFLAGS=${LDFLAGS:-} LIBRARY_PATH=${LIBRARY_PATH:-}"
+      } > "$logs/bare-link.log" 2>&1
       (cd build-gpu && timeout "$(left)" ctest -L gpu --output-on-failure) > "$logs/bare-ctest.log" 2>&1
       echo "ctest rc=$?" >> "$logs/bare-ctest.log"
       cp build-gpu/Testing/Temporary/LastTest.log "$logs/bare-ctest-last.log" 2>/dev/null
@@ -109,6 +119,7 @@ run() {
   cp "$BIN"/sanitize-*.log "$logs/" 2>/dev/null
   wait "$build_pid"
   say "bare build: $(tail -n 1 "$logs/bare-build.log"); last progress: $(grep -o '\[[0-9]*/[0-9]*\]' "$logs/bare-build.log" | tail -n 1)"
+  [ -f "$logs/bare-link.log" ] && say "bare build's std:: bindings: $(grep -h 'std_bindings' "$logs/bare-link.log" | tr '\n' ' ')"
   [ -f "$logs/bare-ctest.log" ] && say "bare build's ctest -L gpu: $(grep -E 'tests passed|ctest rc' "$logs/bare-ctest.log" | tr '\n' ' ')"
   [ -f "$logs/bare-build-all.log" ] && say "bare build with -k 0: $(tail -n 1 "$logs/bare-build-all.log"); $(grep -c '^FAILED:' "$logs/bare-build-all.log") failed: $(grep '^FAILED:' "$logs/bare-build-all.log" | awk '{print $NF}' | tr '\n' ' ')"
 

@@ -23,6 +23,7 @@
 #include "comm/cuda_ipc_transport.h"
 #include "comm/nccl_transport.h"
 #include "comm/shm_transport.h"
+#include "common/libstdcxx_binding.h"
 #include "comm/work.h"
 #include "zero/comm.h"
 
@@ -305,6 +306,10 @@ static void line_buffer_stdout() {
 std::shared_ptr<World> init_distributed(const DistributedOptions& opts) {
   static std::once_flag stdout_set;
   std::call_once(stdout_set, line_buffer_stdout);
+  static std::once_flag binding_checked;  // a program linked with torch's libraries before libstdc++
+  std::call_once(binding_checked, [] {
+    if (const std::string w = std_filesystem_binding_warning(); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
+  });
   auto impl = std::make_unique<World::Impl>();
   impl->env = read_launch_env();
   const LaunchEnv& env = impl->env;

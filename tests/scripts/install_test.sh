@@ -40,6 +40,10 @@ cmake --build "$tmp/ex" > "$tmp/build.txt" 2>&1
 rc=$?
 check "the example builds against zero::zero" [ $rc -eq 0 ]
 [ $rc -eq 0 ] || tail -n 20 "$tmp/build.txt"
+# A user's program linked through find_package(zero) binds its std:: calls
+# to libstdc++, not to the torch wheel's copies (issue 36 item 1).
+check "a program linked through zero::zero binds no std:: call to torch" \
+  "$SRC/tests/scripts/std_bindings.sh" "$tmp/ex/minimal"
 out=$("$tmp/prefix/bin/zero-run" -n 2 --timeout 120 -- "$tmp/ex/minimal" "$SRC/examples/minimal/ds_config.json" 2>&1)
 rc=$?
 check "the example trains on 2 ranks (stage 3) and its loss falls" [ $rc -eq 0 ]
