@@ -221,6 +221,11 @@ struct DistributedOptions {
   /// device LOCAL_RANK mod the devices visible, else the CPU. It is made the
   /// current device, as torchrun scripts call torch.cuda.set_device(local_rank).
   std::optional<at::Device> device;
+  /// The rendezvous store at MASTER_ADDR:MASTER_PORT runs already (made by
+  /// torch.distributed's init_process_group in the same job, as the Python
+  /// front end does first): every rank joins it as a client and keeps its
+  /// keys under their own prefix, instead of rank 0 serving it.
+  bool join_existing_store = false;
 };
 
 /// This process's place in the job and its communicators: made by init_distributed(), which reads the launcher's environment (zero/launch_env.h) and meets the other ranks.

@@ -124,6 +124,13 @@ class Engine {
     return end_forward(out);
   }
 
+  /// forward(fn) for a forward whose result holds several tensors (a tuple,
+  /// a dict of outputs; a Python model's): `fn` runs it and returns every
+  /// tensor of its result, which keeps its own structure (capture it). Each
+  /// returned tensor that requires grad is hooked in place, so the root is
+  /// regathered before its backward from whichever output it starts.
+  void forward_each(const std::function<std::vector<at::Tensor>()>& fn);
+
   /// The module's forward with its floating-point tensor arguments cast to
   /// the dtype the params compute in (FSDP2's cast_forward_inputs), inside
   /// forward(fn) above:
@@ -217,6 +224,11 @@ class Engine {
    public:
     explicit CoalesceGradReduction(Engine& e);  ///< starts the guard (use coalesce_grad_reduction())
     void finish();  ///< ends the guard now and reduces (a collective)
+    /// Ends the guard without reducing and without a collective, as when its
+    /// scope is left by an exception (the peers may not be there): step()
+    /// reduces what was accumulated. For callers whose errors are not C++
+    /// exceptions (the Python front end's context managers).
+    void abandon();
     ~CoalesceGradReduction();
     CoalesceGradReduction(const CoalesceGradReduction&) = delete;
     CoalesceGradReduction& operator=(const CoalesceGradReduction&) = delete;
@@ -243,6 +255,12 @@ class Engine {
   /// counted; a resumed checkpoint continues k). Param groups scale it as
   /// they scale the config's lr.
   void set_lr_schedule(std::function<double(int64_t)> fn);
+  /// Sets each param group's lr for the optimizer steps that follow, as a
+  /// torch scheduler writes param_groups[i]["lr"]: lrs[0] for the params in
+  /// no ParamGroup (the config's), lrs[k + 1] for ParamGroup k. It replaces
+  /// the schedule and the groups' lr ratios until called again; an empty
+  /// vector returns to them. lr() then reports lrs[0].
+  void set_param_group_lrs(std::vector<double> lrs);
   double last_grad_norm() const;  ///< global grad norm of the last boundary (before clipping)
   /// Replaces the engine's progress line (steps_per_print) with `report`,
   /// called on rank 0 at each report instead of printing it, so a training
@@ -294,6 +312,9 @@ class Engine {
     /// written back and no collective issued (the peers may not be there);
     /// if the write-back fails, the engine's next call that trains or saves reports it, once.
     void finish();
+    /// Releases the params with nothing written back and no collective, as
+    /// when the scope is left by an exception (the peers may not be there).
+    void abandon();
     ~GatheredParameters();
     GatheredParameters(const GatheredParameters&) = delete;
     GatheredParameters& operator=(const GatheredParameters&) = delete;
@@ -348,6 +369,7 @@ class Engine {
   /// backward hook on `out`.
   void begin_forward();
   at::Tensor end_forward(const at::Tensor& out);
+  void end_forward(const std::vector<at::Tensor>& outs);
   void forward_failed();
 
   struct Impl;  ///< src/engine/engine_impl.h

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -63,6 +64,9 @@ class UnitBase : public torch::nn::Module {
   void enter_forward();
   /// Releases them after its forward and hooks `out` so backward regathers them.
   at::Tensor leave_forward(const at::Tensor& out);
+  /// The same for a forward with several outputs: every one that requires
+  /// grad is hooked in place; the first whose grad arrives regathers.
+  void leave_forward(const std::vector<at::Tensor>& outs);
   /// Undoes enter_forward() when the wrapped forward throws.
   void forward_failed();
 

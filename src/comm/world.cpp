@@ -325,7 +325,7 @@ std::shared_ptr<World> init_distributed(const DistributedOptions& opts) {
   } else {
     c10d::TCPStoreOptions so;
     so.port = static_cast<uint16_t>(env.master_port);
-    so.isServer = env.rank == 0;
+    so.isServer = env.rank == 0 && !opts.join_existing_store;
     so.numWorkers = env.world_size;
     so.waitWorkers = false;  // we wait ourselves, with a deadline and a count (below)
     so.timeout = rendezvous_timeout;
@@ -333,6 +333,8 @@ std::shared_ptr<World> init_distributed(const DistributedOptions& opts) {
                               std::to_string(env.world_size) + ", " + env.launcher + " environment";
     try {
       impl->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+      // Beside torch.distributed's keys in its store: ours under a prefix.
+      if (opts.join_existing_store) impl->store = c10::make_intrusive<c10d::PrefixStore>("zero_cpp", impl->store);
     } catch (const std::exception& e) {
       throw CommError("rendezvous at MASTER_ADDR=" + env.master_addr + " MASTER_PORT=" +
                       std::to_string(env.master_port) + " failed within " +

@@ -204,7 +204,11 @@ OptimizerConfig read_optimizer(ObjectReader& top) {
     // As DeepSpeed: AdamW is always decoupled; Adam is unless adam_w_mode is false.
     c.adam_w_mode = p.get_bool("adam_w_mode", true) || c.type == OptimizerType::AdamW;
     p.unsupported_unless("amsgrad", false);
-    p.accept_any("torch_adam");  // which implementation; ours is one kernel either way
+    // Which implementation (ours is one kernel either way) -- but with it
+    // DeepSpeed builds torch.optim.AdamW from the params as given, and
+    // torch's AdamW decays by 0.01 where no weight_decay is given
+    // (FusedAdam's default is 0; torch.optim.Adam's is 0 too).
+    if (p.get_bool("torch_adam", false) && c.adam_w_mode && !p.find("weight_decay")) c.weight_decay = 0.01;
     p.unsupported_unless("bias_correction", true);
   }
   p.finish();

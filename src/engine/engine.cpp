@@ -435,12 +435,28 @@ void Engine::begin_forward() {
 }
 
 at::Tensor Engine::end_forward(const at::Tensor& out) {
+  end_forward(std::vector<at::Tensor>{out});
+  return out;  // hooked in place
+}
+
+void Engine::end_forward(const std::vector<at::Tensor>& outs) {
   const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
-  at::Tensor result = impl_->stage3 ? impl_->stage3->end_root_forward(out) : out;
+  if (impl_->stage3) impl_->stage3->end_root_forward(outs);
   impl_->training_log.add_time(TrainingLog::Forward, std::chrono::duration<double, std::milli>(
                                                          std::chrono::steady_clock::now() - impl_->forward_started)
                                                          .count());
-  return result;
+}
+
+void Engine::forward_each(const std::function<std::vector<at::Tensor>()>& fn) {
+  begin_forward();
+  std::vector<at::Tensor> outs;
+  try {
+    outs = fn();
+  } catch (...) {
+    forward_failed();
+    throw;
+  }
+  end_forward(outs);
 }
 
 void Engine::forward_failed() {
@@ -538,13 +554,18 @@ void Engine::CoalesceGradReduction::finish() {
   if (m.policy.reduce_every_backward() || m.boundary()) m.reducer->flush();
 }
 
+void Engine::CoalesceGradReduction::abandon() {
+  if (finished_) return;
+  finished_ = true;
+  engine_.impl_->coalescing = false;
+}
+
 Engine::CoalesceGradReduction::~CoalesceGradReduction() {
   if (finished_) return;
   if (std::uncaught_exceptions() > uncaught_at_entry_) {
     // Unwinding: the peers may not reach a collective here; step() reduces
     // what is left unreduced instead.
-    finished_ = true;
-    engine_.impl_->coalescing = false;
+    abandon();
     return;
   }
   try {
@@ -653,6 +674,7 @@ at::Tensor Engine::cast_input(const at::Tensor& t) const {
 at::ScalarType Engine::compute_dtype() const { return impl_->precision.compute; }
 
 void Engine::set_lr_schedule(std::function<double(int64_t)> fn) { impl_->optimizer.set_lr_schedule(std::move(fn)); }
+void Engine::set_param_group_lrs(std::vector<double> lrs) { impl_->optimizer.set_lr_override(std::move(lrs)); }
 
 double Engine::global_mean(const at::Tensor& value) {
   if (value.numel() != 1)

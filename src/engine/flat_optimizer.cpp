@@ -245,7 +245,21 @@ FlatOptimizer::ResidentState::~ResidentState() {
   }
 }
 
+void FlatOptimizer::set_lr_override(std::vector<double> per_hyper) {
+  if (!per_hyper.empty() && per_hyper.size() != hypers_.size())
+    throw std::invalid_argument("zero::Engine: " + std::to_string(per_hyper.size()) + " lrs given for " +
+                                std::to_string(hypers_.size()) + " param groups (the config's first)");
+  for (double v : per_hyper)
+    if (!(v >= 0)) throw std::invalid_argument("zero::Engine: an lr of " + std::to_string(v) + " (must be >= 0)");
+  lr_override_ = std::move(per_hyper);
+}
+
+double FlatOptimizer::rate_of(double lr, int hyper) const {
+  return lr_override_.empty() ? lr * hypers_[hyper].lr_scale : lr_override_[hyper];
+}
+
 double FlatOptimizer::lr() const {
+  if (!lr_override_.empty()) return lr_override_[0];
   if (schedule_) return schedule_(scheduler_iter_ + 1);  // DeepSpeed's iteration starts at -1
   return optim::scheduled_lr(config_.scheduler, config_.optimizer.lr, scheduler_iter_);
 }
@@ -379,8 +393,10 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
     muon_update(groups, grads, {config_.optimizer, policy_, comm_, dp_, rate, grad_scale, optimizer_steps_,
                                 [&](const at::Tensor& p) {
                                   auto it = group_of_.find(p.unsafeGetTensorImpl());
-                                  const Hyper& hy = hypers_[it == group_of_.end() ? 0 : it->second];
-                                  return std::make_pair(hy.lr_scale, hy.weight_decay);
+                                  const int h = it == group_of_.end() ? 0 : it->second;
+                                  // Muon scales the step's lr (rate) per group.
+                                  const double scale = rate > 0 ? rate_of(rate, h) / rate : hypers_[h].lr_scale;
+                                  return std::make_pair(scale, hypers_[h].weight_decay);
                                 }});
     return true;
   }
@@ -573,7 +589,7 @@ void FlatOptimizer::update_lamb(std::vector<partition::FlatGroup>& groups, const
   const auto& o = config_.optimizer;
   const auto hyper_of = [&](int hyper) {
     const Hyper& hy = hypers_[hyper];
-    return optim::LambHyper{static_cast<float>(lr * hy.lr_scale), static_cast<float>(o.betas[0]),
+    return optim::LambHyper{static_cast<float>(rate_of(lr, hyper)), static_cast<float>(o.betas[0]),
                             static_cast<float>(o.betas[1]), static_cast<float>(o.eps),
                             static_cast<float>(hy.weight_decay), static_cast<float>(o.max_coeff),
                             static_cast<float>(o.min_coeff), optimizer_steps_, o.bias_correction};
@@ -627,7 +643,7 @@ void FlatOptimizer::update_lamb(std::vector<partition::FlatGroup>& groups, const
 void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad, const Span& s, double lr,
                                 float grad_scale, void* out16, optim::Out16 kind) {
   const Hyper& hy = hypers_[s.hyper];
-  const float rate = static_cast<float>(lr * hy.lr_scale), wd = static_cast<float>(hy.weight_decay);
+  const float rate = static_cast<float>(rate_of(lr, s.hyper)), wd = static_cast<float>(hy.weight_decay);
   float* master = g.master.data_ptr<float>() + s.begin;
   const float* gr = grad.data_ptr<float>() + s.begin;
   void* out = out16 ? static_cast<char*>(out16) + s.begin * optim::out16_bytes(kind) : nullptr;

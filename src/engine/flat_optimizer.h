@@ -108,6 +108,12 @@ class FlatOptimizer {
   double lr() const;  // the lr the next step uses
   // Replaces the config's scheduler: fn(k) is the lr after k optimizer steps.
   void set_lr_schedule(std::function<double(int64_t)> fn) { schedule_ = std::move(fn); }
+  // The lr of every hyper (0: the config's, then each param group's) for
+  // the steps that follow, replacing the schedule and the groups' scales
+  // until set again; empty returns to them. A front end whose scheduler
+  // sets each group's lr itself (torch's param_groups) pushes them here.
+  void set_lr_override(std::vector<double> per_hyper);
+  size_t hyper_count() const { return hypers_.size(); }
   int64_t global_steps() const { return global_steps_; }
   int64_t skipped_steps() const { return skipped_steps_; }
   double last_grad_norm() const { return last_grad_norm_; }
@@ -140,6 +146,9 @@ class FlatOptimizer {
   const Config& config_;
   const StagePolicy& policy_;
   std::function<double(int64_t)> schedule_;      // the user's, if set
+  std::vector<double> lr_override_;              // set_lr_override: per hyper, when not empty
+  // The lr a hyper's params step at: the override's, else lr() scaled.
+  double rate_of(double lr, int hyper) const;
   std::vector<Hyper> hypers_;                    // [0]: the config's
   std::unordered_map<const void*, int> group_of_;  // param -> hyper, when not 0
   comm::Comm& comm_;

@@ -103,15 +103,21 @@ void Engine::GatheredParameters::finish() {
   m.comm.broadcast_coalesced(m.dp, replicated_, *modifier_rank_, "frozen params and buffers modified in a gathered scope");
 }
 
+void Engine::GatheredParameters::abandon() {
+  if (finished_) return;
+  finished_ = true;
+  auto& m = *engine_.impl_;
+  const c10::OptionalDeviceGuard on_device(guard_device(m.device));
+  --m.gathered_scopes;
+  if (m.stage3)
+    for (size_t gi : groups_) m.stage3->unpin(gi);
+}
+
 Engine::GatheredParameters::~GatheredParameters() {
   if (finished_) return;
   auto& m = *engine_.impl_;
   if (std::uncaught_exceptions() > uncaught_at_entry_) {
-    // Unwinding: no collective (the peers may not be here); nothing is written back.
-    finished_ = true;
-    --m.gathered_scopes;
-    if (m.stage3)
-      for (size_t gi : groups_) m.stage3->unpin(gi);
+    abandon();  // unwinding: no collective (the peers may not be here); nothing is written back
     return;
   }
   try {

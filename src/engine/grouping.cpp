@@ -139,20 +139,40 @@ void bucket_groups(const Params& p, const GroupingContext& ctx, ModelGroups& out
     out.groups.push_back(make_group(p, bucket, ctx, out));
 }
 
+// The unit a registration name lies in: the innermost unit whose name is a
+// prefix of it (units may nest, as FSDP2's fully_shard calls do: an outer
+// unit holds the params that no unit inside it holds), -1 for none.
+int innermost_unit(const std::string& name, const ModelGroups& out) {
+  int owner = -1;
+  size_t longest = 0;
+  for (size_t u = 0; u < out.units.size(); ++u) {
+    const std::string& unit = out.unit_names[u];
+    if (unit.size() >= longest && name.size() > unit.size() && name.compare(0, unit.size(), unit) == 0 &&
+        name[unit.size()] == '.') {
+      owner = static_cast<int>(u);
+      longest = unit.size();
+    }
+  }
+  return owner;
+}
+
 // Which unit owns each param (-1: the root). A param belongs to one unit
-// only if every module it is registered in lies inside that unit; one
+// only if every name it is registered by lies in that unit (innermost); one
 // registered in several units, or also outside every unit (a tied LM head
 // registered beside an embedding in a unit), is used outside its unit's
 // forward, so it belongs to the root, which outlives all its uses.
-std::vector<int> owning_units(torch::nn::Module& model, const Params& p, const ModelGroups& out) {
+// `registered_in_unit[u]`: some trainable param is registered directly in
+// unit u (not inside a unit nested in it).
+std::vector<int> owning_units(torch::nn::Module& model, const Params& p, const ModelGroups& out,
+                              std::vector<bool>& registered_in_unit) {
   std::vector<std::set<int>> registered_in(p.tensors.size());  // unit index, -1 for outside every unit
+  registered_in_unit.assign(out.units.size(), false);
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     auto it = p.index_of.find(item.value().unsafeGetTensorImpl());
     if (it == p.index_of.end()) continue;
-    int owner = -1;
-    for (size_t u = 0; u < out.units.size() && owner < 0; ++u)
-      if (item.key().rfind(out.unit_names[u] + ".", 0) == 0) owner = static_cast<int>(u);
+    const int owner = innermost_unit(item.key(), out);
     registered_in[it->second].insert(owner);
+    if (owner >= 0) registered_in_unit[owner] = true;
   }
   std::vector<int> owner(p.tensors.size(), -1);
   for (size_t i = 0; i < p.tensors.size(); ++i)
@@ -165,9 +185,6 @@ void find_units(torch::nn::Module& model, ModelGroups& out) {
     throw std::invalid_argument("zero::Engine: the root model is itself a zero::Unit; wrap its blocks instead");
   for (const auto& item : model.named_modules("", /*include_self=*/false))
     if (auto* u = dynamic_cast<UnitBase*>(item.value().get())) {
-      for (const auto& sub : u->modules(/*include_self=*/false))
-        if (dynamic_cast<UnitBase*>(sub.get()))
-          throw std::invalid_argument("zero::Engine: nested zero::Unit inside a unit is not supported");
       out.units.push_back(u);
       out.unit_names.push_back(item.key());
     }
@@ -221,15 +238,15 @@ void adopt(partition::FlatGroup& g, const std::string& unit, const Params& p, co
 
 void unit_groups(torch::nn::Module& model, const Params& p, const GroupingContext& ctx, ModelGroups& out) {
   find_units(model, out);
-  const auto owner = owning_units(model, p, out);
+  std::vector<bool> registered_in_unit;
+  const auto owner = owning_units(model, p, out, registered_in_unit);
   std::vector<std::vector<int64_t>> own(out.units.size());  // each unit's params, in registration order
   std::vector<int64_t> root;
   for (size_t i = 0; i < p.tensors.size(); ++i) (owner[i] < 0 ? root : own[owner[i]]).push_back(static_cast<int64_t>(i));
   out.unit_to_group.assign(out.units.size(), 0);
-  out.unit_has_params.assign(out.units.size(), false);
-  for (size_t k = 0; k < out.units.size(); ++k)
-    for (const auto& t : out.units[k]->parameters(/*recurse=*/true))
-      if (p.index_of.count(t.unsafeGetTensorImpl())) out.unit_has_params[k] = true;
+  // A unit whose trainable params all lie in units nested in it gathers
+  // nothing itself: a pass-through, as one without params.
+  out.unit_has_params = registered_in_unit;
   const int64_t threshold = ctx.config.zero.param_persistence_threshold;
   std::vector<size_t> in_root;  // units all of whose params live in the root
   for (size_t k = out.units.size(); k-- > 0;) {

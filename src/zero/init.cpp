@@ -108,10 +108,13 @@ void Init::shard(UnitBase& unit) {
                                     std::to_string(units_sharded_ + 1) + " built under zero::Init; every rank must "
                                     "build the same model)");
   // Frozen params and buffers stay whole (replicated); all ranks take rank 0's.
+  // Units nested in this one were sharded (and synced) when they were built:
+  // only what none of them holds is this unit's.
+  const auto own = detail::own_parameters(unit);
   std::vector<at::Tensor> replicated;
-  for (const auto& p : unit.parameters(/*recurse=*/true))
+  for (const auto& [name, p] : own)
     if (!p.requires_grad()) replicated.push_back(p);
-  for (const auto& b : unit.buffers(/*recurse=*/true))
+  for (const auto& b : detail::own_buffers(unit))
     if (b.defined()) replicated.push_back(b);
   if (!device_.is_cpu())
     for (auto& t : replicated) t.set_data(t.to(device_));
@@ -120,15 +123,15 @@ void Init::shard(UnitBase& unit) {
   auto g = std::make_shared<partition::FlatGroup>();
   std::unordered_set<const void*> seen;
   std::vector<int64_t> numels, indices;
-  for (const auto& p : unit.parameters(/*recurse=*/true)) {
+  for (const auto& [name, p] : own) {
     if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
     if (p.scalar_type() != at::kFloat)
       throw std::invalid_argument("zero::Init: unit params must be built in fp32, got " +
                                   std::string(c10::toString(p.scalar_type())));
     if (memory::pages_released(p) || memory::storage_released(p))
-      throw std::invalid_argument("zero::Init: a param of this unit was already sharded by another unit (shared "
-                                  "between units, or a nested unit); build shared params outside zero::Init, "
-                                  "where they belong to the root unit");
+      throw std::invalid_argument("zero::Init: param '" + name + "' of this unit was already sharded by another "
+                                  "unit (shared between units); build shared params outside zero::Init, where "
+                                  "they belong to the root unit");
     indices.push_back(static_cast<int64_t>(g->params.size()));
     numels.push_back(p.numel());
     g->params.push_back(p);
@@ -150,11 +153,11 @@ void Init::shard(UnitBase& unit) {
   const size_t elem = g->param_flat.element_size();
   size_t k = 0;
   std::unordered_set<const void*> named;
-  for (const auto& item : unit.named_parameters(/*recurse=*/true)) {
-    if (!item.value().requires_grad() || !named.insert(item.value().unsafeGetTensorImpl()).second) continue;
+  for (const auto& [name, p] : own) {
+    if (!p.requires_grad() || !named.insert(p.unsafeGetTensorImpl()).second) continue;
     const auto& slot = g->layout.params[k++];
     ranges.push_back({static_cast<size_t>(slot.offset) * elem, static_cast<size_t>(slot.numel) * elem,
-                      "stage 3: param '" + item.key() + "' of a unit built under zero::Init"});
+                      "stage 3: param '" + name + "' of a unit built under zero::Init"});
   }
   memory::name_released_contents(g->param_flat, std::move(ranges),
                                  "between uses only this rank's shard of it exists; pass the model to its "

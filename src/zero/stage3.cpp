@@ -378,6 +378,10 @@ at::Tensor Stage3Runtime::end_root_forward(const at::Tensor& out) {
   return root_unit_ == kNoUnit ? out : after_forward(root_unit_, out);
 }
 
+void Stage3Runtime::end_root_forward(const std::vector<at::Tensor>& outs) {
+  if (root_unit_ != kNoUnit) after_forward(root_unit_, outs);
+}
+
 void Stage3Runtime::root_forward_failed() {
   if (root_unit_ != kNoUnit) forward_failed(root_unit_);
 }
@@ -388,6 +392,11 @@ void Stage3Runtime::forward_failed(size_t unit) {
 }
 
 at::Tensor Stage3Runtime::after_forward(size_t unit, const at::Tensor& out) {
+  after_forward(unit, std::vector<at::Tensor>{out});
+  return out;
+}
+
+void Stage3Runtime::after_forward(size_t unit, const std::vector<at::Tensor>& outs) {
   const size_t g = group_of(unit);
   --state_[g].in_forward;
   const bool keep = at::GradMode::is_enabled() && schedule_.following() && live_ <= opts_.max_live_parameters &&
@@ -400,14 +409,20 @@ at::Tensor Stage3Runtime::after_forward(size_t unit, const at::Tensor& out) {
   const bool forward_follows = at::GradMode::is_enabled() && schedule_.following() && next < trace.size() &&
                                trace[next].phase == Phase::Forward;
   if (!keep) release(g, forward_follows);
-  if (!out.requires_grad()) return out;  // no backward will come (e.g. evaluation)
-  // A grad hook on the output runs before the grad flows into the unit's
-  // own backward ops, which need its params. (A hook, not a wrapping
-  // autograd function: the output stays a plain tensor, in-place ops on it
-  // included.)
-  at::Tensor hooked = out;
-  hooked.register_hook([this, unit](const at::Tensor&) { before_backward(unit); });
-  return hooked;
+  // A grad hook on each output runs before the grad flows into the unit's
+  // own backward ops, which need its params. (Hooks, not a wrapping
+  // autograd function: the outputs stay plain tensors, in-place ops on
+  // them included.) The first one to fire regathers, once per forward call:
+  // a unit called twice is used twice in backward too. An output that
+  // does not require grad has no backward (e.g. evaluation).
+  auto fired = std::make_shared<bool>(false);
+  for (const auto& out : outs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    at::Tensor hooked = out;  // the same tensor: the hook is registered on the caller's
+    hooked.register_hook([this, unit, fired](const at::Tensor&) {
+      if (!std::exchange(*fired, true)) before_backward(unit);
+    });
+  }
 }
 
 void Stage3Runtime::before_backward(size_t unit) {

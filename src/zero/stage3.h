@@ -130,6 +130,7 @@ class Stage3Runtime : public detail::UnitRuntime {
 
   void before_forward(size_t unit) override;
   at::Tensor after_forward(size_t unit, const at::Tensor& out) override;
+  void after_forward(size_t unit, const std::vector<at::Tensor>& outs) override;
   void forward_failed(size_t unit) override;
   void before_backward(size_t unit);
 
@@ -144,6 +145,7 @@ class Stage3Runtime : public detail::UnitRuntime {
   int64_t root_numel() const;
   void begin_root_forward();
   at::Tensor end_root_forward(const at::Tensor& out);
+  void end_root_forward(const std::vector<at::Tensor>& outs);
   void root_forward_failed();
 
   // The reducer saw all of the group's grads: its params can go.

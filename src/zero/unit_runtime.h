@@ -5,6 +5,9 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -18,9 +21,20 @@ class UnitRuntime {
   virtual void before_forward(size_t unit) = 0;
   // Returns `out`, with a hook that regathers the unit before its backward.
   virtual at::Tensor after_forward(size_t unit, const at::Tensor& out) = 0;
+  // The same for a forward with several outputs (a tuple, a dict): each one
+  // that requires grad is hooked in place, and the first of them whose grad
+  // arrives regathers the unit, once for this forward call.
+  virtual void after_forward(size_t unit, const std::vector<at::Tensor>& outs) = 0;
   // The wrapped forward threw: undo before_forward.
   virtual void forward_failed(size_t unit) = 0;
 };
+
+// A unit's params and buffers that no unit nested in it holds (names
+// relative to the unit): what zero::Init shards and syncs for it. Units may
+// nest (an outer unit holds what its inner units do not, as nested FSDP2
+// fully_shard calls).
+std::vector<std::pair<std::string, at::Tensor>> own_parameters(torch::nn::Module& unit);
+std::vector<at::Tensor> own_buffers(torch::nn::Module& unit);
 
 struct UnitAccess {
   // A null runtime makes the unit a pass-through.

@@ -114,6 +114,44 @@ TEST(ParamGroups, UserScheduleFunctionDrivesTheLr) {
   EXPECT_GT(max_abs_diff(engine.full_parameters(), before), 0.0);
 }
 
+// Each group's lr set before every step (set_param_group_lrs, as the Python
+// front end pushes torch's param_groups) against torch's AdamW whose two
+// groups take the same lrs; ratios between the groups change from step to
+// step, which the config's lr scale cannot express.
+TEST(ParamGroups, LrsSetPerGroupBeforeEachStepAtEveryStage) {
+  const int steps = 5;
+  const double decay_lr[steps] = {0.01, 0.005, 0.02, 0.0, 0.01}, no_decay_lr[steps] = {0.02, 0.0, 0.01, 0.03, 0.01};
+  StockMlp ref = mlp();
+  auto recipe = weight_decay_groups(*ref, kDecay);
+  std::vector<torch::optim::OptimizerParamGroup> tg;
+  tg.emplace_back(recipe[0].params, std::make_unique<torch::optim::AdamWOptions>(
+                                        torch::optim::AdamWOptions(kLr).weight_decay(kDecay).eps(1e-8)));
+  tg.emplace_back(recipe[1].params, std::make_unique<torch::optim::AdamWOptions>(
+                                        torch::optim::AdamWOptions(kLr).weight_decay(0).eps(1e-8)));
+  torch::optim::AdamW opt(std::move(tg), torch::optim::AdamWOptions(kLr));
+  const auto want = train_in_one_process<torch::optim::AdamW>(ref, opt, steps, batch, [&](int s, torch::optim::AdamW& o) {
+    static_cast<torch::optim::AdamWOptions&>(o.param_groups()[0].options()).lr(decay_lr[s]);
+    static_cast<torch::optim::AdamWOptions&>(o.param_groups()[1].options()).lr(no_decay_lr[s]);
+  });
+  ASSERT_GT(max_abs_diff(want, torch_reference(true, steps)), 1e-4) << "the lrs must matter for this oracle";
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    StockMlp model = mlp();
+    auto groups = weight_decay_groups(*model, kDecay);
+    zero::Engine engine(*model, group_config(stage), world().comm(), dp_group(), groups);
+    for (int s = 0; s < steps; ++s) {
+      engine.set_param_group_lrs({kLr, decay_lr[s], no_decay_lr[s]});  // the config's (no params), then each group
+      EXPECT_DOUBLE_EQ(engine.lr(), kLr);
+      auto [x, y] = batch(s);
+      const int r = dp_group()->rank();
+      engine.backward((engine.forward(model, x.narrow(0, 4 * r, 4)) - y.narrow(0, 4 * r, 4)).pow(2).mean());
+      engine.step();
+    }
+    EXPECT_LT(max_abs_diff(engine.full_parameters(), want), 2e-5) << worst_param(engine.full_parameters(), want);
+    expect_error<std::invalid_argument>([&] { engine.set_param_group_lrs({0.1}); }, "1 lrs given for 3 param groups");
+  }
+}
+
 // DeepSpeed's OneCycle moves the lr and Adam's beta1 every step: against
 // torch's AdamW whose lr and betas are set before each step to the values
 // DeepSpeed's scheduler gives (worked by hand for a 2 + 2 step cycle; step

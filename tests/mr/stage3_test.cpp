@@ -524,6 +524,122 @@ TEST(Stage3, ZeroInitRejectsParamsSharedBetweenUnits) {
   }
 }
 
+// Units nest, as nested FSDP2 fully_shard calls (and DeepSpeed's units,
+// every module owning params of its own, which the Python front end maps
+// onto zero::Unit): an outer unit holds only what no unit inside it does.
+// Here an outer unit with a plain Linear of its own and an inner unit
+// (itself holding a Linear), whose forward runs inside the outer's. Parity
+// with one process, built with and without zero::Init; the outer unit's
+// gathers move its own Linear only (counted by the bytes its gathers
+// carry: labelled with its name, they must not hold the inner one's).
+struct OuterBlockImpl : torch::nn::Module {
+  OuterBlockImpl() {
+    own = register_module("own", torch::nn::Linear(16, 16));
+    inner = register_module("inner", zero::Unit<torch::nn::Linear>(16, 16));
+  }
+  at::Tensor forward(const at::Tensor& x) { return inner->forward(at::tanh(own->forward(x))); }
+  torch::nn::Linear own{nullptr};
+  zero::Unit<torch::nn::Linear> inner{nullptr};
+};
+TORCH_MODULE(OuterBlock);
+
+struct NestedUnitsNet : torch::nn::Module {
+  NestedUnitsNet() {
+    at::manual_seed(29);
+    for (int i = 0; i < 3; ++i) blocks.push_back(register_module("b" + std::to_string(i), zero::Unit<OuterBlock>()));
+    head = register_module("head", torch::nn::Linear(16, 4));
+  }
+  at::Tensor loss(const at::Tensor& x) {
+    at::Tensor h = x;
+    for (auto& b : blocks) h = b->forward(h);
+    return head->forward(h).pow(2).mean();
+  }
+  std::vector<zero::Unit<OuterBlock>> blocks;
+  torch::nn::Linear head{nullptr};
+};
+
+TEST(Stage3, NestedUnitsHoldWhatTheirInnerUnitsDoNot) {
+  for (bool zero_init : {false, true}) {
+    SCOPED_TRACE(zero_init ? "zero::Init" : "built whole");
+    std::optional<NestedUnitsNet> m;
+    {
+      std::optional<zero::Init> init;
+      if (zero_init) init.emplace(world().comm(), dp_group(), toy_config(3, 4, 0));
+      m.emplace();
+      if (zero_init) {
+        EXPECT_EQ(init->units_sharded(), 6);  // 3 outer + 3 inner, inner first
+      }
+    }
+    NestedUnitsNet ref;
+    zero::Engine e(*m, toy_config(3, 4, 0), world().comm(), dp_group());
+    zero::Engine er(ref, toy_config(0, 4 * world().size()), world().comm(), solo_group());
+    EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-7);
+    auto& counters = world().comm().counters();
+    for (int step = 0; step < 3; ++step) {
+      const int64_t before = counters.totals()["allgather"].bytes;
+      step_with_reference(e, *m, er, ref, 400 + step, 16);
+      // Every gather is of one unit's own params, 272 fp32 (a Linear(16,
+      // 16)) plus padding, never the 544 of an outer unit holding its inner
+      // one's too: 6 units gathered twice a step, and the root's small head
+      // refreshed after the step.
+      const int64_t gathered = counters.totals()["allgather"].bytes - before;
+      EXPECT_LE(gathered, 13 * (272 + 16 * world().size()) * 4) << "step " << step;
+    }
+    EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
+  }
+}
+
+// A forward with several outputs (forward_each, the Python front end's
+// path; a unit's leave_forward with several outputs): each output that
+// requires grad is hooked, and backward starting from any of them
+// regathers the root (sharded here: it is a unit inside engine.forward)
+// and the units it runs through. The model returns (logits, an auxiliary
+// loss through a root layer of its own); backward starts from the second
+// output alone, then the first alone, then both -- a root hooked on one
+// output only would be read released in one of those steps. Parity with
+// one process.
+struct TwoOutputNet : torch::nn::Module {
+  TwoOutputNet() {
+    at::manual_seed(31);
+    a = register_module("a", zero::Unit<torch::nn::Linear>(16, 16));
+    b = register_module("b", zero::Unit<torch::nn::Linear>(16, 16));
+    head = register_module("head", torch::nn::Linear(16, 4));
+    aux = register_module("aux", torch::nn::Linear(16, 4));
+  }
+  std::vector<at::Tensor> outputs(const at::Tensor& x) {
+    at::Tensor h = at::tanh(a->forward(x));
+    return {head->forward(at::tanh(b->forward(h))), aux->forward(h).pow(2).mean()};
+  }
+  zero::Unit<torch::nn::Linear> a{nullptr}, b{nullptr};
+  torch::nn::Linear head{nullptr}, aux{nullptr};
+};
+
+TEST(Stage3, ForwardWithSeveralOutputsRegathersFromAnyOfThem) {
+  TwoOutputNet m, ref;
+  zero::Engine e(m, toy_config(3, 4, 0), world().comm(), dp_group());
+  zero::Engine er(ref, toy_config(0, 4 * world().size()), world().comm(), solo_group());
+  for (int step = 0; step < 6; ++step) {
+    at::manual_seed(500 + step);
+    const at::Tensor x = at::randn({4 * world().size(), 16});
+    auto loss_of = [&](const std::vector<at::Tensor>& out) {
+      switch (step % 3) {
+        case 0: return out[1];
+        case 1: return out[0].pow(2).mean();
+        default: return out[0].pow(2).mean() + out[1];
+      }
+    };
+    std::vector<at::Tensor> outs;
+    e.forward_each([&] { return outs = m.outputs(x.narrow(0, 4 * dp_group()->rank(), 4)); });
+    e.backward(loss_of(outs));
+    e.step();
+    std::vector<at::Tensor> ref_outs;
+    er.forward_each([&] { return ref_outs = ref.outputs(x); });
+    er.backward(loss_of(ref_outs));
+    er.step();
+  }
+  EXPECT_LT(max_abs_diff(e.full_parameters(), er.full_parameters()), 1e-5);
+}
+
 TEST(Stage3, ZeroInitNeverHoldsTheWholeModel) {
   RunSpec s;
   s.stage = 3;

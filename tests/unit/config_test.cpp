@@ -533,6 +533,19 @@ TEST(ConfigOptimizerScheduler, Values) {
   EXPECT_DOUBLE_EQ(s.optimizer.momentum, 0.9);
 }
 
+// "torch_adam": DeepSpeed builds torch.optim.AdamW from the params as given,
+// so an unset weight_decay is torch's 0.01 there (FusedAdam's is 0); Adam
+// without adam_w_mode is torch.optim.Adam, whose default is 0.
+TEST(Config, TorchAdamTakesTorchsWeightDecayDefault) {
+  auto wd = [](const char* text) { return Config::from_string(text).optimizer.weight_decay; };
+  EXPECT_DOUBLE_EQ(wd(R"({"optimizer": {"type": "AdamW", "params": {"torch_adam": true}}})"), 0.01);
+  EXPECT_DOUBLE_EQ(wd(R"({"optimizer": {"type": "Adam", "params": {"torch_adam": true}}})"), 0.01);
+  EXPECT_DOUBLE_EQ(wd(R"({"optimizer": {"type": "AdamW", "params": {"torch_adam": true, "weight_decay": 0}}})"), 0.0);
+  EXPECT_DOUBLE_EQ(wd(R"({"optimizer": {"type": "Adam", "params": {"torch_adam": true, "adam_w_mode": false}}})"),
+                   0.0);
+  EXPECT_DOUBLE_EQ(wd(R"({"optimizer": {"type": "AdamW", "params": {}}})"), 0.0);
+}
+
 }  // namespace
 
 // ZeRO-Infinity's keys with DeepSpeed's defaults and meanings; what cannot
