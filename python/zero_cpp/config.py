@@ -1,0 +1,112 @@
+"""The ds_config as the engine gets it: from a dict, a path or
+`args.deepspeed_config`, validated by the C++ parser (every key of DeepSpeed
+0.19.8 honoured, accepted at its default, or refused by name), with what a
+Python front end adds: the optimizer given in code, and DeepSpeed's
+precision semantics (a bf16/fp16 model computes in that dtype)."""
+import copy
+import json
+import os
+
+from . import _C
+
+
+class DeepSpeedConfigError(Exception):
+    """A ds_config that zero_cpp cannot run, with what is wrong."""
+
+
+def add_config_arguments(parser):
+    """DeepSpeed's `add_config_arguments`: --deepspeed, --deepspeed_config
+    (and its old name --deepscale_config) on an argparse parser."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations (zero_cpp)")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="Enable DeepSpeed (helper flag for user code, no impact on zero_cpp)")
+    group.add_argument("--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file.")
+    group.add_argument("--deepscale", default=False, action="store_true", help=argparse_suppress())
+    group.add_argument("--deepscale_config", default=None, type=str, help=argparse_suppress())
+    return parser
+
+
+def argparse_suppress():
+    import argparse
+    return argparse.SUPPRESS
+
+
+def _read_text(path):
+    if not os.path.exists(path):
+        raise DeepSpeedConfigError(f"ds_config: no such file: {path}")
+    with open(path) as f:
+        return f.read()
+
+
+def load(args=None, config=None, config_params=None):
+    """The config as a dict, from `config` (dict or path), `config_params`
+    (DeepSpeed's older name) or `args.deepspeed_config`."""
+    if config is None and config_params is not None:
+        config = config_params
+    if args is not None and getattr(args, "deepscale_config", None) is not None:
+        if getattr(args, "deepspeed_config", None) is not None:
+            raise DeepSpeedConfigError("both --deepscale_config and --deepspeed_config were given; use one")
+        args.deepspeed_config = args.deepscale_config
+    from_args = getattr(args, "deepspeed_config", None) if args is not None else None
+    if from_args is not None:
+        if config is not None:
+            raise DeepSpeedConfigError("a config was given both in args.deepspeed_config and to initialize(); "
+                                       "give one")
+        config = from_args
+    if config is None:
+        raise DeepSpeedConfigError("no ds_config: pass config= (a dict or a path) or args.deepspeed_config")
+    if isinstance(config, dict):
+        return copy.deepcopy(config)
+    if isinstance(config, (str, os.PathLike)):
+        text = _read_text(os.fspath(config))
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            # Comments (DeepSpeed reads its files with hjson): the C++
+            # parser takes them, and gives the config back as plain JSON.
+            return json.loads(parse(text))
+    raise DeepSpeedConfigError(f"config must be a dict or a path, got {type(config).__name__}")
+
+
+def parse(text):
+    """The C++ parser's reading of `text`, as JSON; DeepSpeedConfigError
+    naming the key at fault."""
+    try:
+        return _C.parse_config(text)
+    except (ValueError, RuntimeError) as e:
+        raise DeepSpeedConfigError(str(e)) from None
+
+
+def precision(config):
+    """"bf16", "fp16" or "fp32", as the config enables."""
+    for name in ("bf16", "bfloat16"):
+        if config.get(name, {}).get("enabled", False):
+            return "bf16"
+    if config.get("fp16", {}).get("enabled", False):
+        return "fp16"
+    return "fp32"
+
+
+def stage(config):
+    return int(config.get("zero_optimization", {}).get("stage", 0))
+
+
+def for_engine(config):
+    """The config the C++ engine gets: a bf16/fp16 model computes in that
+    dtype, as DeepSpeed's (which converts the module to it); the C++ API's
+    default, "auto", may widen to fp32 compute where 16-bit GEMMs are slow,
+    which would make a Python model see fp32 params where DeepSpeed's sees
+    16-bit ones. A `zero_cpp.compute_dtype` the user set is kept."""
+    config = copy.deepcopy(config)
+    p = precision(config)
+    own = config.setdefault("zero_cpp", {})
+    if p != "fp32" and "compute_dtype" not in own:
+        own["compute_dtype"] = p
+    if not own:
+        del config["zero_cpp"]
+    parse(json.dumps(config))  # a config error now, naming its key
+    return config
+
+
+def to_json(config):
+    return json.dumps(config)

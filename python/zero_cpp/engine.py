@@ -1,0 +1,461 @@
+"""DeepSpeed's engine API over zero-cpp's C++ engine.
+
+`initialize()` returns `(engine, optimizer, training_dataloader,
+lr_scheduler)` as `deepspeed.initialize` does. The engine wraps the model
+(`engine.module`), and its forward, backward and step run the C++ engine:
+flattening, sharding, gathers, reductions, the optimizer and checkpoints
+stay in C++. What is Python here is the API: arguments, the model's mirror
+and stage 3's hooks (mirror.py), the optimizer and scheduler objects
+(optimizer.py), the data loader and the client state of checkpoints.
+"""
+import base64
+import contextlib
+import os
+import pickle
+import warnings
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from . import _C
+from . import config as configs
+from . import distributed
+from . import optimizer as optimizers
+from .mirror import EXTERNAL_PREFIX, Mirror, UnitHooks, tensors_in
+
+_ENGINES = []  # weak references to the live engines (zero.GatheredParameters finds a param's engine)
+
+
+class ZeroDataLoader:
+    """DeepSpeed's DeepSpeedDataLoader: the training data cut by a
+    DistributedSampler (this rank's share of each epoch, shuffled with seed
+    0 as torch's sampler does) into micro-batches of
+    train_micro_batch_size_per_gpu. Iterating starts an epoch;
+    `data_sampler.set_epoch(e)` reshuffles, as with DeepSpeed."""
+
+    def __init__(self, dataset, batch_size, rank, world_size, collate_fn=None, drop_last=False, pin_memory=False):
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.data_sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank)
+        self.collate_fn = collate_fn
+        self.dataloader_drop_last = drop_last
+        self.pin_memory = pin_memory
+        n = len(self.data_sampler)
+        self.len = n // batch_size if drop_last else -(-n // batch_size)
+        self.data = None
+
+    def __len__(self):
+        return self.len
+
+    def __iter__(self):
+        kwargs = {} if self.collate_fn is None else {"collate_fn": self.collate_fn}
+        self.dataloader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=self.data_sampler,
+                                     drop_last=self.dataloader_drop_last, pin_memory=self.pin_memory, **kwargs)
+        self.data = iter(self.dataloader)
+        return self
+
+    def __next__(self):
+        return next(self.data)
+
+
+class ZeroEngine(torch.nn.Module):
+    """DeepSpeed's DeepSpeedEngine, on the C++ engine. Build it with
+    zero_cpp.initialize()."""
+
+    def __init__(self, args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
+                 lr_scheduler=None, collate_fn=None, config=None, dist_init_required=None, config_params=None):
+        super().__init__()
+        if model is None:
+            raise configs.DeepSpeedConfigError("zero_cpp.initialize requires a model")
+        if not isinstance(model, torch.nn.Module):
+            raise configs.DeepSpeedConfigError(f"zero_cpp.initialize: model is a {type(model).__name__}, not a "
+                                               f"torch.nn.Module")
+        distributed.init_distributed(dist_init_required=dist_init_required)
+        self._world = distributed.world()
+        cfg = configs.load(args, config, config_params)
+        self.module = model
+        self.device = torch.device(self._world.device)
+        if self.device.type == "cuda":
+            model.to(self.device)
+        basic, cxx_groups = optimizers.plan(model, optimizer, model_parameters, cfg)
+        self.lr_scheduler = optimizers.scheduler(lr_scheduler, basic, cfg)
+        self._config = configs.for_engine(cfg)
+        self._stage = configs.stage(self._config)
+        self._precision = configs.precision(self._config)
+        self._optimizer_type = self._config["optimizer"]["type"]
+        self._mirror = Mirror(model, stage3=self._stage == 3, world=self._world)
+        self._engine = _C.Engine(self._world, self._mirror.root, configs.to_json(self._config), cxx_groups)
+        self._hooks = UnitHooks(self._mirror.units) if self._stage == 3 else None
+        self._aliases = _aliases(model)
+        self.optimizer = optimizers.ZeroOptimizer(self, basic)
+        self._step_applied = False
+        self.training_dataloader = None
+        if training_data is not None:
+            self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
+        self.collate_fn = collate_fn
+        import weakref
+        _ENGINES.append(weakref.ref(self))
+        self.train(model.training)
+
+    # ---- the job ----
+    @property
+    def global_rank(self):
+        return self._world.rank
+
+    @property
+    def world_size(self):
+        return self._world.size
+
+    @property
+    def dp_world_size(self):
+        return self._world.size
+
+    @property
+    def local_rank(self):
+        return self._world.local_rank
+
+    mp_world_size = 1
+
+    # ---- the config ----
+    def train_batch_size(self):
+        return self._engine.batch[0]
+
+    def train_micro_batch_size_per_gpu(self):
+        return self._engine.batch[1]
+
+    def gradient_accumulation_steps(self):
+        return self._engine.batch[2]
+
+    def zero_optimization_stage(self):
+        return self._stage
+
+    def zero_optimization(self):
+        return self._stage > 0
+
+    def bfloat16_enabled(self):
+        return self._precision == "bf16"
+
+    def fp16_enabled(self):
+        return self._precision == "fp16"
+
+    def gradient_clipping(self):
+        return float(self._config.get("gradient_clipping", 0.0))
+
+    def steps_per_print(self):
+        return self._config.get("steps_per_print", 10)
+
+    @property
+    def config(self):
+        return self._config
+
+    # ---- counters ----
+    @property
+    def global_steps(self):
+        # DeepSpeed counts a step skipped for fp16 overflow too.
+        return self._engine.global_steps + self._engine.skipped_steps
+
+    @property
+    def skipped_steps(self):
+        return self._engine.skipped_steps
+
+    @property
+    def micro_steps(self):
+        return self._engine.micro_steps
+
+    @property
+    def global_samples(self):
+        return self.global_steps * self.train_batch_size()
+
+    @property
+    def loss_scale(self):
+        return self._engine.loss_scale
+
+    def get_lr(self):
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self):
+        norm = self._engine.last_grad_norm
+        return None if norm != norm else norm  # NaN: not computed
+
+    def was_step_applied(self):
+        return self._step_applied
+
+    # ---- training ----
+    def forward(self, *inputs, **kwargs):
+        result = None
+
+        def run():
+            nonlocal result
+            result = self.module(*inputs, **kwargs)
+            return tensors_in(result)
+
+        self._engine.forward(run)
+        return result
+
+    def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
+        """Backpropagates loss / gradient_accumulation_steps (times the fp16
+        loss scale) and reduces grads as the stage requires; returns the
+        scaled loss (detached)."""
+        if retain_graph:
+            raise NotImplementedError("zero_cpp: engine.backward(retain_graph=True) is not supported; run a new "
+                                      "forward for each backward")
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ValueError("zero_cpp: engine.backward expects a scalar loss tensor")
+        if not scale_wrt_gas:
+            # The engine always divides by gradient_accumulation_steps.
+            self._engine.backward(loss * self.gradient_accumulation_steps())
+            return loss.detach()
+        return self._engine.backward(loss)
+
+    def is_gradient_accumulation_boundary(self):
+        return self._engine.is_gradient_accumulation_boundary()
+
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        self._engine.set_gradient_accumulation_boundary(bool(is_boundary))
+
+    def zero_grad(self):
+        self._engine.zero_grad()
+
+    def step(self, lr_kwargs=None):
+        """At the accumulation boundary: the optimizer step (through
+        `optimizer.step()`, so a torch LR scheduler sees it), then the LR
+        scheduler's step unless the step was skipped (fp16 overflow).
+        Elsewhere it counts the micro-step."""
+        if not self._engine.is_gradient_accumulation_boundary():
+            self._engine.step()
+            return
+        self._push_lrs()
+        self.optimizer._stepping = True
+        try:
+            self._step_applied = bool(self.optimizer.step())
+        finally:
+            self.optimizer._stepping = False
+        if self._step_applied and self.lr_scheduler is not None:
+            try:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+            except TypeError:
+                if lr_kwargs:
+                    raise
+                self.lr_scheduler.step()
+
+    def _update(self):
+        return self._engine.step()
+
+    def _push_lrs(self):
+        self._engine.set_param_group_lrs([self.optimizer.param_groups[0]["lr"]] +
+                                         [g["lr"] for g in self.optimizer.param_groups])
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward accumulates grads with no communication (stages 0 and 1)."""
+        self._engine.begin_no_sync()
+        try:
+            yield
+        finally:
+            self._engine.end_no_sync()
+
+    @contextlib.contextmanager
+    def coalesce_grad_reduction(self):
+        """Several backward calls per step, reduced once when the block ends
+        (stages 1-3): one reduce-scatter per group instead of one per
+        backward."""
+        self._engine.begin_coalesce()
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            self._engine.end_coalesce(ok)
+
+    def train(self, mode=True):
+        self.training = mode
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def deepspeed_io(self, dataset, batch_size=None, route=None, pin_memory=True, data_sampler=None,
+                     collate_fn=None, num_local_io_workers=None):
+        if not isinstance(dataset, torch.utils.data.Dataset):
+            raise ValueError("Training data must be a torch Dataset")
+        if data_sampler is not None:
+            raise NotImplementedError("zero_cpp: deepspeed_io(data_sampler=...) is not supported; iterate a "
+                                      "torch DataLoader of your own")
+        return ZeroDataLoader(dataset, batch_size or self.train_micro_batch_size_per_gpu(), self.global_rank,
+                              self.world_size, collate_fn=collate_fn or self.collate_fn,
+                              drop_last=bool(self._config.get("dataloader_drop_last", False)),
+                              pin_memory=pin_memory and self.device.type == "cuda")
+
+    # ---- what the engine holds ----
+    def state_bytes(self):
+        """Bytes of model state this rank holds: params, grads, master, optimizer."""
+        return self._engine.state_bytes()
+
+    def describe(self):
+        return self._engine.describe()
+
+    def comm_counts(self):
+        """Collectives this rank's engine has issued: {op: {"calls", "bytes", ...}}."""
+        return self._engine.comm_counts_of_group()
+
+    def consolidated_fp32_state_dict(self, rank0_only=False):
+        """The whole model by name, fp32 trainable params and the frozen
+        params and buffers as they are (every rank calls it; zero_to_fp32's
+        job without a checkpoint)."""
+        return _drop_external(self._engine.state_dict(rank0_only))
+
+    def save_fp32_model(self, path):
+        """consolidated_fp32_state_dict() as one safetensors file (rank 0
+        writes; every rank calls)."""
+        self._engine.save_weights(os.fspath(path))
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
+        """DeepSpeed's: the whole model in its training dtype, torch.save'd by
+        rank 0 (every rank calls it)."""
+        sd = self.consolidated_fp32_state_dict(rank0_only=True)
+        if self.global_rank == 0:
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self._precision)
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            out = {n: (t.to(dtype) if dtype is not None and t.is_floating_point() else t) for n, t in sd.items()
+                   if not (exclude_frozen_parameters and n in frozen)}
+            os.makedirs(save_dir, exist_ok=True)
+            torch.save(out, os.path.join(save_dir, save_filename))
+        return True
+
+    # ---- checkpoints ----
+    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):
+        """Every rank's shards and rank 0's manifest into save_dir/tag (tag:
+        global_step{N} by default), published atomically; `client_state`
+        (anything picklable) comes back from load_checkpoint."""
+        if exclude_frozen_parameters:
+            raise NotImplementedError("zero_cpp: save_checkpoint(exclude_frozen_parameters=True) is not "
+                                      "supported; frozen params are saved with the checkpoint")
+        tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
+        previous = _read_latest(save_dir) if not save_latest else None
+        blob = {"client_state": client_state,
+                "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+                "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups],
+                "aliases": self._aliases}
+        packed = base64.b64encode(pickle.dumps(blob)).decode("ascii")
+        import json
+        self._engine.save_checkpoint(os.fspath(save_dir), tag, json.dumps({"zero_cpp_python": packed}))
+        if not save_latest and self.global_rank == 0:
+            _write_latest(save_dir, previous)
+        return True
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
+        """Loads load_dir/tag (tag None: the one `latest` names), whatever
+        world size and stage saved it. Returns (path, client_state);
+        (None, None) when load_dir holds no checkpoint, as DeepSpeed."""
+        if custom_load_fn is not None:
+            raise NotImplementedError("zero_cpp: load_checkpoint(custom_load_fn=...) is not supported")
+        load_dir = os.fspath(load_dir)
+        if tag is None and not os.path.isfile(os.path.join(load_dir, "latest")):
+            warnings.warn(f"zero_cpp: no checkpoint in {load_dir} (no 'latest' file); nothing loaded")
+            return None, None
+        tag = "" if tag is None else str(tag)
+        if load_module_only or not load_optimizer_states:
+            return self._load_weights_only(load_dir, tag)
+        import json
+        client = json.loads(self._engine.load_checkpoint(load_dir, tag))
+        blob = _unpack(client)
+        if blob is None:  # saved by the C++ API: its client state is JSON
+            return os.path.join(load_dir, tag or _C.resolve_tag(load_dir, "")), client
+        for g, saved in zip(self.optimizer.param_groups, blob["param_groups"]):
+            g.update(saved)
+        if load_lr_scheduler_states and self.lr_scheduler is not None and blob["lr_scheduler"] is not None:
+            self.lr_scheduler.load_state_dict(blob["lr_scheduler"])
+        return os.path.join(load_dir, tag or _C.resolve_tag(load_dir, "")), blob["client_state"]
+
+    def _load_weights_only(self, load_dir, tag):
+        import tempfile
+        resolved = _C.resolve_tag(load_dir, tag)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "weights.safetensors")
+            _C.consolidate(load_dir, resolved, path, "fp32")
+            self._engine.load_weights(path)
+        return os.path.join(load_dir, resolved), {}
+
+    def destroy(self):
+        if self._hooks is not None:
+            self._hooks.remove()
+            self._hooks = None
+
+
+def _aliases(model):
+    """Names of params registered more than once (tied weights): alias ->
+    the name the engine keeps, for readers of checkpoints."""
+    first, aliases = {}, {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return aliases
+
+
+def _drop_external(sd):
+    return {n: t for n, t in sd.items() if EXTERNAL_PREFIX not in n}
+
+
+def _unpack(client):
+    packed = client.get("zero_cpp_python") if isinstance(client, dict) else None
+    if packed is None:
+        return None
+    return pickle.loads(base64.b64decode(packed))
+
+
+def _read_latest(save_dir):
+    try:
+        with open(os.path.join(save_dir, "latest")) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _write_latest(save_dir, previous):
+    path = os.path.join(save_dir, "latest")
+    if previous is None:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(previous)
+    os.replace(tmp, path)
+
+
+def engine_of(param):
+    """The live engine whose model holds `param`, or None."""
+    for ref in list(_ENGINES):
+        e = ref()
+        if e is None:
+            _ENGINES.remove(ref)
+            continue
+        if any(p is param for p in e.module.parameters()):
+            return e
+    return None
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
+               distributed_port=29500, mpu=None, dist_init_required=None, collate_fn=None, config=None,
+               mesh_param=None, config_params=None):
+    """DeepSpeed's `initialize`: returns (engine, optimizer,
+    training_dataloader, lr_scheduler). `config` is a dict or a path
+    (or `args.deepspeed_config`); `optimizer` an optimizer object or a
+    callable taking the param groups; `lr_scheduler` a scheduler object or a
+    callable taking the optimizer. Model, tensor and pipeline parallelism
+    (`mpu`, `mesh_param`) are not zero_cpp's: an error names them."""
+    if mpu is not None:
+        raise NotImplementedError("zero_cpp.initialize: mpu (model parallelism) is not supported; zero_cpp is "
+                                  "data parallel (ZeRO) only")
+    if mesh_param is not None:
+        raise NotImplementedError("zero_cpp.initialize: mesh_param (sequence/data parallel meshes) is not supported")
+    from . import zero
+    with zero.paused():
+        engine = ZeroEngine(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
+                            training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
+                            config=config, dist_init_required=dist_init_required, config_params=config_params)
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -1,0 +1,145 @@
+"""The Python model as the C++ engine sees it, and stage 3's module hooks.
+
+`build()` mirrors a Python module tree in C++ (module_mirror.h): every
+module a C++ module registering the same tensors under the same names, so
+the engine's param names are the Python ones (checkpoints load from either
+front end). At stage 3 the units are chosen as DeepSpeed chooses them:
+every module, the root excepted, that owns trainable params directly is a
+unit holding those params (units nest: an outer unit holds only its own);
+a param registered in two modules (tied weights) belongs to the root, which
+is gathered around the whole engine forward. Each unit's forward hooks tell
+the C++ runtime when it runs (gather before, release after, outputs hooked
+so that backward regathers), and the runtime prefetches along the recorded
+order within stage3_prefetch_bucket_size / stage3_max_live_parameters and
+keeps units reused within stage3_max_reuse_distance, as the C++ API does.
+"""
+import dataclasses
+import weakref
+
+import torch
+
+from . import _C
+
+_UNIT_ATTR = "_zero_cpp_unit"  # the UnitMirror zero.Init made for a module
+_EXTERNAL_ATTR = "_zero_cpp_external_params"  # register_external_parameter's
+_BUILT_UNDER_INIT = weakref.WeakSet()  # modules zero.Init sharded (their UnitMirror under _UNIT_ATTR)
+EXTERNAL_PREFIX = "_zero_cpp_external_"
+
+
+def owns_trainable_params(module):
+    return any(p is not None and p.requires_grad for p in module._parameters.values())
+
+
+def tensors_in(value, out=None, seen=None):
+    """Every tensor in a forward's result: tensors inside tuples, lists,
+    dicts (Hugging Face's ModelOutput is one), dataclasses and namedtuples."""
+    if out is None:
+        out, seen = [], set()
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif id(value) in seen:
+        return out
+    elif isinstance(value, dict):
+        seen.add(id(value))
+        for v in value.values():
+            tensors_in(v, out, seen)
+    elif isinstance(value, (list, tuple)):
+        seen.add(id(value))
+        for v in value:
+            tensors_in(v, out, seen)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        seen.add(id(value))
+        for f in dataclasses.fields(value):
+            tensors_in(getattr(value, f.name), out, seen)
+    return out
+
+
+def members(module):
+    params = [(n, p) for n, p in module._parameters.items() if p is not None]
+    for i, p in enumerate(getattr(module, _EXTERNAL_ATTR, ())):
+        params.append((f"{EXTERNAL_PREFIX}{i}", p))
+    buffers = [(n, b) for n, b in module._buffers.items() if b is not None]
+    return params, buffers
+
+
+def unit_mirror_for_init(module):
+    """zero.Init: the UnitMirror a just-built module is sharded through,
+    holding its own (direct) members; kept on the module for the engine."""
+    unit = _C.UnitMirror()
+    unit.set_members(*members(module))
+    object.__setattr__(module, _UNIT_ATTR, unit)
+    _BUILT_UNDER_INIT.add(module)
+    return unit
+
+
+def modules_built_under_init():
+    return list(_BUILT_UNDER_INIT)
+
+
+class Mirror:
+    """The C++ tree over a Python model, and which modules are units."""
+
+    def __init__(self, model, stage3, world):
+        self.units = []  # (module, UnitMirror), each module once
+        self._memo = {}
+        self._stage3 = stage3
+        self._world = world
+        self.root = self._mirror(model, is_root=True)
+
+    def _mirror(self, module, is_root):
+        key = id(module)
+        if key in self._memo:
+            return self._memo[key]
+        made_at_init = getattr(module, _UNIT_ATTR, None)
+        is_unit = self._stage3 and not is_root and owns_trainable_params(module)
+        if is_unit:
+            m = made_at_init if made_at_init is not None else _C.UnitMirror()
+            self.units.append((module, m))
+        else:
+            if made_at_init is not None:
+                # Sharded by zero.Init, but no unit here (the root, or its
+                # params since frozen): whole again before the engine groups it.
+                made_at_init.gather_back(self._world)
+            m = _C.ModuleMirror(type(module).__name__)
+        m.set_members(*members(module))
+        self._memo[key] = m
+        for name, child in module._modules.items():
+            if child is not None:
+                m.add_child(name, self._mirror(child, is_root=False))
+        return m
+
+
+class UnitHooks:
+    """Stage 3: each unit's forward tells the C++ runtime when it runs. The
+    post-hook runs even when the forward raised (always_call), so the
+    runtime never counts a unit as still running; a unit whose gather
+    itself raised (ranks running units in different orders) was never
+    entered, and is not left either."""
+
+    def __init__(self, units):
+        self._handles = []
+        for module, unit in units:
+            running = [0]  # this unit's forwards entered and not yet left (recursion nests)
+            self._handles.append(module.register_forward_pre_hook(_pre_hook(unit, running)))
+            self._handles.append(module.register_forward_hook(_post_hook(unit, running), always_call=True))
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def _pre_hook(unit, running):
+    def hook(module, args):
+        unit.enter()
+        running[0] += 1
+    return hook
+
+
+def _post_hook(unit, running):
+    def hook(module, args, output):
+        if running[0] == 0:
+            return
+        running[0] -= 1
+        unit.leave(tensors_in(output))
+    return hook

@@ -1,0 +1,256 @@
+"""DeepSpeed's `deepspeed.zero`: `Init` (build a model already sharded),
+`GatheredParameters` (full params outside forward), and
+`register_external_parameter`.
+
+`Init` is seed 003's zero::Init: each module that owns trainable params is
+sharded the moment its constructor returns -- flattened, synced from rank 0
+and cut to this rank's shard, in C++ -- so building a model peaks at about
+one module whole plus the shards. Modules are caught as DeepSpeed catches
+them: every nn.Module subclass's __init__ is wrapped while the context is
+open (classes defined inside it too).
+"""
+import contextlib
+import functools
+import json
+
+import torch
+
+from .. import _C
+from .. import config as configs
+from .. import distributed
+from ..mirror import _EXTERNAL_ATTR, _UNIT_ATTR, modules_built_under_init, owns_trainable_params, unit_mirror_for_init
+
+_active = []  # open Init contexts, innermost last
+
+
+def _all_subclasses(cls):
+    out, todo = [], [cls]
+    while todo:
+        c = todo.pop()
+        for s in c.__subclasses__():
+            out.append(s)
+            todo.append(s)
+    return out
+
+
+class Init:
+    """Modules built inside are sharded as they are built (stage 3; below
+    it the context does nothing, as the C++ API's, so one script runs at
+    every stage).
+
+    Arguments as DeepSpeed's: `config_dict_or_path` (or `config`) is the
+    ds_config; `enabled=False` turns it off; `module` shards a model built
+    already. `remote_device` "cpu" keeps the shards in host memory on a GPU
+    machine (offload_param then decides where they live); `dtype` is
+    accepted (the engine casts params as the config's precision says).
+    Model parallelism (`mpu`, `data_parallel_group`,
+    `zero_param_parallel_group`, `sequence_data_parallel_group`) and
+    quantized weights are not supported: an error names them.
+    """
+
+    def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True, remote_device=None,
+                 pin_memory=False, config_dict_or_path=None, config=None, enabled=True, dtype=None, mpu=None,
+                 zero_param_parallel_group=None, zero_quantized_weights=False,
+                 zero_quantized_nontrainable_weights=False, sequence_data_parallel_group=None, param_swapper=None):
+        for name, value in (("data_parallel_group", data_parallel_group), ("mpu", mpu),
+                            ("zero_param_parallel_group", zero_param_parallel_group),
+                            ("sequence_data_parallel_group", sequence_data_parallel_group),
+                            ("param_swapper", param_swapper)):
+            if value is not None:
+                raise NotImplementedError(f"zero_cpp.zero.Init: {name} is not supported (the data-parallel group "
+                                          f"is the whole job)")
+        if zero_quantized_weights or zero_quantized_nontrainable_weights:
+            raise NotImplementedError("zero_cpp.zero.Init: quantized weights (ZeRO++ qwZ) are not supported")
+        if remote_device not in (None, "cpu", "nvme", "cuda"):
+            raise ValueError(f"zero_cpp.zero.Init: remote_device {remote_device!r}: None, 'cpu' or 'nvme'")
+        self._enabled = enabled
+        self._cfg = None
+        if enabled:
+            cfg = configs.load(config=config_dict_or_path if config_dict_or_path is not None else config) \
+                if (config_dict_or_path is not None or config is not None) else {"zero_optimization": {"stage": 3}}
+            self._enabled = configs.stage(cfg) == 3
+            self._cfg = cfg
+        self._remote_device = remote_device
+        self._init = None
+        self._patched = []
+        self._depth = {}
+        if module is not None and self._enabled:
+            with self:
+                for m in reversed(list(module.modules())):  # inner modules first, as when built
+                    self._built(m)
+
+    # ---- the context ----
+    def __enter__(self):
+        if not self._enabled:
+            return self
+        distributed.init_distributed()
+        world = distributed.world()
+        device = world.device if self._remote_device in (None, "cuda") else "cpu"
+        # The C++ scope: units are sharded over the job's ranks, their
+        # frozen params and buffers synced from rank 0.
+        cfg = dict(self._cfg)
+        cfg.setdefault("train_micro_batch_size_per_gpu", 1)
+        cfg.pop("optimizer", None)
+        cfg.pop("scheduler", None)
+        self._init = _C.Init(world, json.dumps(cfg), device)
+        self._patch()
+        _active.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        if not self._enabled:
+            return False
+        _active.remove(self)
+        self._unpatch()
+        self._init.close()
+        self._init = None
+        return False
+
+    @property
+    def units_sharded(self):
+        return self._init.units_sharded if self._init is not None else 0
+
+    # ---- catching each module as its constructor returns ----
+    def _patch(self):
+        for cls in [torch.nn.Module] + _all_subclasses(torch.nn.Module):
+            self._wrap_init(cls)
+        # Classes defined inside the context.
+        original = torch.nn.Module.__dict__["__init_subclass__"]
+        ctx = self
+
+        @classmethod
+        def init_subclass(cls, **kwargs):
+            original.__get__(None, cls)(**kwargs)
+            ctx._wrap_init(cls)
+
+        torch.nn.Module.__init_subclass__ = init_subclass
+        self._patched.append((torch.nn.Module, "__init_subclass__", original))
+
+    def _wrap_init(self, cls):
+        original = cls.__dict__.get("__init__")
+        if original is None or getattr(original, "_zero_cpp_wrapped", False):
+            return
+        ctx = self
+
+        @functools.wraps(original)
+        def __init__(module, *args, **kwargs):
+            depth = ctx._depth.get(id(module), 0)
+            ctx._depth[id(module)] = depth + 1
+            try:
+                original(module, *args, **kwargs)
+            finally:
+                if depth == 0:
+                    del ctx._depth[id(module)]
+                else:
+                    ctx._depth[id(module)] = depth
+            if depth == 0 and ctx._init is not None:
+                ctx._built(module)
+
+        __init__._zero_cpp_wrapped = True
+        cls.__init__ = __init__
+        self._patched.append((cls, "__init__", original))
+
+    def _unpatch(self):
+        for cls, name, original in reversed(self._patched):
+            setattr(cls, name, original)
+        self._patched = []
+
+    def _built(self, module):
+        """A module's constructor returned: shard its own trainable params
+        (its children were sharded when they were built)."""
+        if getattr(module, _UNIT_ATTR, None) is not None or not owns_trainable_params(module):
+            return
+        self._init.shard(unit_mirror_for_init(module))
+
+
+@contextlib.contextmanager
+def paused():
+    """No module built inside is sharded (initialize() builds its own)."""
+    saved = list(_active)
+    for ctx in saved:
+        ctx._unpatch()
+    try:
+        yield
+    finally:
+        for ctx in saved:
+            ctx._patch()
+
+
+class GatheredParameters:
+    """Full params outside forward and backward (DeepSpeed's): inside the
+    block `params` (one or an iterable) hold their full values on every
+    rank; with `modifier_rank`, that rank's changes are written back to every
+    rank when the block ends (into the fp32 master weights too). Every rank
+    enters and leaves it together (collective). Params of no engine (built
+    under zero.Init, before initialize) or of a stage below 3 are whole
+    already: the block then only broadcasts modifier_rank's values."""
+
+    def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        self._params = [p for p in params if p is not None] if params is not None else []
+        self._modifier_rank = modifier_rank
+        self._enabled = enabled and bool(self._params)
+        self._scope = None
+        self._init_units = []
+
+    def __enter__(self):
+        if not self._enabled:
+            return self
+        from ..engine import engine_of
+        engine = engine_of(self._params[0])
+        if engine is not None:
+            self._scope = _C.GatheredParameters(engine._engine, self._params, self._modifier_rank)
+            return self
+        # Built under zero.Init, before initialize(): gathered from the units
+        # zero.Init sharded, re-sharded (with modifier_rank's values) after.
+        self._init_units = _init_units_holding(self._params)
+        world = distributed.world() if (self._init_units or self._modifier_rank is not None) else None
+        for unit in self._init_units:
+            _C.gather_init_unit(unit, world)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if not self._enabled:
+            return False
+        ok = exc_type is None
+        if self._scope is not None:
+            self._scope.end(ok)
+            self._scope = None
+            return False
+        if ok and self._modifier_rank is not None and distributed.is_initialized():
+            import torch.distributed as dist
+            for p in self._params:
+                with torch.no_grad():
+                    dist.broadcast(p.data, src=self._modifier_rank)
+        for unit in self._init_units:
+            _C.release_init_unit(unit, distributed.world())
+        self._init_units = []
+        return False
+
+
+def _init_units_holding(params):
+    """The UnitMirrors zero.Init made that hold any of `params`."""
+    wanted = {id(p) for p in params}
+    found = []
+    for module in modules_built_under_init():
+        if any(id(p) in wanted for p in module._parameters.values() if p is not None):
+            unit = getattr(module, _UNIT_ATTR)
+            if unit.sharded_at_init and all(u is not unit for u in found):
+                found.append(unit)
+    return found
+
+
+def register_external_parameter(module, parameter):
+    """DeepSpeed's: `parameter` is used in `module`'s forward though another
+    module owns it (e.g. a tied embedding read by the head). Here such a
+    param becomes the root's, gathered around the whole forward. Call it
+    before initialize()."""
+    external = module.__dict__.setdefault(_EXTERNAL_ATTR, [])
+    if all(p is not parameter for p in external):
+        external.append(parameter)
+
+
+def unregister_external_parameter(module, parameter):
+    external = module.__dict__.get(_EXTERNAL_ATTR, [])
+    module.__dict__[_EXTERNAL_ATTR] = [p for p in external if p is not parameter]

@@ -1,0 +1,224 @@
+"""One training script for DeepSpeed 0.19.8 and zero_cpp, the import the
+only difference (ZERO_FRONTEND=deepspeed|zero_cpp), as a user switches.
+Every scenario at every stage runs in one process (a rank of `zero-run -n
+2`); rank 0 writes {scenario: {stage: [loss per step]}} to OUT (and, for
+zero_cpp, the collectives counted). tests/python/compare_parity.py holds
+the two files to the issue's tolerances.
+
+The model is a small GPT-like net of stock layers with what users' models
+have: an embedding tied to the head, a param owned by the root, a frozen
+Linear, a buffer used in forward, a block owning a param beside its
+sub-modules (nested units at stage 3), LayerNorms.
+
+    zero-run -n 2 -- python parity_train.py OUT CKPT_DIR [SCENARIO ...]
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+if os.environ.get("ZERO_FRONTEND", "zero_cpp") == "deepspeed":
+    import deepspeed
+else:
+    import zero_cpp as deepspeed
+
+VOCAB, D, SEQ, LAYERS = 64, 32, 16, 2
+MICRO = 4
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(d))  # its own param beside its children's
+        self.ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.gain * self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        nn.init.normal_(self.emb.weight, std=0.1)
+        self.pos = nn.Parameter(torch.randn(SEQ, D) * 0.02)
+        self.frozen = nn.Linear(D, D)
+        self.frozen.requires_grad_(False)
+        self.blocks = nn.ModuleList([Block(D) for _ in range(LAYERS)])
+        self.ln_f = nn.LayerNorm(D)
+        self.head = nn.Linear(D, VOCAB, bias=False)
+        self.head.weight = self.emb.weight  # tied
+        self.register_buffer("scale", torch.full((D,), 0.5))
+
+    def forward(self, idx, targets):
+        x = self.emb(idx) + self.pos[: idx.shape[1]]
+        x = x + self.frozen(x) * self.scale.to(x.dtype)  # DeepSpeed leaves buffers in fp32 under bf16
+        for b in self.blocks:
+            x = b(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def config(stage, gas=1, clip=0.0, warmup=False, bf16=False):
+    c = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": gas,
+         "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1, "torch_adam": True}},
+         "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+         "steps_per_print": 1000}
+    if clip:
+        c["gradient_clipping"] = clip
+    if warmup:
+        c["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 3e-3,
+                                                          "warmup_num_steps": 4}}
+    if bf16:
+        c["bf16"] = {"enabled": True}
+    return c
+
+
+def batch(step, micro_index, rank, world):
+    """This rank's micro-batch `micro_index` of global step `step`: the same
+    tokens under either front end."""
+    g = torch.Generator().manual_seed(1000 * step + micro_index)
+    tokens = torch.randint(0, VOCAB, (MICRO * world, SEQ + 1), generator=g)
+    mine = tokens[rank * MICRO:(rank + 1) * MICRO]
+    return mine[:, :-1], mine[:, 1:]
+
+
+def build(stage, seed=0, **kw):
+    torch.manual_seed(seed)
+    model = Net()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config(stage, **kw))
+    return engine
+
+
+def mean_over_ranks(loss):
+    t = loss.detach().float().clone()
+    torch.distributed.all_reduce(t)
+    return t.item() / torch.distributed.get_world_size()
+
+
+def train(engine, steps, first_step=0):
+    rank, world = engine.global_rank, engine.world_size
+    gas = engine.gradient_accumulation_steps()
+    losses = []
+    for step in range(first_step, first_step + steps):
+        total = 0.0
+        for m in range(gas):
+            x, y = batch(step, m, rank, world)
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+            total += mean_over_ranks(loss)
+        losses.append(total / gas)
+    return losses
+
+
+def scenario_base(stage, out, ckpt):
+    return {"losses": train(build(stage), 6)}
+
+
+def scenario_features(stage, out, ckpt):
+    # Gradient accumulation, clipping and a WarmupLR schedule together.
+    engine = build(stage, gas=2, clip=0.5, warmup=True)
+    losses = train(engine, 6)
+    return {"losses": losses, "lr": engine.get_lr()[0], "global_steps": engine.global_steps}
+
+
+def scenario_bf16(stage, out, ckpt):
+    # DeepSpeed 0.19.8's bf16 at stage 0 leaves the model in fp32 on the CPU
+    # accelerator (a LayerNorm then sees fp32 inputs against bf16 weights
+    # and fails): stages 1-3 only.
+    if stage == 0:
+        return None
+    return {"losses": train(build(stage, bf16=True), 6)}
+
+
+def scenario_resume(stage, out, ckpt):
+    """Save after 3 steps; a fresh engine over other initial weights loads
+    it and continues: its losses are the straight run's."""
+    engine = build(stage, gas=2, warmup=True)
+    first = train(engine, 3)
+    path = os.path.join(ckpt, f"stage{stage}")
+    engine.save_checkpoint(path, client_state={"data_position": 3, "note": ["anything", 1.5]})
+    straight = train(engine, 3, first_step=3)
+    fresh = build(stage, seed=123, gas=2, warmup=True)
+    load_path, client = fresh.load_checkpoint(path)
+    resumed = train(fresh, 3, first_step=3)
+    # DeepSpeed's client state holds its own entries too (tensors among them).
+    client = {k: client[k] for k in ("data_position", "note") if k in client}
+    return {"losses": first + straight, "resumed": resumed, "client_state": client,
+            "loaded": load_path is not None, "global_steps": fresh.global_steps}
+
+
+def _multi_backward(stage, coalesce):
+    """Two backward calls per optimizer step (the micro-batch in two chunks),
+    the last marked as the boundary, as GradCache-style losses run them;
+    inside coalesce_grad_reduction when `coalesce`."""
+    engine = build(stage, gas=1)
+    rank, world = engine.global_rank, engine.world_size
+    before = engine.comm_counts() if hasattr(engine, "comm_counts") else None
+    losses = []
+    for step in range(5):
+        x, y = batch(step, 0, rank, world)
+        chunks = list(zip(x.chunk(2), y.chunk(2)))
+        total = 0.0
+        with engine.coalesce_grad_reduction() if coalesce else _nothing():
+            for k, (cx, cy) in enumerate(chunks):
+                engine.set_gradient_accumulation_boundary(k == len(chunks) - 1)
+                loss = engine(cx, cy) / len(chunks)
+                engine.backward(loss)
+                total += mean_over_ranks(loss)
+        engine.step()
+        losses.append(total)
+    calls = None
+    if before is not None:  # zero_cpp counts its collectives
+        after = engine.comm_counts()
+        calls = after.get("reduce_scatter", {}).get("calls", 0) - before.get("reduce_scatter", {}).get("calls", 0)
+    return losses, calls
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def scenario_coalesce(stage, out, ckpt):
+    if stage == 0:  # DeepSpeed: stages 1-3 (stage 0's no_sync already defers)
+        return None
+    losses, calls = _multi_backward(stage, coalesce=True)
+    separate, separate_calls = _multi_backward(stage, coalesce=False)
+    return {"losses": losses, "uncoalesced_losses": separate, "reduce_scatters": calls,
+            "uncoalesced_reduce_scatters": separate_calls, "steps": 5, "backwards_per_step": 2}
+
+
+SCENARIOS = {"base": scenario_base, "features": scenario_features, "bf16": scenario_bf16,
+             "resume": scenario_resume, "coalesce": scenario_coalesce}
+
+
+def main():
+    out, ckpt = sys.argv[1], sys.argv[2]
+    names = sys.argv[3:] or list(SCENARIOS)
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    results = {}
+    for name in names:
+        results[name] = {}
+        for stage in (0, 1, 2, 3):
+            r = SCENARIOS[name](stage, out, ckpt)
+            if r is not None:
+                results[name][stage] = r
+    if torch.distributed.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
