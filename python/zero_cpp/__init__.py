@@ -12,9 +12,17 @@ Launch with `zero-run -n N -- python train.py`, torchrun, DeepSpeed's
 launcher, srun or mpirun. What is supported and what is not:
 docs/from-deepspeed.md.
 """
-import torch  # noqa: F401  (first: the extension links torch's libraries, which this loads)
+import torch  # first: the extension links torch's libraries, which this loads
 
-from . import _C  # noqa: F401
+try:
+    from . import _build_info  # written by `pip install .`: the torch it was built against
+except ImportError:  # a build tree (./run build)
+    _build_info = None
+if _build_info is not None and _build_info.torch_version != torch.__version__:
+    raise ImportError(f"zero_cpp was built against torch {_build_info.torch_version}, but torch "
+                      f"{torch.__version__} is installed: reinstall zero-cpp (pip install .) against it")
+
+from . import _C  # noqa: F401,E402
 from .version import __version__, __version_major__, __version_minor__, __version_patch__  # noqa: F401
 from .distributed import init_distributed  # noqa: F401
 from .config import DeepSpeedConfigError, add_config_arguments  # noqa: F401

@@ -34,6 +34,10 @@ def main():
             check(len(z["losses"]) == len(d["losses"]), f"{name} stage {stage}: {len(z['losses'])} steps")
             r = rel(z["losses"], d["losses"])
             check(r <= tol, f"{name} stage {stage}: losses within {r:.2e} relative of DeepSpeed's (<= {tol:g})")
+            if name == "client":
+                check(abs(z["lr"] - d["lr"]) <= 1e-12, f"client stage {stage}: the LambdaLR's lr {z['lr']} vs {d['lr']}")
+            if name == "groups":
+                check(z["lrs"] == d["lrs"], f"groups stage {stage}: the groups' lrs {z['lrs']} vs {d['lrs']}")
             if name == "features":
                 check(z["global_steps"] == d["global_steps"], f"features stage {stage}: global_steps "
                       f"{z['global_steps']} vs {d['global_steps']}")
@@ -46,18 +50,18 @@ def main():
                       f"DeepSpeed's resumed run")
                 check(z["client_state"] == d["client_state"], f"resume stage {stage}: client_state back")
                 check(z["global_steps"] == d["global_steps"], f"resume stage {stage}: global_steps after resuming")
-            if name == "coalesce":
+            if name in ("coalesce", "gradcache"):
                 check(rel(z["losses"], z["uncoalesced_losses"]) <= tol,
-                      f"coalesce stage {stage}: coalesced losses equal the uncoalesced run's")
+                      f"{name} stage {stage}: coalesced losses equal the uncoalesced run's")
                 check(rel(z["uncoalesced_losses"], d["uncoalesced_losses"]) <= tol,
-                      f"coalesce stage {stage}: uncoalesced losses match DeepSpeed's")
+                      f"{name} stage {stage}: uncoalesced losses match DeepSpeed's")
                 n, steps = z["backwards_per_step"], z["steps"]
                 separate, coalesced = z["uncoalesced_reduce_scatters"], z["reduce_scatters"]
                 groups = coalesced / steps
-                check(coalesced > 0 and coalesced % steps == 0, f"coalesce stage {stage}: {coalesced} reduce-scatters "
+                check(coalesced > 0 and coalesced % steps == 0, f"{name} stage {stage}: {coalesced} reduce-scatters "
                       f"in {steps} steps: {groups:g} per step (one per group)")
                 if stage in ("2", "3"):  # each backward reduces there unless coalesced
-                    check(separate == n * coalesced, f"coalesce stage {stage}: {separate} reduce-scatters uncoalesced, "
+                    check(separate == n * coalesced, f"{name} stage {stage}: {separate} reduce-scatters uncoalesced, "
                           f"{n} x the coalesced {coalesced}")
     print("\n".join(lines))
     if misses:

@@ -138,6 +138,58 @@ def scenario_bf16(stage, out, ckpt):
     return {"losses": train(build(stage, bf16=True), 6)}
 
 
+def scenario_client(stage, out, ckpt):
+    """The optimizer and the scheduler given in code, as DeepSpeed takes them:
+    a torch AdamW over the params, a LambdaLR made by a callable from the
+    optimizer the engine gives it."""
+    torch.manual_seed(0)
+    model = Net()
+    c = config(stage)
+    del c["optimizer"]
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
+    engine, _, _, sched = deepspeed.initialize(
+        model=model, optimizer=opt, config=c,
+        lr_scheduler=lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + s)))
+    losses = train(engine, 6)
+    return {"losses": losses, "lr": engine.get_lr()[0]}
+
+
+def scenario_groups(stage, out, ckpt):
+    """model_parameters as param groups: no weight decay and twice the lr on
+    biases, norms and the root's own param."""
+    torch.manual_seed(0)
+    model = Net()
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay}, {"params": rest, "weight_decay": 0.0, "lr": 6e-3}]
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=config(stage))
+    return {"losses": train(engine, 6), "lrs": engine.get_lr()}
+
+
+def scenario_knobs(stage, out, ckpt):
+    """Stage 3's knobs at values that make them act: a prefetch bucket of
+    one small module, few live params, no reuse, small modules persistent."""
+    torch.manual_seed(0)
+    model = Net()
+    c = config(stage)
+    c["zero_optimization"].update({"stage3_prefetch_bucket_size": 600, "stage3_max_live_parameters": 5000,
+                                   "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 100})
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=c)
+    return {"losses": train(engine, 5)}
+
+
+def scenario_eval(stage, out, ckpt):
+    """Train, then evaluate in eval mode under no_grad through the engine."""
+    engine = build(stage)
+    train(engine, 3)
+    engine.eval()
+    with torch.no_grad():
+        x, y = batch(99, 0, engine.global_rank, engine.world_size)
+        loss = engine(x, y)
+    engine.train()
+    return {"losses": [mean_over_ranks(loss)]}
+
+
 def scenario_resume(stage, out, ckpt):
     """Save after 3 steps; a fresh engine over other initial weights loads
     it and continues: its losses are the straight run's."""
@@ -199,8 +251,77 @@ def scenario_coalesce(stage, out, ckpt):
             "uncoalesced_reduce_scatters": separate_calls, "steps": 5, "backwards_per_step": 2}
 
 
+class Encoder(nn.Module):
+    """A sentence encoder: token embeddings, blocks, mean pooling, a projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        nn.init.normal_(self.emb.weight, std=0.1)
+        self.blocks = nn.ModuleList([Block(D) for _ in range(LAYERS)])
+        self.proj = nn.Linear(D, D)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        for b in self.blocks:
+            x = b(x)
+        return self.proj(x.mean(dim=1))
+
+
+def _gradcache(stage, coalesce, chunks=4, steps=4):
+    """Seed 002's client, as sentence-transformers' CachedMultipleNegativesRankingLoss
+    computes it (GradCache): every chunk's embeddings without grad, the
+    in-batch contrastive loss on all of them and its grads with respect to
+    the embeddings, then each chunk run again with grad and its embeddings'
+    cached grads backpropagated, one engine.backward per chunk -- inside
+    coalesce_grad_reduction when `coalesce`."""
+    torch.manual_seed(7)
+    model = Encoder()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config(stage))
+    rank, world = engine.global_rank, engine.world_size
+    before = engine.comm_counts() if hasattr(engine, "comm_counts") else None
+    losses = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(500 + step)
+        anchors = torch.randint(0, VOCAB, (8 * world, SEQ), generator=g)[rank * 8:(rank + 1) * 8]
+        positives = torch.randint(0, VOCAB, (8 * world, SEQ), generator=g)[rank * 8:(rank + 1) * 8]
+        a_chunks, p_chunks = anchors.chunk(chunks), positives.chunk(chunks)
+        with torch.no_grad():  # pass 1: embeddings only
+            reps_a = [engine(c) for c in a_chunks]
+            reps_p = [engine(c) for c in p_chunks]
+        ra = torch.cat(reps_a).detach().requires_grad_()
+        rp = torch.cat(reps_p).detach().requires_grad_()
+        scores = 20.0 * F.normalize(ra, dim=-1) @ F.normalize(rp, dim=-1).T
+        loss = F.cross_entropy(scores, torch.arange(len(ra)))
+        loss.backward()  # grads of the loss with respect to every embedding
+        grads_a, grads_p = ra.grad.chunk(chunks), rp.grad.chunk(chunks)
+        pieces = list(zip(a_chunks, grads_a)) + list(zip(p_chunks, grads_p))
+        with engine.coalesce_grad_reduction() if coalesce else _nothing():
+            for k, (c, grad) in enumerate(pieces):  # pass 2: each chunk again, with grad
+                engine.set_gradient_accumulation_boundary(k == len(pieces) - 1)
+                engine.backward((engine(c) * grad).sum())
+        engine.step()
+        losses.append(mean_over_ranks(loss))
+    calls = None
+    if before is not None:
+        after = engine.comm_counts()
+        calls = after.get("reduce_scatter", {}).get("calls", 0) - before.get("reduce_scatter", {}).get("calls", 0)
+    return losses, calls, 2 * chunks, steps
+
+
+def scenario_gradcache(stage, out, ckpt):
+    if stage == 0:
+        return None
+    losses, calls, n, steps = _gradcache(stage, coalesce=True)
+    separate, separate_calls, _, _ = _gradcache(stage, coalesce=False)
+    return {"losses": losses, "uncoalesced_losses": separate, "reduce_scatters": calls,
+            "uncoalesced_reduce_scatters": separate_calls, "steps": steps, "backwards_per_step": n}
+
+
 SCENARIOS = {"base": scenario_base, "features": scenario_features, "bf16": scenario_bf16,
-             "resume": scenario_resume, "coalesce": scenario_coalesce}
+             "resume": scenario_resume, "coalesce": scenario_coalesce, "gradcache": scenario_gradcache,
+             "client": scenario_client, "groups": scenario_groups, "knobs": scenario_knobs, "eval": scenario_eval}
 
 
 def main():
