@@ -80,7 +80,13 @@ class Group {
   /// out of step (one skipped a batch) fail at their first shifted collective,
   /// each naming its step, instead of pairing one step's grads with another's.
   /// The engine sets it; -1 (the default) leaves it out.
-  void set_step(int64_t step, int64_t micro) const;
+  /// `owner` (the engine setting it) owns the tag until another sets one.
+  void set_step(int64_t step, int64_t micro, const void* owner = nullptr) const;
+  /// Leaves the tag out again, if `owner` still owns it: an engine destroyed
+  /// after another took the group over (at a time that may differ between
+  /// ranks: a Python engine freed by the garbage collector) leaves the
+  /// other's tag alone.
+  void clear_step(const void* owner) const;
   /// "step 3.2", or "" when unset.
   std::string step_tag() const;
   Impl& impl() const { return *impl_; }  ///< the backend communicator (for the transports)

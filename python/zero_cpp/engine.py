@@ -183,11 +183,22 @@ class ZeroEngine(torch.nn.Module):
     # ---- training ----
     def forward(self, *inputs, **kwargs):
         result = None
+        scope = self._hooks.scope if self._hooks is not None else None
 
         def run():
             nonlocal result
-            result = self.module(*inputs, **kwargs)
-            return tensors_in(result)
+            if scope is not None:
+                scope.begin()
+            try:
+                result = self.module(*inputs, **kwargs)
+            except BaseException:
+                if scope is not None:
+                    scope.end([])
+                raise
+            outputs = tensors_in(result)
+            if scope is not None:
+                scope.end(outputs)  # units read from outside their forward: hooked on these outputs
+            return outputs
 
         self._engine.forward(run)
         return result
@@ -333,13 +344,10 @@ class ZeroEngine(torch.nn.Module):
                                       "supported; frozen params are saved with the checkpoint")
         tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
         previous = _read_latest(save_dir) if not save_latest else None
-        blob = {"client_state": client_state,
-                "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
-                "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups],
-                "aliases": self._aliases}
-        packed = base64.b64encode(pickle.dumps(blob)).decode("ascii")
-        import json
-        self._engine.save_checkpoint(os.fspath(save_dir), tag, json.dumps({"zero_cpp_python": packed}))
+        self._engine.save_checkpoint(os.fspath(save_dir), tag, _pack_client_state(client_state, {
+            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups],
+            "aliases": self._aliases}))
         if not save_latest and self.global_rank == 0:
             _write_latest(save_dir, previous)
         return True
@@ -358,16 +366,13 @@ class ZeroEngine(torch.nn.Module):
         tag = "" if tag is None else str(tag)
         if load_module_only or not load_optimizer_states:
             return self._load_weights_only(load_dir, tag)
-        import json
-        client = json.loads(self._engine.load_checkpoint(load_dir, tag))
-        blob = _unpack(client)
-        if blob is None:  # saved by the C++ API: its client state is JSON
-            return os.path.join(load_dir, tag or _C.resolve_tag(load_dir, "")), client
-        for g, saved in zip(self.optimizer.param_groups, blob["param_groups"]):
-            g.update(saved)
-        if load_lr_scheduler_states and self.lr_scheduler is not None and blob["lr_scheduler"] is not None:
-            self.lr_scheduler.load_state_dict(blob["lr_scheduler"])
-        return os.path.join(load_dir, tag or _C.resolve_tag(load_dir, "")), blob["client_state"]
+        client, own = _unpack_client_state(self._engine.load_checkpoint(load_dir, tag))
+        if own is not None:  # saved from Python (the C++ API stores its client state alone)
+            for g, saved in zip(self.optimizer.param_groups, own["param_groups"]):
+                g.update(saved)
+            if load_lr_scheduler_states and self.lr_scheduler is not None and own["lr_scheduler"] is not None:
+                self.lr_scheduler.load_state_dict(own["lr_scheduler"])
+        return os.path.join(load_dir, tag or _C.resolve_tag(load_dir, "")), client
 
     def _load_weights_only(self, load_dir, tag):
         import tempfile
@@ -400,11 +405,35 @@ def _drop_external(sd):
     return {n: t for n, t in sd.items() if EXTERNAL_PREFIX not in n}
 
 
-def _unpack(client):
-    packed = client.get("zero_cpp_python") if isinstance(client, dict) else None
+_OWN_KEY = "zero_cpp_python"  # the Python engine's own state in a checkpoint's client state
+
+
+def _pack_client_state(client_state, own):
+    """The checkpoint's client state, as JSON: the user's client_state itself
+    where it is a JSON object (so the C++ API and zero-ckpt read it), beside
+    the Python engine's own state (scheduler, param groups' settings, tied
+    names) pickled under one key; a client_state JSON cannot hold (tensors,
+    objects) is pickled with it."""
+    import json
+    try:
+        plain = json.loads(json.dumps(client_state)) if isinstance(client_state, dict) else None
+    except (TypeError, ValueError):
+        plain = None
+    if plain is None or plain != client_state or _OWN_KEY in plain:
+        plain, own = {}, dict(own, client_state=client_state)
+    plain[_OWN_KEY] = base64.b64encode(pickle.dumps(own)).decode("ascii")
+    return json.dumps(plain)
+
+
+def _unpack_client_state(text):
+    """(client_state, the Python engine's own state or None) from a checkpoint's client state."""
+    import json
+    client = json.loads(text)
+    packed = client.pop(_OWN_KEY, None) if isinstance(client, dict) else None
     if packed is None:
-        return None
-    return pickle.loads(base64.b64decode(packed))
+        return client, None
+    own = pickle.loads(base64.b64decode(packed))
+    return own.pop("client_state", client), own
 
 
 def _read_latest(save_dir):

@@ -109,24 +109,86 @@ class Mirror:
         return m
 
 
+class _ForwardScope:
+    """The engine forward running now, if any: units whose params code
+    outside their own forward reads during it (a tied head computed as
+    F.linear(x, self.wte.weight) in the model's forward) are gathered at that
+    read and held to the end of the engine forward, their backward then
+    regathered from its outputs -- DeepSpeed's external parameters, found as
+    DeepSpeed finds them: a unit's params dict notices the read."""
+
+    def __init__(self):
+        self.active = False
+        self.entered = []  # units entered by such a read in this forward
+
+    def begin(self):
+        self.active, self.entered = True, []
+
+    def end(self, outputs):
+        self.active = False
+        entered, self.entered = self.entered, []
+        for unit in entered:
+            unit.leave(outputs)
+
+
+class _UnitParameters(dict):
+    """A unit module's `_parameters`: reading a param while the engine's
+    forward runs but the unit's own forward does not gathers the unit for
+    the rest of that forward (and hooks it for its backward)."""
+
+    __slots__ = ("_unit", "_running", "_scope", "_held")
+
+    def __getitem__(self, name):
+        p = dict.__getitem__(self, name)
+        if self._scope.active and self._running[0] == 0 and not self._held[0]:
+            self._unit.enter()
+            self._held[0] = True
+            self._scope.entered.append(_Held(self._unit, self._held))
+        return p
+
+
+class _Held:
+    """A unit held by a read from outside its forward; left at the end of the engine forward."""
+
+    def __init__(self, unit, held):
+        self._unit, self._held = unit, held
+
+    def leave(self, outputs):
+        self._held[0] = False
+        self._unit.leave(outputs)
+
+
 class UnitHooks:
     """Stage 3: each unit's forward tells the C++ runtime when it runs. The
     post-hook runs even when the forward raised (always_call), so the
     runtime never counts a unit as still running; a unit whose gather
     itself raised (ranks running units in different orders) was never
-    entered, and is not left either."""
+    entered, and is not left either. A read of a unit's param from outside
+    its forward, during the engine's forward, holds the unit gathered to the
+    end of that forward (`scope`, _UnitParameters)."""
 
     def __init__(self, units):
         self._handles = []
+        self._dicts = []
+        self.scope = _ForwardScope()
         for module, unit in units:
             running = [0]  # this unit's forwards entered and not yet left (recursion nests)
             self._handles.append(module.register_forward_pre_hook(_pre_hook(unit, running)))
             self._handles.append(module.register_forward_hook(_post_hook(unit, running), always_call=True))
+            params = _UnitParameters(module._parameters)
+            params._unit, params._running, params._scope, params._held = unit, running, self.scope, [False]
+            self._dicts.append((module, module._parameters))
+            module._parameters = params
 
     def remove(self):
         for h in self._handles:
             h.remove()
         self._handles = []
+        for module, original in self._dicts:
+            original.clear()
+            original.update(dict.items(module._parameters))
+            module._parameters = original
+        self._dicts = []
 
 
 def _pre_hook(unit, running):

@@ -12,6 +12,7 @@ are pushed to the engine before each optimizer step.
 """
 import json
 import math
+import weakref
 
 import torch
 
@@ -121,7 +122,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def __init__(self, engine, basic):
         # Not Optimizer.__init__: the groups are the basic optimizer's own.
-        self._engine = engine
+        # The engine weakly: no reference cycle, so an engine the script
+        # drops is freed then, not whenever the garbage collector runs.
+        self._engine_ref = weakref.ref(engine)
         self.basic_optimizer = basic
         self.defaults = basic.defaults
         self.state = basic.state
@@ -133,6 +136,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._optimizer_load_state_dict_pre_hooks = {}
         self._optimizer_load_state_dict_post_hooks = {}
         self._zero_grad_profile_name = "Optimizer.zero_grad#ZeroOptimizer.zero_grad"
+
+    @property
+    def _engine(self):
+        engine = self._engine_ref()
+        if engine is None:
+            raise RuntimeError("zero_cpp: this optimizer's engine is gone")
+        return engine
 
     @property
     def param_groups(self):

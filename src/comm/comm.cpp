@@ -96,10 +96,18 @@ Group::Group(std::string name, std::vector<int> global_ranks, int rank, std::sha
 
 bool Group::shut_down() const { return impl_ && impl_->closed(); }
 
-void Group::set_step(int64_t step, int64_t micro) const {
+void Group::set_step(int64_t step, int64_t micro, const void* owner) const {
   if (!impl_) return;
+  impl_->step_owner.store(owner, std::memory_order_relaxed);
   impl_->micro.store(micro, std::memory_order_relaxed);
   impl_->step.store(step, std::memory_order_release);
+}
+
+void Group::clear_step(const void* owner) const {
+  if (!impl_) return;
+  const void* expected = owner;
+  if (impl_->step_owner.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel))
+    impl_->step.store(-1, std::memory_order_release);
 }
 
 std::string Group::step_tag() const {

@@ -56,6 +56,7 @@ struct Group::Impl {
   std::optional<bool> cuda_ipc_chosen;
   // Group::set_step(): read by any thread that issues a collective.
   std::atomic<int64_t> step{-1}, micro{0};
+  std::atomic<const void*> step_owner{nullptr};  // who set the tag (Group::clear_step)
 
   // World::shutdown(): the lanes stop (failing what is queued), then the
   // communicators go -- NCCL's before CUDA's own teardown. Every collective

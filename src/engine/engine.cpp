@@ -195,11 +195,11 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
 
 Engine::Impl::~Impl() {
   for (auto* u : model.units) detail::UnitAccess::attach(*u, nullptr, 0);  // the model may outlive the engine
-  dp.set_step(-1, 0);  // the group's collectives are no longer this engine's steps
+  dp.clear_step(this);  // the group's collectives are no longer this engine's steps (unless another's)
 }
 
 void Engine::Impl::tag_collectives() {
-  dp.set_step(optimizer.global_steps() + optimizer.skipped_steps(), attempts);
+  dp.set_step(optimizer.global_steps() + optimizer.skipped_steps(), attempts, this);
 }
 
 // A forward (training: evaluation forwards, which ranks may run alone, do

@@ -25,16 +25,17 @@ def read(path):
     return out
 
 
-tag_dir, consolidated = sys.argv[1], sys.argv[2]
-manifest = json.load(open(f"{tag_dir}/manifest.json"))
-ranks = {int(r): read(f"{tag_dir}/{f['file']}") for r, f in manifest["files"].items()}
-full = read(consolidated)
-assert len(full) == len(manifest["params"]), (len(full), len(manifest["params"]))
-for p in manifest["params"]:
-    flat = np.empty(p["numel"], dtype=np.float32)
-    for rank, begin, end in p["fragments"]:
-        flat[begin:end] = ranks[rank][p["name"] + "/master"]
-    got = full[p["name"]]
-    assert list(got.shape) == p["shape"], (p["name"], got.shape, p["shape"])
-    assert np.array_equal(got.reshape(-1), flat), p["name"]
-print(f"ok: {len(full)} params, {sum(v.size for v in full.values())} values agree")
+if __name__ == "__main__":
+    tag_dir, consolidated = sys.argv[1], sys.argv[2]
+    manifest = json.load(open(f"{tag_dir}/manifest.json"))
+    ranks = {int(r): read(f"{tag_dir}/{f['file']}") for r, f in manifest["files"].items()}
+    full = read(consolidated)
+    assert len(full) == len(manifest["params"]), (len(full), len(manifest["params"]))
+    for p in manifest["params"]:
+        flat = np.empty(p["numel"], dtype=np.float32)
+        for rank, begin, end in p["fragments"]:
+            flat[begin:end] = ranks[rank][p["name"] + "/master"]
+        got = full[p["name"]]
+        assert list(got.shape) == p["shape"], (p["name"], got.shape, p["shape"])
+        assert np.array_equal(got.reshape(-1), flat), p["name"]
+    print(f"ok: {len(full)} params, {sum(v.size for v in full.values())} values agree")

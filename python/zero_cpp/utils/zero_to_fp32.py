@@ -7,10 +7,7 @@ consolidate` does).
     python -m zero_cpp.utils.zero_to_fp32 CHECKPOINT_DIR OUT [--tag TAG] [--safe_serialization]
 """
 import argparse
-import base64
-import json
 import os
-import pickle
 
 import torch
 
@@ -18,11 +15,12 @@ from .. import _C
 
 
 def _aliases(client_state_json):
+    from ..engine import _unpack_client_state
     try:
-        packed = json.loads(client_state_json).get("zero_cpp_python")
+        _, own = _unpack_client_state(client_state_json)
     except (ValueError, AttributeError):
         return {}
-    return pickle.loads(base64.b64decode(packed)).get("aliases", {}) if packed else {}
+    return own.get("aliases", {}) if own else {}
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None, exclude_frozen_parameters=False,
