@@ -89,10 +89,10 @@ class ZeroEngine(torch.nn.Module):
         self._aliases = _aliases(model)
         self.optimizer = optimizers.ZeroOptimizer(self, basic)
         self._step_applied = False
+        self.collate_fn = collate_fn
         self.training_dataloader = None
         if training_data is not None:
-            self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
-        self.collate_fn = collate_fn
+            self.training_dataloader = self.deepspeed_io(training_data)
         import weakref
         _ENGINES.append(weakref.ref(self))
         self.train(model.training)

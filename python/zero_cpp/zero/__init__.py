@@ -72,6 +72,7 @@ class Init:
             self._cfg = cfg
         self._remote_device = remote_device
         self._init = None
+        self._units_sharded = 0
         self._patched = []
         self._depth = {}
         if module is not None and self._enabled:
@@ -102,25 +103,30 @@ class Init:
             return False
         _active.remove(self)
         self._unpatch()
+        self._units_sharded = self._init.units_sharded
         self._init.close()
         self._init = None
         return False
 
     @property
     def units_sharded(self):
-        return self._init.units_sharded if self._init is not None else 0
+        """Modules sharded in this context so far."""
+        return self._init.units_sharded if self._init is not None else self._units_sharded
 
     # ---- catching each module as its constructor returns ----
     def _patch(self):
         for cls in [torch.nn.Module] + _all_subclasses(torch.nn.Module):
             self._wrap_init(cls)
         # Classes defined inside the context.
-        original = torch.nn.Module.__dict__["__init_subclass__"]
+        original = torch.nn.Module.__dict__.get("__init_subclass__")  # nn.Module defines none: object's
         ctx = self
 
         @classmethod
         def init_subclass(cls, **kwargs):
-            original.__get__(None, cls)(**kwargs)
+            if original is not None:
+                original.__get__(None, cls)(**kwargs)
+            else:
+                super(torch.nn.Module, cls).__init_subclass__(**kwargs)
             ctx._wrap_init(cls)
 
         torch.nn.Module.__init_subclass__ = init_subclass
@@ -152,7 +158,10 @@ class Init:
 
     def _unpatch(self):
         for cls, name, original in reversed(self._patched):
-            setattr(cls, name, original)
+            if original is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
         self._patched = []
 
     def _built(self, module):

@@ -1,0 +1,289 @@
+"""The Python front end's own behaviour, on 2 ranks (zero-run -n 2 --
+python frontend_test.py TMPDIR): zero.Init, GatheredParameters, the data
+loader, torch.distributed beside the engine, zero_to_fp32 and the 16-bit
+save, and the errors a DeepSpeed user meets -- each named on every rank,
+none a hang. Every check prints "ok" or "FAIL" (rank 0); the exit status
+is the number of failures.
+"""
+import os
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import zero_cpp as deepspeed
+from zero_cpp.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+TMP = sys.argv[1]
+failures = []
+
+
+def check(ok, what):
+    if dist.get_rank() == 0:
+        print(("ok   " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def config(stage, **zero):
+    return {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
+            "zero_optimization": dict({"stage": stage, "stage3_param_persistence_threshold": 0}, **zero)}
+
+
+class Mlp(nn.Module):
+    def __init__(self, width=64, layers=4):
+        super().__init__()
+        self.inp = nn.Linear(8, width)
+        self.hidden = nn.ModuleList([nn.Linear(width, width) for _ in range(layers)])
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, x, y):
+        h = torch.tanh(self.inp(x))
+        for layer in self.hidden:
+            h = torch.tanh(layer(h))
+        return F.mse_loss(self.out(h), y)
+
+
+def data(step, engine):
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(4 * engine.world_size, 8, generator=g)
+    y = x.sum(1, keepdim=True).sin()
+    r = engine.global_rank
+    return x[4 * r:4 * (r + 1)], y[4 * r:4 * (r + 1)]
+
+
+def train(engine, steps, first=0):
+    losses = []
+    for s in range(first, first + steps):
+        loss = engine(*data(s, engine))
+        engine.backward(loss)
+        engine.step()
+        t = loss.detach().clone()
+        dist.all_reduce(t)  # torch.distributed beside the engine
+        losses.append(t.item() / engine.world_size)
+    return losses
+
+
+def make(stage, model=None, **zero):
+    if model is None:
+        torch.manual_seed(0)
+        model = Mlp()
+    engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                             config=config(stage, **zero))
+    return engine
+
+
+def raises(fn, kind, text):
+    try:
+        fn()
+    except kind as e:
+        return text in str(e), str(e).splitlines()[0][:200]
+    except Exception as e:  # noqa: BLE001
+        return False, f"raised {type(e).__name__}: {str(e)[:200]}"
+    return False, "did not raise"
+
+
+def test_zero_init():
+    # Built under zero.Init (stage 3): every module with params of its own
+    # is sharded as it is built; the model then trains exactly as one built
+    # whole (rank 0's weights on every rank either way).
+    cfg = config(3)
+    with deepspeed.zero.Init(config_dict_or_path=cfg) as init:
+        torch.manual_seed(dist.get_rank())  # ranks build different weights: Init takes rank 0's
+        sharded = Mlp()
+    check(init.units_sharded == 6, f"zero.Init sharded each module with params of its own as it was built "
+          f"({init.units_sharded} of 6: inp, 4 hidden, out)")
+    held = make(3, sharded)
+    torch.manual_seed(0)
+    plain_model = Mlp()
+    with torch.no_grad():  # rank 0's weights as zero.Init kept them
+        for p in plain_model.parameters():
+            dist.broadcast(p, 0)
+        torch.manual_seed(dist.get_rank())
+        reference = Mlp()
+        reference.load_state_dict(plain_model.state_dict())
+    whole = make(3, reference)
+    a, b = train(held, 4), train(whole, 4)
+    check(a == b, f"a model built under zero.Init trains as one built whole ({a[-1]:.6f} vs {b[-1]:.6f})")
+    bytes_held = held.state_bytes()["params"]
+    full = sum(p.numel() for p in sharded.parameters()) * 4
+    check(bytes_held < 0.75 * full, f"stage 3 holds {bytes_held} bytes of params per rank, under the "
+          f"model's {full} (shards; a unit gathered only around its use)")
+
+
+def test_gathered_parameters():
+    engine = make(3)
+    train(engine, 2)
+    w = engine.module.hidden[1].weight
+    with deepspeed.zero.GatheredParameters(w, modifier_rank=0):
+        full_before = w.detach().clone()
+        if dist.get_rank() == 0:
+            with torch.no_grad():
+                w.fill_(0.25)
+    with deepspeed.zero.GatheredParameters(w):
+        seen = w.detach().clone()
+    check(bool((seen == 0.25).all()), "GatheredParameters(modifier_rank=0): rank 0's change reaches every rank")
+    sd = engine.consolidated_fp32_state_dict()
+    check(bool((sd["hidden.1.weight"] == 0.25).all()), "and the fp32 master weights (the consolidated state dict)")
+    others = [t.clone() for t in [full_before]]
+    dist.all_reduce(others[0])
+    check(bool(torch.allclose(others[0], 2 * full_before)), "inside the block every rank held the same full param")
+    losses = train(engine, 2, first=2)
+    check(all(x == x for x in losses), "training goes on after the blocks")
+
+
+def test_gathered_parameters_under_init():
+    # The Hugging Face pattern: weights initialised under zero.Init, before
+    # initialize(), inside GatheredParameters with modifier_rank 0.
+    cfg = config(3)
+    with deepspeed.zero.Init(config_dict_or_path=cfg):
+        torch.manual_seed(0)
+        model = Mlp()
+    with deepspeed.zero.GatheredParameters(model.out.weight, modifier_rank=0):
+        if dist.get_rank() == 0:
+            with torch.no_grad():
+                model.out.weight.fill_(0.5)
+    engine = make(3, model)
+    sd = engine.consolidated_fp32_state_dict()
+    check(bool((sd["out.weight"] == 0.5).all()), "GatheredParameters before initialize (zero.Init's shards): "
+          "rank 0's initialisation is what the engine trains from")
+
+
+def test_dataloader():
+    class Squares(torch.utils.data.Dataset):
+        def __len__(self):
+            return 37
+
+        def __getitem__(self, i):
+            return torch.tensor([float(i)])
+
+    torch.manual_seed(0)
+    model = Mlp()
+    engine, _, loader, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                config=config(1), training_data=Squares())
+    seen = torch.cat([b.reshape(-1) for b in loader])
+    check(len(loader) == 5 and all(b.shape[0] <= 4 for b in loader),
+          f"training_data: micro-batches of train_micro_batch_size_per_gpu, {len(loader)} a rank (19 samples)")
+    everyone = [torch.zeros(19) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, seen)
+    every = torch.cat(everyone).tolist()
+    check(len(every) == 38 and set(every) == set(float(i) for i in range(37)),
+          "the ranks' shares cover the dataset (DistributedSampler pads one sample to even them)")
+
+
+def test_zero_to_fp32():
+    # A tied embedding and head: the checkpoint's fp32 state dict holds both
+    # names; a plain model loads it and evaluates as the engine does.
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(32, 16)
+            self.mix = nn.Linear(16, 16)
+            self.head = nn.Linear(16, 32, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, idx):
+            return F.cross_entropy(self.head(torch.tanh(self.mix(self.emb(idx)))).reshape(-1, 32),
+                                   idx.roll(1, 1).reshape(-1))
+
+    torch.manual_seed(0)
+    model = Tied()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(3))
+    idx = torch.randint(0, 32, (4, 8), generator=torch.Generator().manual_seed(3))
+    for _ in range(3):
+        engine.backward(engine(idx))
+        engine.step()
+    path = os.path.join(TMP, "tied")
+    engine.save_checkpoint(path)
+    sd = get_fp32_state_dict_from_zero_checkpoint(path)
+    check(set(sd) == {"emb.weight", "mix.weight", "mix.bias", "head.weight"},
+          f"zero_to_fp32: every name, the tied head's too ({sorted(sd)})")
+    live = engine.consolidated_fp32_state_dict()
+    check(all(torch.equal(sd[k], live[k]) for k in live), "the checkpoint's fp32 weights are the engine's")
+    plain = Tied()
+    plain.load_state_dict(sd)
+    engine.eval()
+    with torch.no_grad():
+        a, b = engine(idx).item(), plain(idx).item()
+    engine.train()
+    check(abs(a - b) <= 1e-6 * abs(b), f"a plain model loaded from it evaluates as the engine ({a:.6f} vs {b:.6f})")
+    engine.save_16bit_model(os.path.join(TMP, "sixteen"))
+    if dist.get_rank() == 0:
+        saved = torch.load(os.path.join(TMP, "sixteen", "pytorch_model.bin"))
+        check(set(saved) >= {"emb.weight", "mix.weight"}, "save_16bit_model writes the whole model (rank 0)")
+    dist.barrier()
+
+
+def test_errors():
+    torch.manual_seed(0)
+    model = Mlp()
+    ok, said = raises(lambda: deepspeed.initialize(model=model, optimizer=torch.optim.RMSprop(model.parameters()),
+                                                   config={"train_micro_batch_size_per_gpu": 4}),
+                      deepspeed.DeepSpeedConfigError, "RMSprop")
+    check(ok, f"an optimizer with no fused update is named ({said})")
+    ok, said = raises(lambda: deepspeed.initialize(model=model, model_parameters=list(model.hidden.parameters()),
+                                                   config=config(2)),
+                      deepspeed.DeepSpeedConfigError, "inp.weight")
+    check(ok, f"trainable params left out of model_parameters are named ({said})")
+    bad = config(2)
+    bad["zero_optimization"]["stage3_prefetch_bucket_sizes"] = 5
+    ok, said = raises(lambda: deepspeed.initialize(model=model, model_parameters=model.parameters(), config=bad),
+                      deepspeed.DeepSpeedConfigError, "stage3_prefetch_bucket_sizes")
+    check(ok, f"an unknown ds_config key is named ({said})")
+    ok, said = raises(lambda: deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(2),
+                                                   mpu=object()), NotImplementedError, "mpu")
+    check(ok, f"model parallelism (mpu) is refused by name ({said})")
+    engine = make(2)
+    loss = engine(*data(0, engine))
+    ok, said = raises(lambda: engine.backward(loss, retain_graph=True), NotImplementedError, "retain_graph")
+    check(ok, f"backward(retain_graph=True) is refused by name ({said})")
+    engine.backward(loss)
+    engine.step()
+    ok, said = raises(lambda: engine.no_sync().__enter__(), RuntimeError, "stages 0 and 1")
+    check(ok, f"no_sync at stage 2 names the stages it is for ({said})")
+
+
+def test_divergent_unit_order():
+    # Ranks that call modules in different orders at stage 3 get the engine's
+    # error, on every rank, within seconds -- not a hang.
+    class Swapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+            self.b = nn.Linear(8, 8)
+
+        def forward(self, x):
+            first, second = (self.a, self.b) if dist.get_rank() == 0 else (self.b, self.a)
+            return second(first(x)).pow(2).mean()
+
+    torch.manual_seed(0)
+    model = Swapped()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(3))
+    t0 = time.time()
+    ok, said = raises(lambda: engine.backward(engine(torch.randn(4, 8))), RuntimeError, "different orders")
+    check(ok and time.time() - t0 < 30, f"modules run in different orders by the ranks: named on every rank in "
+          f"{time.time() - t0:.1f} s ({said[:120]})")
+
+
+def main():
+    deepspeed.init_distributed()
+    torch.set_num_threads(1)
+    check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")
+    for test in (test_zero_init, test_gathered_parameters, test_gathered_parameters_under_init, test_dataloader,
+                 test_zero_to_fp32, test_errors, test_divergent_unit_order):
+        try:
+            test()
+        except Exception:  # noqa: BLE001
+            check(False, f"{test.__name__} raised:\n{traceback.format_exc()}")
+    if dist.get_rank() == 0:
+        print(f"{len(failures)} failure(s)" if failures else "all checks passed", flush=True)
+    sys.exit(min(len(failures), 100))
+
+
+if __name__ == "__main__":
+    main()
