@@ -44,6 +44,7 @@
 #include "memory/shared_arena.h"
 #include "memory/device_memory.h"
 #include "train/gpt_trainer.h"
+#include "train/progress_timer.h"
 
 namespace {
 
@@ -325,23 +326,19 @@ int main(int argc, char** argv) {
     // the last step when the engine does not report them (that step's loss).
     const auto start = std::chrono::steady_clock::now();
     const int64_t first_step = trainer.steps_done() + 1;  // > 1 after --resume
-    auto last_line = start;
-    int64_t last_line_step = first_step - 1;
+    const auto now_ms = [&] {
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    };
+    zero::train::ProgressTimer timer(0.0, first_step - 1);
     // `window`: the steps the loss is a mean of (the engine's report);
     // the time is per step since the last line, whoever printed it.
     auto progress_line = [&](int64_t s, double loss, int64_t window, double lr, double tokens_per_s, bool skipped) {
-      const auto now = std::chrono::steady_clock::now();
-      const double elapsed = std::chrono::duration<double>(now - start).count();
-      const double ms_per_step = std::chrono::duration<double, std::milli>(now - last_line).count() /
-                                 static_cast<double>(std::max<int64_t>(1, s - last_line_step));
-      last_line = now;
-      last_line_step = s;
+      const auto t = timer.line(now_ms(), s, args.steps);
       char mean[48] = "";
       if (window > 1) std::snprintf(mean, sizeof mean, " (mean of %lld steps)", static_cast<long long>(window));
       std::fprintf(stderr, "step %5lld/%lld  loss %.4f%s  lr %.2e  %s%.0f tok/s  %.0f ms/step  ETA %.0f s\n",
                    static_cast<long long>(s), static_cast<long long>(args.steps), loss, mean, lr,
-                   skipped ? "(skipped: overflow)  " : "", tokens_per_s, ms_per_step,
-                   elapsed / (s - first_step + 1) * (args.steps - s));
+                   skipped ? "(skipped: overflow)  " : "", tokens_per_s, t.ms_per_step, t.eta_s);
     };
     // The engine's loss is the mean of what was given to engine.backward:
     // with --backward-chunks K each chunk's loss / K (the trainer's sum of

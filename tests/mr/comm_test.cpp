@@ -508,7 +508,9 @@ TEST(Disagreement, IsAnErrorOnEveryRankNamingBothSides) {
         EXPECT_NE(msg.find(g->describe()), std::string::npos) << msg;
         for (const auto& part : c.expect) EXPECT_NE(msg.find(part), std::string::npos) << part << " in: " << msg;
       }
-      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+      // Named at once, not after the collective timeout (300 s); the bound
+      // leaves a loaded machine room (a liveness bound, not a timing).
+      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
       w.comm().set_fast_paths_enabled(true);
     }
   w.comm().barrier(w.group())->wait();

@@ -101,14 +101,10 @@ out=$("$ZR" -n 2 --timeout 120 -- "$ZT" --config "$tmp/quiet.json" --layers 1 --
 printed=$(echo "$out" | grep -o 'step *[0-9]*/12' | sed 's/step *//; s|/12||' | tr '\n' ' ')
 check "no steps_per_print: progress at steps 1 and 12 only (got: $printed)" [ "$printed" = "1 12 " ]
 check "no steps_per_print: no engine progress line" lacks "$out" "[zero-cpp] step="
-# The last line's ms/step is over the 11 steps since the first line: at
-# most the whole run's mean step (the first step, the slowest, is outside
-# it) with room for noise -- it was the 11 steps' total, divided by one.
-check "no steps_per_print: the last line's ms/step is per step" awk -v line="$(echo "$out" | grep 'step *12/12')" \
-  -v summary="$(echo "$out" | grep 'summary: 12 steps in')" 'BEGIN {
-  match(line, /[0-9.]+ ms\/step/); per_step = substr(line, RSTART, RLENGTH) + 0
-  match(summary, /in [0-9.]+ s/); total_ms = substr(summary, RSTART + 3, RLENGTH - 5) * 1000
-  exit !(per_step > 0 && per_step < 2 * total_ms / 12) }'
+# The last line's time per step is the wall time since the first line over
+# the 11 steps since it: the arithmetic is checked on given times
+# (unit ProgressTimer.*), here only that the line says it.
+check "no steps_per_print: the last line gives a time per step" grep -qE 'step +12/12 .* [0-9]+ ms/step' <<<"$out"
 check "stage 3 summary: state per rank below stage 0's" awk -v line="$(echo "$out" | grep 'model state per rank')" 'BEGIN {
   match(line, /[0-9.]+ MB at stage 3/); a = substr(line, RSTART, RLENGTH) + 0
   match(line, /[0-9.]+ MB at stage 0/); b = substr(line, RSTART, RLENGTH) + 0; exit !(a > 0 && b > 1.5 * a) }'
