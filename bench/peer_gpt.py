@@ -9,7 +9,7 @@ like any rank program:
 
     zero-run -n 2 -- PYTHON bench/peer_gpt.py PEER EXPORT_DIR LAYERS D_MODEL HEADS SEQ STEPS CONFIG OUT.json
 
-PEER is ddp, fsdp2 or deepspeed. Rank 0 writes OUT.json: per-step loss
+PEER is ddp, fsdp2, deepspeed or zero_cpp (zero-cpp's Python front end). Rank 0 writes OUT.json: per-step loss
 (global-batch mean), step time, peak RSS, and the model-state bytes this
 rank holds (params, grads and optimizer state, counted from the tensors);
 the median step time leaves out the first two steps, as zero-train's.
@@ -230,6 +230,35 @@ def build_deepspeed(model, cfg, lr, wd, device):
     return step, held, f"DeepSpeed {deepspeed.__version__} ZeRO stage {stage} ({accel}, {dist.get_backend()})", extra
 
 
+def build_zero_cpp(model, cfg, lr, wd, device):
+    """zero-cpp's Python front end (python/zero_cpp): the DeepSpeed script with
+    the one changed import, on the C++ engine; torch.distributed was set up
+    first, as a script that calls init_process_group itself does."""
+    import zero_cpp
+
+    engine, opt, _, _ = zero_cpp.initialize(model=model, config=cfg, model_parameters=model.parameters())
+    hook_times = []
+
+    def step(x, y):
+        before = engine.hook_times()
+        logits = engine(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        engine.backward(loss)
+        engine.step()
+        after = engine.hook_times()
+        if after is not None:
+            hook_times.append({k: after[k] - before[k] for k in after})
+        return loss
+
+    def held():
+        return sum(engine.state_bytes()[k] for k in ("params", "grads", "master", "optimizer"))
+
+    stage = cfg.get("zero_optimization", {}).get("stage", 0)
+    extra = {"precision": "bf16 model, fp32 master and AdamW state" if cfg.get("bf16", {}).get("enabled") else "fp32",
+             "optimizer": "zero-cpp fused AdamW", "hook_times_per_step": hook_times}
+    return step, held, f"zero_cpp (Python front end) ZeRO stage {stage} ({dist.get_backend()} + zero-cpp's transports)", extra
+
+
 def process_age_ms():
     """How long this process has run, in ms: from its start as the kernel
     records it (/proc/self/stat's starttime) to now, so the interpreter's
@@ -270,7 +299,7 @@ def main():
     init = read_safetensors(f"{export}/init.safetensors")
     model.load_state_dict(init, strict=True)
     del init
-    build = {"ddp": build_ddp, "fsdp2": build_fsdp2, "deepspeed": build_deepspeed}[peer]
+    build = {"ddp": build_ddp, "fsdp2": build_fsdp2, "deepspeed": build_deepspeed, "zero_cpp": build_zero_cpp}[peer]
     step, held, name, extra = build(model, cfg, lr, wd, device)
     tokens = read_safetensors(f"{export}/tokens.safetensors")["tokens"].clone()
     micro = tokens.shape[1] // world

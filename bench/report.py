@@ -226,6 +226,20 @@ def main():
               [[k, f"{g['ratio']:.2f}", ", ".join(f"{r:.2f}" for r in g.get("rounds", [])), g["goal"],
                 "yes" if g["met"] else "no"] for k, g in goal_run["goals"].items()])
 
+    py = load("python_frontend.json")
+    if py:
+        table(w, f"Issue 35's goals: the Python front end against the peers and the C++ API (GPT {py['model']}, "
+                 f"fp32, 2 ranks, {py['rounds']} round(s), bench/python_frontend.sh)",
+              ["ratio", "measured", "each round", "goal", "met"],
+              [[k, f"{g['ratio']:.2f}", ", ".join(f"{r:.2f}" for r in g.get("rounds", [])), g.get("goal", ""),
+                ("yes" if g["met"] else "no") if "met" in g else ""]
+               for k, g in {**py["goals"], **py["figures"]}.items()])
+        if py.get("stage3_hooks"):
+            h = py["stage3_hooks"]
+            w(f"Stage 3's module hooks per step: {h['calls_per_step']:.0f} calls, {h['hooks_ms_per_step']:.1f} ms, "
+              f"of which {h['in_cpp_engine_ms']:.1f} ms in the C++ engine (gathers) and {h['python_ms']:.2f} ms "
+              f"Python's ({h['python_share_of_step']:.2%} of the step).\n")
+
     first = load("first_step.json")
     if first:
         table(w, f"Time to the first step (GPT {first['model']}, fp32, 2 ranks, rank 0's process age in s, "

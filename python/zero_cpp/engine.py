@@ -306,6 +306,13 @@ class ZeroEngine(torch.nn.Module):
     def describe(self):
         return self._engine.describe()
 
+    def hook_times(self):
+        """With ZERO_CPP_HOOK_TIMES=1: {"calls", "total_s", "engine_s"} of the
+        stage-3 module hooks so far (engine_s: inside the C++ engine; the rest
+        is the front end's Python); None otherwise."""
+        t = self._hooks.times if self._hooks is not None else None
+        return None if t is None else {"calls": t.calls, "total_s": t.total_s, "engine_s": t.engine_s}
+
     def comm_counts(self):
         """Collectives this rank's engine has issued: {op: {"calls", "bytes", ...}}."""
         return self._engine.comm_counts_of_group()

@@ -14,6 +14,8 @@ order within stage3_prefetch_bucket_size / stage3_max_live_parameters and
 keeps units reused within stage3_max_reuse_distance, as the C++ API does.
 """
 import dataclasses
+import os
+import time
 import weakref
 
 import torch
@@ -171,10 +173,15 @@ class UnitHooks:
         self._handles = []
         self._dicts = []
         self.scope = _ForwardScope()
+        self.times = HookTimes() if os.environ.get("ZERO_CPP_HOOK_TIMES") == "1" else None
         for module, unit in units:
             running = [0]  # this unit's forwards entered and not yet left (recursion nests)
-            self._handles.append(module.register_forward_pre_hook(_pre_hook(unit, running)))
-            self._handles.append(module.register_forward_hook(_post_hook(unit, running), always_call=True))
+            pre, post = _pre_hook(unit, running), _post_hook(unit, running)
+            if self.times is not None:
+                timed_unit = self.times.wrap(unit)
+                pre, post = self.times.timed(_pre_hook(timed_unit, running)), self.times.timed(_post_hook(timed_unit, running))
+            self._handles.append(module.register_forward_pre_hook(pre))
+            self._handles.append(module.register_forward_hook(post, always_call=True))
             params = _UnitParameters(module._parameters)
             params._unit, params._running, params._scope, params._held = unit, running, self.scope, [False]
             self._dicts.append((module, module._parameters))
@@ -205,3 +212,40 @@ def _post_hook(unit, running):
         running[0] -= 1
         unit.leave(tensors_in(output))
     return hook
+
+
+class HookTimes:
+    """Where the front end's own time goes (ZERO_CPP_HOOK_TIMES=1; the
+    benchmark's breakdown): each hook's wall time, and the part of it spent
+    in the C++ engine (gathers, releases); the rest is Python's."""
+
+    def __init__(self):
+        self.calls = 0
+        self.total_s = 0.0
+        self.engine_s = 0.0
+
+    def wrap(self, unit):
+        times = self
+
+        class Timed:
+            def enter(self):
+                t0 = time.perf_counter()
+                unit.enter()
+                times.engine_s += time.perf_counter() - t0
+
+            def leave(self, outputs):
+                t0 = time.perf_counter()
+                unit.leave(outputs)
+                times.engine_s += time.perf_counter() - t0
+
+        return Timed()
+
+    def timed(self, hook):
+        def run(*args):
+            t0 = time.perf_counter()
+            try:
+                return hook(*args)
+            finally:
+                self.total_s += time.perf_counter() - t0
+                self.calls += 1
+        return run
