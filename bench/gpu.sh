@@ -134,8 +134,21 @@ for stage in 0 1 2 3; do
   fi
 done
 
-# 3. The peers, same dtype, same weights and batches (the export).
-for c in "ddp 0" "fsdp2 3" "deepspeed 0" "deepspeed 2" "deepspeed 3"; do
+# zero-cpp's Python front end (issue 35 item 8): the package beside this
+# build's extension (ZERO_GPU_BENCH_PYTHONPATH, default BUILD/python), built
+# for this machine's python.
+zc_path=${ZERO_GPU_BENCH_PYTHONPATH:-$B/python}
+zc_import=$tmp/zc_import.txt
+if PYTHONPATH=$zc_path${PYTHONPATH:+:$PYTHONPATH} "$PY" -c 'import zero_cpp' > "$zc_import" 2>&1; then
+  zc_error=""
+else
+  zc_error=$(grep -v '^[[:space:]]*$' "$zc_import" | tail -n 1)
+  say "zero_cpp does not import from $zc_path ($zc_error): the Python front end's runs are skipped"
+fi
+
+# 3. The peers, same dtype, same weights and batches (the export), and the
+# Python front end as one of them.
+for c in "ddp 0" "fsdp2 3" "deepspeed 0" "deepspeed 2" "deepspeed 3" "zero_cpp 0" "zero_cpp 3"; do
   read -r peer stage <<< "$c"
   f="\"run\": \"$peer\", \"stage\": $stage, \"dtype\": \"bf16\""
   name="$peer-stage$stage"
@@ -147,8 +160,13 @@ for c in "ddp 0" "fsdp2 3" "deepspeed 0" "deepspeed 2" "deepspeed 3"; do
     echo "{$f, \"skipped\": $(echo "deepspeed does not import: $ds_error" | json_str)}" >> "$records"
     continue
   fi
+  if [ "$peer" = zero_cpp ] && [ -n "$zc_error" ]; then
+    echo "{$f, \"skipped\": $(echo "zero_cpp does not import: $zc_error" | json_str)}" >> "$records"
+    continue
+  fi
   bench_config "$stage" bf16 "$MICRO"
-  if attempt "$f" "$name" - env ZERO_PEER_DEVICE="$DEVICE" DS_ACCELERATOR="$DEVICE" "$B/zero-run" -n 1 -- \
+  if attempt "$f" "$name" - env ZERO_PEER_DEVICE="$DEVICE" DS_ACCELERATOR="$DEVICE" ZERO_CPP_HOOK_TIMES=1 \
+      PYTHONPATH="$zc_path${PYTHONPATH:+:$PYTHONPATH}" "$B/zero-run" -n 1 -- \
       "$PY" "$here/peer_gpt.py" "$peer" "$tmp" "$L" "$D" "$H" "$S" "$STEPS" "$tmp/c.json" "$LOGS/$name.json"; then
     echo "{$f, \"log\": \"$name.log\", \"result\": $(compact "$LOGS/$name.json")}" >> "$records"
   fi

@@ -24,10 +24,10 @@ SEEDS = {
             "2.94× (~382 → ~130 s, Z2 init of 32 Qwen3-30B layers, 8 × H100)"),
 }
 
-PEER_NAMES = {"ddp": "DDP", "fsdp2": "FSDP2", "deepspeed": "DeepSpeed"}
+PEER_NAMES = {"ddp": "DDP", "fsdp2": "FSDP2", "deepspeed": "DeepSpeed", "zero_cpp": "zero_cpp (Python front end)"}
 # zero-cpp's stage each peer is set beside.
 MATCH = {("ddp", 0): 0, ("fsdp2", 3): 3, ("deepspeed", 0): 0, ("deepspeed", 1): 1, ("deepspeed", 2): 2,
-         ("deepspeed", 3): 3}
+         ("deepspeed", 3): 3, ("zero_cpp", 0): 0, ("zero_cpp", 3): 3}
 
 
 def gb(b):
@@ -68,7 +68,7 @@ def label(r):
     if r["run"] == "zero-cpp":
         return f"zero-cpp stage {r['stage']}"
     name = PEER_NAMES.get(r["run"], r["run"])
-    return f"{name} stage {r['stage']}" if r["run"] == "deepspeed" else name
+    return f"{name} stage {r['stage']}" if r["run"] in ("deepspeed", "zero_cpp") else name
 
 
 def ok(r):
@@ -115,6 +115,11 @@ def main_table(w, run):
             notes.append(res.get("precision", ""))
             if r["run"] == "deepspeed":
                 notes.append(res.get("optimizer", "").rsplit(".", 1)[-1] + (" (torch_adam)" if res.get("torch_adam") else ""))
+            hooks = [h for h in res.get("hook_times_per_step", [])[2:]]
+            if hooks:  # the Python front end's stage-3 hooks: their time, and the part in the C++ engine
+                total = sorted(h["total_s"] for h in hooks)[len(hooks) // 2] * 1000
+                engine = sorted(h["engine_s"] for h in hooks)[len(hooks) // 2] * 1000
+                notes.append(f"hooks {total:.1f} ms/step, {engine:.1f} in the engine")
         w(f"| {label(r)} | {r['dtype']} | {ms:.1f} | {tokens_per_s(r, run):,.0f} | {mem} | {final} | {diff} | {vs_ddp} "
           f"| {ratio} | {'; '.join(n for n in notes if n)} |")
     w("")
