@@ -97,6 +97,17 @@ class ZeroEngine(torch.nn.Module):
         _ENGINES.append(weakref.ref(self))
         self.train(model.training)
 
+    def __getattr__(self, name):
+        """As DeepSpeed's engine: an attribute the engine does not have is
+        the model's (engine.config of a Hugging Face model, a method of it)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is not None and hasattr(module, name):
+                return getattr(module, name)
+            raise
+
     # ---- the job ----
     @property
     def global_rank(self):

@@ -222,6 +222,7 @@ class ConfigScheduler:
         self.optimizer = optimizer
         self._config_json = json.dumps({"optimizer": config["optimizer"], "scheduler": config["scheduler"],
                                         "train_micro_batch_size_per_gpu": 1})
+        configs.parse(self._config_json)  # a scheduler's bad argument named now
         self.base_lrs = [g["lr"] for g in optimizer.param_groups]
         self.last_batch_iteration = -1
         self._last_lr = self._write()

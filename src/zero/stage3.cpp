@@ -408,7 +408,13 @@ void Stage3Runtime::after_forward(size_t unit, const std::vector<at::Tensor>& ou
   const size_t next = schedule_.position();
   const bool forward_follows = at::GradMode::is_enabled() && schedule_.following() && next < trace.size() &&
                                trace[next].phase == Phase::Forward;
-  if (!keep) release(g, forward_follows);
+  // A forward that runs inside backward is a recompute (activation
+  // checkpointing, torch's non-reentrant kind included: the recompute fills
+  // the saved tensors the unit's own backward reads next): the unit stays
+  // gathered until its grads are in.
+  const bool recompute = in_backward_ && at::GradMode::is_enabled();
+  if (recompute) state_[g].awaiting_grads = true;
+  else if (!keep) release(g, forward_follows);
   // A grad hook on each output runs before the grad flows into the unit's
   // own backward ops, which need its params. (Hooks, not a wrapping
   // autograd function: the outputs stay plain tensors, in-place ops on

@@ -19,6 +19,7 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 if os.environ.get("ZERO_FRONTEND", "zero_cpp") == "deepspeed":
     import deepspeed
@@ -42,8 +43,9 @@ class Block(nn.Module):
 
 
 class Net(nn.Module):
-    def __init__(self):
+    def __init__(self, recompute=None):
         super().__init__()
+        self.recompute = recompute  # None, or torch.utils.checkpoint's use_reentrant for each block
         self.emb = nn.Embedding(VOCAB, D)
         nn.init.normal_(self.emb.weight, std=0.1)
         self.pos = nn.Parameter(torch.randn(SEQ, D) * 0.02)
@@ -59,7 +61,10 @@ class Net(nn.Module):
         x = self.emb(idx) + self.pos[: idx.shape[1]]
         x = x + self.frozen(x) * self.scale.to(x.dtype)  # DeepSpeed leaves buffers in fp32 under bf16
         for b in self.blocks:
-            x = b(x)
+            if self.recompute is None:
+                x = b(x)
+            else:
+                x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=self.recompute)
         logits = self.head(self.ln_f(x))
         return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
 
@@ -176,6 +181,20 @@ def scenario_knobs(stage, out, ckpt):
                                    "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 100})
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=c)
     return {"losses": train(engine, 5)}
+
+
+def scenario_recompute(stage, out, ckpt):
+    """Activation checkpointing as torch does it, each block recomputed in
+    backward: non-reentrant (torch's recommended kind) for three steps, then
+    reentrant for three (a recomputed unit at stage 3 is gathered again
+    inside the backward and kept for its own backward)."""
+    losses = []
+    for reentrant in (False, True):
+        torch.manual_seed(0)
+        model = Net(recompute=reentrant)
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(stage))
+        losses += train(engine, 3)
+    return {"losses": losses}
 
 
 def scenario_eval(stage, out, ckpt):
@@ -321,7 +340,8 @@ def scenario_gradcache(stage, out, ckpt):
 
 SCENARIOS = {"base": scenario_base, "features": scenario_features, "bf16": scenario_bf16,
              "resume": scenario_resume, "coalesce": scenario_coalesce, "gradcache": scenario_gradcache,
-             "client": scenario_client, "groups": scenario_groups, "knobs": scenario_knobs, "eval": scenario_eval}
+             "client": scenario_client, "groups": scenario_groups, "knobs": scenario_knobs, "eval": scenario_eval,
+             "recompute": scenario_recompute}
 
 
 def main():
