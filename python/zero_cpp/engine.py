@@ -77,6 +77,7 @@ class ZeroEngine(torch.nn.Module):
         self.device = torch.device(self._world.device)
         if self.device.type == "cuda":
             model.to(self.device)
+        _widen_16bit_params(model)
         basic, cxx_groups = optimizers.plan(model, optimizer, model_parameters, cfg)
         self.lr_scheduler = optimizers.scheduler(lr_scheduler, basic, cfg)
         self._config = configs.for_engine(cfg)
@@ -405,6 +406,22 @@ class ZeroEngine(torch.nn.Module):
         if self._hooks is not None:
             self._hooks.remove()
             self._hooks = None
+
+
+def _widen_16bit_params(model):
+    """A model loaded in bf16/fp16 (a checkpoint's torch_dtype): its trainable
+    params widened to fp32 in place -- exactly, so the fp32 master starts
+    from the same values; the engine then keeps them in the config's
+    precision, as DeepSpeed builds its fp32 master from a 16-bit model."""
+    widened = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16):
+                p.data = p.data.float()
+                widened += 1
+    if widened and distributed.world().rank == 0:
+        warnings.warn(f"zero_cpp: {widened} trainable params were 16-bit; their fp32 master starts from their "
+                      f"values (the config's bf16/fp16 block decides what the model computes in)")
 
 
 def _aliases(model):

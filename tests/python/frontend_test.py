@@ -43,10 +43,10 @@ class Mlp(nn.Module):
         self.out = nn.Linear(width, 1)
 
     def forward(self, x, y):
-        h = torch.tanh(self.inp(x))
+        h = torch.tanh(self.inp(x.to(self.inp.weight.dtype)))  # as a model that may run in bf16 does
         for layer in self.hidden:
             h = torch.tanh(layer(h))
-        return F.mse_loss(self.out(h), y)
+        return F.mse_loss(self.out(h).float(), y)
 
 
 def data(step, engine):
@@ -219,6 +219,40 @@ def test_zero_to_fp32():
     dist.barrier()
 
 
+def test_weights_only_load_and_16bit_model():
+    # load_checkpoint(load_module_only=True): the weights come back, the
+    # step count and optimizer state stay this engine's.
+    engine = make(2)
+    train(engine, 2)
+    path = os.path.join(TMP, "weights_only")
+    engine.save_checkpoint(path, tag="two")
+    saved = engine.consolidated_fp32_state_dict()
+    train(engine, 2, first=2)
+    load_path, client = engine.load_checkpoint(path, tag="two", load_module_only=True)
+    now = engine.consolidated_fp32_state_dict()
+    check(load_path is not None and all(torch.equal(saved[k], now[k]) for k in saved),
+          "load_checkpoint(load_module_only=True) restores the weights")
+    check(engine.global_steps == 4, f"and leaves the step count ({engine.global_steps})")
+    missing = engine.load_checkpoint(os.path.join(TMP, "nowhere"))
+    check(missing == (None, None), "a directory without a checkpoint gives (None, None), as DeepSpeed")
+    # A model loaded in bf16 (a checkpoint's torch_dtype) under a bf16 config
+    # trains as the same model loaded in fp32.
+    torch.manual_seed(0)
+    half = Mlp().to(torch.bfloat16)
+    torch.manual_seed(0)
+    full = Mlp()
+    with torch.no_grad():
+        for a, b in zip(half.parameters(), full.parameters()):
+            b.copy_(a.float())
+    cfg = config(2)
+    cfg["bf16"] = {"enabled": True}
+    runs = []
+    for model in (half, full):
+        e, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        runs.append(train(e, 3))
+    check(runs[0] == runs[1], f"a bf16-loaded model trains as its fp32 twin ({runs[0][-1]:.6f} vs {runs[1][-1]:.6f})")
+
+
 def test_errors():
     torch.manual_seed(0)
     model = Mlp()
@@ -275,7 +309,7 @@ def main():
     torch.set_num_threads(1)
     check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")
     for test in (test_zero_init, test_gathered_parameters, test_gathered_parameters_under_init, test_dataloader,
-                 test_zero_to_fp32, test_errors, test_divergent_unit_order):
+                 test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_errors, test_divergent_unit_order):
         try:
             test()
         except Exception:  # noqa: BLE001
