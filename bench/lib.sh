@@ -54,6 +54,26 @@ gpt_case_result() {
   fi
 }
 
+# The rounds of a GPT benchmark of several cases ("WHO STAGE" each), after
+# exporting MODEL's weights and batches: ROUNDS rounds of STEPS steps, the
+# order turned every round, each run's record a line of $tmp/runs.jsonl.
+# Needs MODEL, RANKS, ROUNDS, STEPS, PY and here; sets L D H S and runs.
+run_gpt_cases() {
+  bench_model "$MODEL"
+  L=${model_args[1]} D=${model_args[3]} H=${model_args[5]} S=${model_args[7]}
+  "$B/bench/bench_export_gpt" "$tmp" "$L" "$D" "$H" "$S" $((4 * RANKS)) "$STEPS"
+  runs=$tmp/runs.jsonl
+  local round c who stage result
+  for ((round = 0; round < ROUNDS; round++)); do
+    turned_order "$round" "$@"
+    for c in "${order[@]}"; do
+      read -r who stage <<< "$c"
+      result=$(gpt_case_result "$who" "$stage" "$STEPS")
+      printf '{"round": %d, "who": "%s", "stage": %s, "result": %s}\n' "$round" "$who" "$stage" "$result" >> "$runs"
+    done
+  done
+}
+
 # The per-step losses of the last zero_train_summary run, as a JSON array.
 last_losses() {
   echo "[$(grep '"event":"step"' "$tmp/log.jsonl" | grep -o '"loss":[^,]*' | cut -d: -f2 | paste -sd, -)]"

@@ -28,20 +28,7 @@ RANKS=${ZERO_BENCH_RANKS:-2}
 here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONPATH=$(cd "$B/python" && pwd)${PYTHONPATH:+:$PYTHONPATH} ZERO_CPP_HOOK_TIMES=1
 
-bench_model "$MODEL"
-L=${model_args[1]} D=${model_args[3]} H=${model_args[5]} S=${model_args[7]}
-"$B/bench/bench_export_gpt" "$tmp" "$L" "$D" "$H" "$S" $((4 * RANKS)) "$STEPS"
-
-cases=("zero_cpp 0" "zero_cpp 3" "zero 0" "zero 3" "ddp 0" "fsdp2 3" "deepspeed 3")
-runs=$tmp/runs.jsonl
-for ((round = 0; round < ROUNDS; round++)); do
-  turned_order "$round" "${cases[@]}"
-  for c in "${order[@]}"; do
-    read -r who stage <<< "$c"
-    result=$(gpt_case_result "$who" "$stage" "$STEPS")
-    printf '{"round": %d, "who": "%s", "stage": %s, "result": %s}\n' "$round" "$who" "$stage" "$result" >> "$runs"
-  done
-done
+run_gpt_cases "zero_cpp 0" "zero_cpp 3" "zero 0" "zero 3" "ddp 0" "fsdp2 3" "deepspeed 3"
 
 python3 - "$runs" "$MODEL" "$RANKS" <<'PY'
 import json, statistics, sys

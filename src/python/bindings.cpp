@@ -12,6 +12,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -139,6 +140,20 @@ class PyInit {
   std::shared_ptr<World> world_;
   std::unique_ptr<Init> init_;
 };
+
+// Runs fn on the group zero.Init sharded `u` into (nothing if none), which
+// stays the unit's for the engine to adopt, whatever fn does.
+template <typename Fn>
+void with_init_group(UnitMirror& u, Fn&& fn) {
+  auto g = detail::UnitAccess::take_sharded_at_init(u);
+  if (!g) return;
+  struct PutBack {
+    UnitMirror& u;
+    std::shared_ptr<partition::FlatGroup>& g;
+    ~PutBack() { detail::UnitAccess::set_sharded_at_init(u, std::move(g)); }
+  } put_back{u, g};
+  fn(*g);
+}
 
 py::dict counts(const comm::OpCounts& ops) {
   py::dict out;
@@ -279,29 +294,19 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "gather_init_unit",
       [](UnitMirror& u, World& world) {
-        auto g = detail::UnitAccess::take_sharded_at_init(u);
-        if (!g) return;
-        struct PutBack {
-          UnitMirror& u;
-          std::shared_ptr<partition::FlatGroup>& g;
-          ~PutBack() { detail::UnitAccess::set_sharded_at_init(u, std::move(g)); }
-        } put_back{u, g};
-        gather_params(*g, world.comm(), world.group(), "params of a module zero.Init sharded (GatheredParameters)");
+        with_init_group(u, [&](partition::FlatGroup& g) {
+          gather_params(g, world.comm(), world.group(), "params of a module zero.Init sharded (GatheredParameters)");
+        });
       },
       Release());
   m.def(
       "release_init_unit",
       [](UnitMirror& u, World& world) {
-        auto g = detail::UnitAccess::take_sharded_at_init(u);
-        if (!g) return;
-        struct PutBack {
-          UnitMirror& u;
-          std::shared_ptr<partition::FlatGroup>& g;
-          ~PutBack() { detail::UnitAccess::set_sharded_at_init(u, std::move(g)); }
-        } put_back{u, g};
-        at::NoGradGuard no_grad;
-        g->param_shard.copy_(g->own_slot(g->param_flat, world.group().rank()));
-        partition::release_params(*g);
+        with_init_group(u, [&](partition::FlatGroup& g) {
+          at::NoGradGuard no_grad;
+          g.param_shard.copy_(g.own_slot(g.param_flat, world.group().rank()));
+          partition::release_params(g);
+        });
       },
       Release());
 

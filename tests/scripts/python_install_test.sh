@@ -11,10 +11,25 @@ python=$1 src=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export CCACHE_BASEDIR=$src
-ZERO_CPP_CMAKE_BUILD_DIR=${ZERO_CPP_CMAKE_BUILD_DIR:-$src/build-pip} \
-  "$python" -m pip install --disable-pip-version-check --no-deps --target "$tmp/site" "$src" > "$tmp/pip.log" 2>&1
+install() {
+  ZERO_CPP_CMAKE_BUILD_DIR=${ZERO_CPP_CMAKE_BUILD_DIR:-$src/build-pip} \
+    "$python" -m pip install --disable-pip-version-check --no-deps --target "$tmp/site" "$@" "$src" > "$tmp/pip.log" 2>&1
+}
+install
 rc=$?
-check "pip install . builds and installs zero-cpp" [ $rc -eq 0 ]
+how="with build isolation"
+if [ $rc -ne 0 ] && grep -q "No matching distribution found for setuptools" "$tmp/pip.log"; then
+  # Offline (a GPU machine, its rehearsal): pip cannot fetch the build's
+  # setuptools; this python's own serves, where it has one.
+  if ! "$python" -c "import setuptools, wheel" 2>/dev/null; then
+    echo "skipped: offline, and $python has no setuptools and wheel to build with"
+    exit 77
+  fi
+  how="offline: --no-build-isolation, this python's setuptools"
+  install --no-build-isolation
+  rc=$?
+fi
+check "pip install . builds and installs zero-cpp ($how)" [ $rc -eq 0 ]
 [ $rc -eq 0 ] || tail -n 30 "$tmp/pip.log"
 check "the extension is installed" ls "$tmp"/site/zero_cpp/_C*.so
 check "zero-run and zero-ckpt are console scripts" [ -x "$tmp/site/bin/zero-run" ] && [ -x "$tmp/site/bin/zero-ckpt" ]
@@ -42,6 +57,6 @@ check "the installed package trains on 2 ranks through its zero-run" [ $rc -eq 0
 check "zero_cpp came from the install" contains "$out" "from $tmp/site/zero_cpp/__init__.py"
 first=$(sed -n 's/.*step 0 loss \([0-9.]*\).*/\1/p' <<<"$out" | head -n 1)
 last=$(sed -n 's/.*step 39 loss \([0-9.]*\).*/\1/p' <<<"$out" | head -n 1)
-check "its loss falls ($first -> $last)" awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a / 4) }'
+check "its loss falls ($first -> $last)" awk -v a="$first" -v b="$last" 'BEGIN { exit !(a != "" && b != "" && b < a / 4) }'
 [ $rc -eq 0 ] || tail -n 20 <<<"$out"
 finish

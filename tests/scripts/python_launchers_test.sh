@@ -19,10 +19,9 @@ want=$(losses_of "$out")
 check "zero-run -n 2 -- python script.py trains ($want)" [ -n "$want" ]
 [ -n "$want" ] || tail -n 20 <<<"$out"
 
-torchrun=$(dirname "$python")/torchrun
-out=$(timeout 120 "$torchrun" --nproc_per_node 2 --master_port "$(port)" "$script" 2>&1)
+out=$(timeout 120 "$python" -m torch.distributed.run --nproc_per_node 2 --master_port "$(port)" "$script" 2>&1)
 got=$(losses_of "$out")
-check "torchrun --nproc_per_node 2: the same losses ($got)" [ "$got" = "$want" ]
+check "torchrun (python -m torch.distributed.run) --nproc_per_node 2: the same losses ($got)" [ "$got" = "$want" ]
 [ "$got" = "$want" ] || tail -n 20 <<<"$out"
 
 # mpirun's and srun's variables alone (rank, size, local rank; the address
