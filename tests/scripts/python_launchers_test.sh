@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 35 item 5: a Python training script launched as users launch it --
-# zero-run, torchrun, mpirun's and srun's variables (two processes started
-# here with only those set), and zero-run on two hosts simulated by network
-# namespaces (root only) -- trains to the same losses on 2 ranks.
+# zero-run, torchrun, DeepSpeed's launcher, mpirun's and srun's variables
+# (two processes started here with only those set), and zero-run on two
+# hosts simulated by network namespaces (root only) -- trains to the same
+# losses on 2 ranks.
 #   python_launchers_test.sh ZERO_RUN PYTHON BUILD_PYTHON_DIR
 set -uo pipefail
 zero_run=$1 python=$2 pkg=$3
@@ -23,6 +24,17 @@ out=$(timeout 120 "$python" -m torch.distributed.run --nproc_per_node 2 --master
 got=$(losses_of "$out")
 check "torchrun (python -m torch.distributed.run) --nproc_per_node 2: the same losses ($got)" [ "$got" = "$want" ]
 [ "$got" = "$want" ] || tail -n 20 <<<"$out"
+
+# DeepSpeed's own launcher (`deepspeed --num_gpus 2 script.py`), where it is installed.
+if "$python" -c "import deepspeed" 2>/dev/null; then
+  out=$(cd "$tmp" && timeout 120 "$python" -m deepspeed.launcher.runner --num_gpus 2 --master_port "$(port)" \
+    "$script" 2>&1)
+  got=$(losses_of "$out")
+  check "DeepSpeed's launcher (deepspeed --num_gpus 2): the same losses ($got)" [ "$got" = "$want" ]
+  [ "$got" = "$want" ] || tail -n 20 <<<"$out"
+else
+  echo "skip DeepSpeed's launcher: deepspeed is not installed for $python"
+fi
 
 # mpirun's and srun's variables alone (rank, size, local rank; the address
 # as a job script exports it): two processes, each told only that.
