@@ -9,8 +9,9 @@ README's `./run deps` installs are needed (nlohmann-json, Gloo's headers,
 OpenSSL's libcrypto, liburing).
 
 Environment: ZERO_CPP_CMAKE_BUILD_DIR, the CMake build directory to use
-(default: build-pip in the source tree; an existing one is reused, so a
-tree ./run built installs without compiling again); ZERO_CPP_BUILD_JOBS.
+(default: build-pip in the source tree; one made for the same torch and
+Python is reused, so a second install compiles only what changed);
+ZERO_CPP_BUILD_JOBS.
 """
 import glob
 import os
@@ -47,12 +48,24 @@ class CMakeBuild(build_ext):
         cmake = shutil.which("cmake")
         if cmake is None:
             sys.exit("zero-cpp: cmake is needed to build the extension (apt-get install cmake, or pip install cmake)")
-        if not os.path.isfile(os.path.join(build_dir, "CMakeCache.txt")):
-            gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-            subprocess.run([cmake, "-S", SOURCE, "-B", build_dir, *gen, "-DCMAKE_BUILD_TYPE=Release",
-                            f"-DCMAKE_PREFIX_PATH={torch_prefix}", f"-DTorch_DIR={torch_prefix}/share/cmake/Torch",
-                            f"-DPython3_EXECUTABLE={sys.executable}", "-DZERO_BUILD_TESTS=OFF",
-                            "-DZERO_BUILD_BENCH=OFF"], check=True, env=env)
+        # A build directory made for another torch or Python (another
+        # environment installing from this tree) starts over: CMake's cache
+        # would keep the old one's libraries.
+        target_of = f"{torch_prefix}\n{sys.executable}\n"
+        stamp = os.path.join(build_dir, "zero-cpp-pip-target.txt")
+        if os.path.isdir(build_dir) and (not os.path.isfile(stamp) or open(stamp).read() != target_of):
+            if os.path.isfile(os.path.join(build_dir, "CMakeCache.txt")) and os.path.isfile(stamp):
+                shutil.rmtree(build_dir)
+        # Configured every time (cheap when nothing changed): a configure that
+        # failed before (a dependency missing then) leaves a cache and no build files.
+        gen = [] if os.path.isfile(os.path.join(build_dir, "CMakeCache.txt")) else (
+            ["-G", "Ninja"] if shutil.which("ninja") else [])
+        subprocess.run([cmake, "-S", SOURCE, "-B", build_dir, *gen, "-DCMAKE_BUILD_TYPE=Release",
+                        f"-DCMAKE_PREFIX_PATH={torch_prefix}", f"-DTorch_DIR={torch_prefix}/share/cmake/Torch",
+                        f"-DPython3_EXECUTABLE={sys.executable}", "-DZERO_BUILD_TESTS=OFF",
+                        "-DZERO_BUILD_BENCH=OFF"], check=True, env=env)
+        with open(stamp, "w") as f:
+            f.write(target_of)
         subprocess.run([cmake, "--build", build_dir, "-j", jobs, "--target", "zero_cpp_python", "zero-run",
                         "zero-ckpt"], check=True, env=env)
         built = glob.glob(os.path.join(build_dir, "python", "zero_cpp", "_C*.so"))

@@ -261,6 +261,10 @@ class Engine {
   /// the schedule and the groups' lr ratios until called again; an empty
   /// vector returns to them. lr() then reports lrs[0].
   void set_param_group_lrs(std::vector<double> lrs);
+  /// The same for each param group's weight decay (a weight-decay schedule):
+  /// wds[0] for the params in no ParamGroup, wds[k + 1] for ParamGroup k; an
+  /// empty vector returns to the groups' own.
+  void set_param_group_weight_decays(std::vector<double> wds);
   double last_grad_norm() const;  ///< global grad norm of the last boundary (before clipping)
   /// Replaces the engine's progress line (steps_per_print) with `report`,
   /// called on rank 0 at each report instead of printing it, so a training
@@ -359,6 +363,19 @@ class Engine {
   /// returns the client_state. A param missing, extra or of another shape is
   /// an error naming it; truncated or corrupt files are errors naming them.
   nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag = "");
+  /// What load_checkpoint restores beside the weights (DeepSpeed's
+  /// load_optimizer_states and load_module_only).
+  struct LoadOptions {
+    /// The optimizer's state (moments, its update count, the fp16 loss
+    /// scale); false keeps this engine's own.
+    bool optimizer_state = true;
+    /// The step counters (global and skipped steps, the schedule's
+    /// position); false keeps this engine's own.
+    bool step_counters = true;
+  };
+  /// load_checkpoint restoring the weights (and frozen params and buffers)
+  /// and what `what` asks for besides.
+  nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag, const LoadOptions& what);
   /// Sets the weights from a safetensors file of full tensors by param name
   /// (zero-ckpt consolidate's output; fp32 or bf16); optimizer state and
   /// counters stay as they are (a fresh start from those weights).

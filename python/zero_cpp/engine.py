@@ -29,17 +29,21 @@ _ENGINES = []  # weak references to the live engines (zero.GatheredParameters fi
 class ZeroDataLoader:
     """DeepSpeed's DeepSpeedDataLoader: the training data cut by a
     DistributedSampler (this rank's share of each epoch, shuffled with seed
-    0 as torch's sampler does) into micro-batches of
-    train_micro_batch_size_per_gpu. Iterating starts an epoch;
-    `data_sampler.set_epoch(e)` reshuffles, as with DeepSpeed."""
+    0 as torch's sampler does; in order for evaluation) into micro-batches
+    of train_micro_batch_size_per_gpu. Iterating starts an epoch;
+    `data_sampler.set_epoch(e)` reshuffles, as with DeepSpeed. Loading runs
+    in the training process unless num_local_io_workers says otherwise
+    (DeepSpeed's default is 2 worker processes; the batches are the same)."""
 
-    def __init__(self, dataset, batch_size, rank, world_size, collate_fn=None, drop_last=False, pin_memory=False):
+    def __init__(self, dataset, batch_size, rank, world_size, collate_fn=None, drop_last=False, pin_memory=False,
+                 shuffle=True, num_workers=0):
         self.dataset = dataset
         self.batch_size = batch_size
-        self.data_sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank)
+        self.data_sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle)
         self.collate_fn = collate_fn
         self.dataloader_drop_last = drop_last
         self.pin_memory = pin_memory
+        self.num_local_io_workers = num_workers
         n = len(self.data_sampler)
         self.len = n // batch_size if drop_last else -(-n // batch_size)
         self.data = None
@@ -50,7 +54,8 @@ class ZeroDataLoader:
     def __iter__(self):
         kwargs = {} if self.collate_fn is None else {"collate_fn": self.collate_fn}
         self.dataloader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=self.data_sampler,
-                                     drop_last=self.dataloader_drop_last, pin_memory=self.pin_memory, **kwargs)
+                                     drop_last=self.dataloader_drop_last, pin_memory=self.pin_memory,
+                                     num_workers=self.num_local_io_workers, **kwargs)
         self.data = iter(self.dataloader)
         return self
 
@@ -89,6 +94,7 @@ class ZeroEngine(torch.nn.Module):
         self._hooks = UnitHooks(self._mirror.units) if self._stage == 3 else None
         self._aliases = _aliases(model)
         self.optimizer = optimizers.ZeroOptimizer(self, basic)
+        self._fixed_settings = [{k: g[k] for k in ("betas", "eps", "momentum") if k in g} for g in basic.param_groups]
         self._step_applied = False
         self.collate_fn = collate_fn
         self.training_dataloader = None
@@ -206,6 +212,7 @@ class ZeroEngine(torch.nn.Module):
             except BaseException:
                 if scope is not None:
                     scope.end([])
+                    self._hooks.abort()
                 raise
             outputs = tensors_in(result)
             if scope is not None:
@@ -244,15 +251,18 @@ class ZeroEngine(torch.nn.Module):
         `optimizer.step()`, so a torch LR scheduler sees it), then the LR
         scheduler's step unless the step was skipped (fp16 overflow).
         Elsewhere it counts the micro-step."""
+        self._step_applied = False
         if not self._engine.is_gradient_accumulation_boundary():
             self._engine.step()
             return
-        self._push_lrs()
+        self._push_group_settings()
         self.optimizer._stepping = True
         try:
             self._step_applied = bool(self.optimizer.step())
         finally:
             self.optimizer._stepping = False
+        # A torch LR scheduler checks its optimizer stepped before it does.
+        self.optimizer.basic_optimizer._opt_called = True
         if self._step_applied and self.lr_scheduler is not None:
             try:
                 self.lr_scheduler.step(**(lr_kwargs or {}))
@@ -264,9 +274,23 @@ class ZeroEngine(torch.nn.Module):
     def _update(self):
         return self._engine.step()
 
-    def _push_lrs(self):
-        self._engine.set_param_group_lrs([self.optimizer.param_groups[0]["lr"]] +
-                                         [g["lr"] for g in self.optimizer.param_groups])
+    def _push_group_settings(self):
+        """Each group's lr and weight decay as param_groups holds them now
+        (a scheduler, a weight-decay schedule or the loop may have written
+        them); the settings the fused update takes once (betas, eps,
+        momentum) must not have moved."""
+        groups = self.optimizer.param_groups
+        for k, (g, fixed) in enumerate(zip(groups, self._fixed_settings)):
+            for key, value in fixed.items():
+                if optimizers._differs(g.get(key, value), value):
+                    raise RuntimeError(f"zero_cpp: param group {k}'s {key} changed to {g[key]!r} (from {value!r}); "
+                                       f"the fused update takes it once for all groups and steps -- a scheduler that "
+                                       f"moves it (torch's OneCycleLR/CyclicLR with cycle_momentum) needs "
+                                       f"cycle_momentum=False, or the ds_config's OneCycle scheduler, which moves "
+                                       f"Adam's beta1 itself")
+        self._engine.set_param_group_lrs([groups[0]["lr"]] + [g["lr"] for g in groups])
+        self._engine.set_param_group_weight_decays([groups[0].get("weight_decay", 0.0)] +
+                                                   [g.get("weight_decay", 0.0) for g in groups])
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -298,17 +322,23 @@ class ZeroEngine(torch.nn.Module):
     def eval(self):
         return self.train(False)
 
-    def deepspeed_io(self, dataset, batch_size=None, route=None, pin_memory=True, data_sampler=None,
+    def deepspeed_io(self, dataset, batch_size=None, route="train", pin_memory=True, data_sampler=None,
                      collate_fn=None, num_local_io_workers=None):
-        if not isinstance(dataset, torch.utils.data.Dataset):
-            raise ValueError("Training data must be a torch Dataset")
+        """DeepSpeed's: a loader of this rank's micro-batches of `dataset` (a
+        torch Dataset, or anything with __getitem__ and __len__: a Hugging
+        Face dataset); shuffled for training, in order for route "eval" or
+        "predict"."""
+        if not isinstance(dataset, torch.utils.data.Dataset) and not (
+                hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise ValueError("Training data must be a torch Dataset (or a map-style dataset: __getitem__ and __len__)")
         if data_sampler is not None:
             raise NotImplementedError("zero_cpp: deepspeed_io(data_sampler=...) is not supported; iterate a "
                                       "torch DataLoader of your own")
         return ZeroDataLoader(dataset, batch_size or self.train_micro_batch_size_per_gpu(), self.global_rank,
                               self.world_size, collate_fn=collate_fn or self.collate_fn,
                               drop_last=bool(self._config.get("dataloader_drop_last", False)),
-                              pin_memory=pin_memory and self.device.type == "cuda")
+                              pin_memory=pin_memory and self.device.type == "cuda",
+                              shuffle=route not in ("eval", "predict"), num_workers=num_local_io_workers or 0)
 
     # ---- what the engine holds ----
     def state_bytes(self):
@@ -374,8 +404,11 @@ class ZeroEngine(torch.nn.Module):
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
         """Loads load_dir/tag (tag None: the one `latest` names), whatever
-        world size and stage saved it. Returns (path, client_state);
-        (None, None) when load_dir holds no checkpoint, as DeepSpeed."""
+        world size and stage saved it, and returns (path, client_state);
+        (None, None) when load_dir holds no checkpoint, as DeepSpeed. As
+        DeepSpeed's: load_optimizer_states=False restores the weights, the
+        step counters and (load_lr_scheduler_states) the LR scheduler, not
+        the optimizer's state; load_module_only=True the weights alone."""
         if custom_load_fn is not None:
             raise NotImplementedError("zero_cpp: load_checkpoint(custom_load_fn=...) is not supported")
         load_dir = os.fspath(load_dir)
@@ -383,24 +416,16 @@ class ZeroEngine(torch.nn.Module):
             warnings.warn(f"zero_cpp: no checkpoint in {load_dir} (no 'latest' file); nothing loaded")
             return None, None
         tag = "" if tag is None else str(tag)
-        if load_module_only or not load_optimizer_states:
-            return self._load_weights_only(load_dir, tag)
-        client, own = _unpack_client_state(self._engine.load_checkpoint(load_dir, tag))
-        if own is not None:  # saved from Python (the C++ API stores its client state alone)
-            for g, saved in zip(self.optimizer.param_groups, own["param_groups"]):
-                g.update(saved)
+        optimizer_state = load_optimizer_states and not load_module_only
+        client, own = _unpack_client_state(self._engine.load_checkpoint(
+            load_dir, tag, optimizer_state, not load_module_only))
+        if own is not None and not load_module_only:  # saved from Python (the C++ API stores its client state alone)
+            if optimizer_state:
+                for g, saved in zip(self.optimizer.param_groups, own["param_groups"]):
+                    g.update(saved)
             if load_lr_scheduler_states and self.lr_scheduler is not None and own["lr_scheduler"] is not None:
                 self.lr_scheduler.load_state_dict(own["lr_scheduler"])
         return os.path.join(load_dir, tag or _C.resolve_tag(load_dir, "")), client
-
-    def _load_weights_only(self, load_dir, tag):
-        import tempfile
-        resolved = _C.resolve_tag(load_dir, tag)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "weights.safetensors")
-            _C.consolidate(load_dir, resolved, path, "fp32")
-            self._engine.load_weights(path)
-        return os.path.join(load_dir, resolved), {}
 
     def destroy(self):
         if self._hooks is not None:

@@ -174,8 +174,10 @@ class UnitHooks:
         self._dicts = []
         self.scope = _ForwardScope()
         self.times = HookTimes() if os.environ.get("ZERO_CPP_HOOK_TIMES") == "1" else None
+        self._running = []
         for module, unit in units:
             running = [0]  # this unit's forwards entered and not yet left (recursion nests)
+            self._running.append((unit, running))
             pre, post = _pre_hook(unit, running), _post_hook(unit, running)
             if self.times is not None:
                 timed_unit = self.times.wrap(unit)
@@ -186,6 +188,16 @@ class UnitHooks:
             params._unit, params._running, params._scope, params._held = unit, running, self.scope, [False]
             self._dicts.append((module, module._parameters))
             module._parameters = params
+
+    def abort(self):
+        """After a forward that raised: every unit still counted as running
+        (a BaseException such as KeyboardInterrupt skips the post-hooks)
+        ends its forward in the runtime, so it is released and regathered
+        as usual from the next forward on."""
+        for unit, running in self._running:
+            while running[0] > 0:
+                running[0] -= 1
+                unit.failed()
 
     def remove(self):
         for h in self._handles:

@@ -333,8 +333,14 @@ std::shared_ptr<World> init_distributed(const DistributedOptions& opts) {
                               std::to_string(env.world_size) + ", " + env.launcher + " environment";
     try {
       impl->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
-      // Beside torch.distributed's keys in its store: ours under a prefix.
-      if (opts.join_existing_store) impl->store = c10::make_intrusive<c10d::PrefixStore>("zero_cpp", impl->store);
+      // Beside torch.distributed's keys in its store: ours under a prefix,
+      // one per torchrun restart (its agent's store outlives the workers it
+      // restarts, as torch's own keys' /attempt_N prefix says).
+      if (opts.join_existing_store) {
+        const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+        impl->store = c10::make_intrusive<c10d::PrefixStore>(
+            std::string("zero_cpp") + (attempt && *attempt ? std::string("/attempt_") + attempt : ""), impl->store);
+      }
     } catch (const std::exception& e) {
       throw CommError("rendezvous at MASTER_ADDR=" + env.master_addr + " MASTER_PORT=" +
                       std::to_string(env.master_port) + " failed within " +

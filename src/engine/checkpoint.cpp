@@ -183,8 +183,11 @@ std::string describe_resume_change(const ckpt::Manifest& man, const CheckpointTa
   return line;
 }
 
-void restore_engine_state(CheckpointTarget& m, const json& j) {
-  m.optimizer.restore(j);
+void restore_engine_state(CheckpointTarget& m, const json& j, bool optimizer_state, bool step_counters) {
+  if (!step_counters && !optimizer_state) return;
+  if (optimizer_state && step_counters) m.optimizer.restore(j);
+  else if (step_counters) m.optimizer.restore_counters(j);
+  else m.optimizer.restore_update_state(j);
   // A checkpoint is saved at a step boundary: the count of micro-steps is
   // rebuilt with this run's accumulation steps, so the next boundary falls
   // where this run's batching puts it (another world size at a fixed
@@ -420,7 +423,8 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
   if (auto e = agree(m.comm, m.dp, what, error); !e.empty()) undo_save(m, dir, tag, own_file, e);
 }
 
-json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::string& tag) {
+json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::string& tag, bool optimizer_state,
+                     bool step_counters) {
   std::string error;
   bool touched = false;  // this rank has started overwriting its state
   std::unique_ptr<ckpt::CheckpointReader> reader;
@@ -440,27 +444,27 @@ json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
         replicated_names, "checkpoint " + reader->path() + " (frozen params and buffers)");
     for (const auto& r : m.replicated)
       check_replicated_dtype(r, reader->find_replicated(r.name)->dtype, "checkpoint " + reader->path());
-    if (!same_optimizer_state(saved_optimizer(man), m.config.optimizer.type))
+    if (optimizer_state && !same_optimizer_state(saved_optimizer(man), m.config.optimizer.type))
       throw std::runtime_error("checkpoint " + reader->path() + " holds optimizer state of " + saved_optimizer(man) +
                                "; this engine's optimizer is " + to_string(m.config.optimizer.type) +
                                ", whose state differs. Use the same optimizer, or start from its weights with "
                                "load_weights() (zero-ckpt consolidate writes them)");
     for (const auto& [kind, t] : state_kinds(m.groups.front()))
-      if (std::find(man.kinds.begin(), man.kinds.end(), kind) == man.kinds.end())
+      if ((optimizer_state || kind == "master") && std::find(man.kinds.begin(), man.kinds.end(), kind) == man.kinds.end())
         throw std::runtime_error("checkpoint " + reader->path() + " has no " + kind +
                                  " (saved with another optimizer?)");
     touched = true;
     fill_state(m, [&](const std::string& n, const std::string& k, int64_t a, int64_t b, float* out) {
       reader->read(n, k, a, b, out);
       fault::point("load");  // test-only (common/fault_injection.h): part of the state read
-    }, false);
+    }, /*master_only=*/!optimizer_state);
     for (const auto& r : m.replicated)
       copy_replicated(r, reader->find_replicated(r.name)->dtype, reader->replicated_data(r.name));
   } catch (const std::exception& e) {
     error = std::string("load_checkpoint: ") + e.what();
   }
   agree_or_throw(m.comm, m.dp, "load_checkpoint", error, &touched, &m.state_lost);
-  restore_engine_state(m, reader->manifest().engine_state);
+  restore_engine_state(m, reader->manifest().engine_state, optimizer_state, step_counters);
   if (const auto change = describe_resume_change(reader->manifest(), m); !change.empty()) m.log(change);
   m.after_load();
   return reader->manifest().client_state;

@@ -48,8 +48,10 @@ struct CheckpointTarget {
 // and every rank throws naming the cause; the engine's state is untouched.
 void save_checkpoint(CheckpointTarget& t, const std::string& dir, const std::string& tag,
                      const nlohmann::json& client_state);
-// Returns the client state saved with it.
-nlohmann::json load_checkpoint(CheckpointTarget& t, const std::string& dir, const std::string& tag);
+// Returns the client state saved with it. Beside the weights it restores
+// the optimizer's state and the step counters, each where asked.
+nlohmann::json load_checkpoint(CheckpointTarget& t, const std::string& dir, const std::string& tag,
+                               bool optimizer_state = true, bool step_counters = true);
 void load_weights(CheckpointTarget& t, const std::string& path);
 
 // Every rank learns whether any rank failed, so none goes on into a

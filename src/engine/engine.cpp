@@ -591,12 +591,16 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
 }
 
 nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  return load_checkpoint(dir, tag, LoadOptions{});
+}
+
+nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string& tag, const LoadOptions& what) {
   const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;
   if (m.coalescing || m.no_sync)
     throw std::logic_error("load_checkpoint: not inside coalesce_grad_reduction() or no_sync()");
   auto target = m.checkpoint_target();
-  nlohmann::json client_state = zero::load_checkpoint(target, dir, tag);
+  nlohmann::json client_state = zero::load_checkpoint(target, dir, tag, what.optimizer_state, what.step_counters);
   m.attempts = 0;  // the loaded step's start, on every rank
   m.forward_open = false;
   m.tag_collectives();
@@ -675,6 +679,9 @@ at::ScalarType Engine::compute_dtype() const { return impl_->precision.compute; 
 
 void Engine::set_lr_schedule(std::function<double(int64_t)> fn) { impl_->optimizer.set_lr_schedule(std::move(fn)); }
 void Engine::set_param_group_lrs(std::vector<double> lrs) { impl_->optimizer.set_lr_override(std::move(lrs)); }
+void Engine::set_param_group_weight_decays(std::vector<double> wds) {
+  impl_->optimizer.set_weight_decay_override(std::move(wds));
+}
 
 double Engine::global_mean(const at::Tensor& value) {
   if (value.numel() != 1)

@@ -258,6 +258,19 @@ double FlatOptimizer::rate_of(double lr, int hyper) const {
   return lr_override_.empty() ? lr * hypers_[hyper].lr_scale : lr_override_[hyper];
 }
 
+void FlatOptimizer::set_weight_decay_override(std::vector<double> per_hyper) {
+  if (!per_hyper.empty() && per_hyper.size() != hypers_.size())
+    throw std::invalid_argument("zero::Engine: " + std::to_string(per_hyper.size()) + " weight decays given for " +
+                                std::to_string(hypers_.size()) + " param groups (the config's first)");
+  for (double v : per_hyper)
+    if (!(v >= 0)) throw std::invalid_argument("zero::Engine: a weight decay of " + std::to_string(v) + " (must be >= 0)");
+  wd_override_ = std::move(per_hyper);
+}
+
+double FlatOptimizer::weight_decay_of(int hyper) const {
+  return wd_override_.empty() ? hypers_[hyper].weight_decay : wd_override_[hyper];
+}
+
 double FlatOptimizer::lr() const {
   if (!lr_override_.empty()) return lr_override_[0];
   if (schedule_) return schedule_(scheduler_iter_ + 1);  // DeepSpeed's iteration starts at -1
@@ -390,13 +403,14 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
   }
   if (config_.optimizer.type == OptimizerType::Muon) {  // docs/design.md, "Muon over flat shards"
     groups_updated_ = groups.size();
-    muon_update(groups, grads, {config_.optimizer, policy_, comm_, dp_, rate, grad_scale, optimizer_steps_,
+    // Muon scales one step lr per group: with each group's lr given
+    // (set_lr_override) the step lr is 1 and the scale the group's lr.
+    const double muon_rate = lr_override_.empty() ? rate : 1.0;
+    muon_update(groups, grads, {config_.optimizer, policy_, comm_, dp_, muon_rate, grad_scale, optimizer_steps_,
                                 [&](const at::Tensor& p) {
                                   auto it = group_of_.find(p.unsafeGetTensorImpl());
                                   const int h = it == group_of_.end() ? 0 : it->second;
-                                  // Muon scales the step's lr (rate) per group.
-                                  const double scale = rate > 0 ? rate_of(rate, h) / rate : hypers_[h].lr_scale;
-                                  return std::make_pair(scale, hypers_[h].weight_decay);
+                                  return std::make_pair(rate_of(muon_rate, h) / muon_rate, weight_decay_of(h));
                                 }});
     return true;
   }
@@ -588,10 +602,9 @@ void FlatOptimizer::update_lamb(std::vector<partition::FlatGroup>& groups, const
   }
   const auto& o = config_.optimizer;
   const auto hyper_of = [&](int hyper) {
-    const Hyper& hy = hypers_[hyper];
     return optim::LambHyper{static_cast<float>(rate_of(lr, hyper)), static_cast<float>(o.betas[0]),
                             static_cast<float>(o.betas[1]), static_cast<float>(o.eps),
-                            static_cast<float>(hy.weight_decay), static_cast<float>(o.max_coeff),
+                            static_cast<float>(weight_decay_of(hyper)), static_cast<float>(o.max_coeff),
                             static_cast<float>(o.min_coeff), optimizer_steps_, o.bias_correction};
   };
   const c10::Device device = groups.empty() ? c10::Device(at::kCPU) : groups.front().master.device();
@@ -642,8 +655,7 @@ void FlatOptimizer::update_lamb(std::vector<partition::FlatGroup>& groups, const
 
 void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad, const Span& s, double lr,
                                 float grad_scale, void* out16, optim::Out16 kind) {
-  const Hyper& hy = hypers_[s.hyper];
-  const float rate = static_cast<float>(rate_of(lr, s.hyper)), wd = static_cast<float>(hy.weight_decay);
+  const float rate = static_cast<float>(rate_of(lr, s.hyper)), wd = static_cast<float>(weight_decay_of(s.hyper));
   float* master = g.master.data_ptr<float>() + s.begin;
   const float* gr = grad.data_ptr<float>() + s.begin;
   void* out = out16 ? static_cast<char*>(out16) + s.begin * optim::out16_bytes(kind) : nullptr;
@@ -689,11 +701,19 @@ nlohmann::json FlatOptimizer::state() const {
 }
 
 void FlatOptimizer::restore(const nlohmann::json& j) {
+  restore_counters(j);
+  restore_update_state(j);
+}
+
+void FlatOptimizer::restore_counters(const nlohmann::json& j) {
   global_steps_ = j.at("global_steps");
   skipped_steps_ = j.at("skipped_steps");
-  optimizer_steps_ = j.at("optimizer_steps");
   scheduler_iter_ = j.at("scheduler_iter");
   last_grad_norm_ = j.at("last_grad_norm");
+}
+
+void FlatOptimizer::restore_update_state(const nlohmann::json& j) {
+  optimizer_steps_ = j.at("optimizer_steps");
   const auto& s = j.at("loss_scaler");
   scaler_.restore({s.at("scale"), s.at("cur_hysteresis"), s.at("cur_iter"), s.at("last_overflow_iter")});
 }

@@ -113,6 +113,8 @@ class FlatOptimizer {
   // until set again; empty returns to them. A front end whose scheduler
   // sets each group's lr itself (torch's param_groups) pushes them here.
   void set_lr_override(std::vector<double> per_hyper);
+  // The same for each hyper's weight decay (a weight-decay schedule).
+  void set_weight_decay_override(std::vector<double> per_hyper);
   size_t hyper_count() const { return hypers_.size(); }
   int64_t global_steps() const { return global_steps_; }
   int64_t skipped_steps() const { return skipped_steps_; }
@@ -121,6 +123,10 @@ class FlatOptimizer {
   // Counters, loss scaler and schedule position, for checkpoints.
   nlohmann::json state() const;
   void restore(const nlohmann::json& state);
+  // Parts of restore(): the step counters and the schedule's position; the
+  // update's own state (its count, for bias correction, and the loss scale).
+  void restore_counters(const nlohmann::json& state);
+  void restore_update_state(const nlohmann::json& state);
 
  private:
   at::Tensor grads_of(const partition::FlatGroup& g) const;  // fp32: a shard, or all of it
@@ -147,8 +153,10 @@ class FlatOptimizer {
   const StagePolicy& policy_;
   std::function<double(int64_t)> schedule_;      // the user's, if set
   std::vector<double> lr_override_;              // set_lr_override: per hyper, when not empty
+  std::vector<double> wd_override_;              // set_weight_decay_override: likewise
   // The lr a hyper's params step at: the override's, else lr() scaled.
   double rate_of(double lr, int hyper) const;
+  double weight_decay_of(int hyper) const;  // the override's, else the group's
   std::vector<Hyper> hypers_;                    // [0]: the config's
   std::unordered_map<const void*, int> group_of_;  // param -> hyper, when not 0
   comm::Comm& comm_;

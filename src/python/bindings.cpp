@@ -290,7 +290,8 @@ PYBIND11_MODULE(_C, m) {
 
   // GatheredParameters over a module zero.Init sharded, before any engine
   // holds it: its whole params back (a collective), and after the block
-  // cut to this rank's shard again (with whatever was written into them).
+  // released again, this rank's shard taking what was written into them
+  // when `keep_changes` (modifier_rank's values, broadcast by then).
   m.def(
       "gather_init_unit",
       [](UnitMirror& u, World& world) {
@@ -301,10 +302,10 @@ PYBIND11_MODULE(_C, m) {
       Release());
   m.def(
       "release_init_unit",
-      [](UnitMirror& u, World& world) {
+      [](UnitMirror& u, World& world, bool keep_changes) {
         with_init_group(u, [&](partition::FlatGroup& g) {
           at::NoGradGuard no_grad;
-          g.param_shard.copy_(g.own_slot(g.param_flat, world.group().rank()));
+          if (keep_changes) g.param_shard.copy_(g.own_slot(g.param_flat, world.group().rank()));
           partition::release_params(g);
         });
       },
@@ -337,6 +338,8 @@ PYBIND11_MODULE(_C, m) {
       .def("begin_coalesce", &PyEngine::begin_coalesce)
       .def("end_coalesce", &PyEngine::end_coalesce, Release())
       .def("set_param_group_lrs", [](PyEngine& e, std::vector<double> lrs) { e.engine().set_param_group_lrs(lrs); })
+      .def("set_param_group_weight_decays",
+           [](PyEngine& e, std::vector<double> wds) { e.engine().set_param_group_weight_decays(wds); })
       .def_property_readonly("global_steps", [](PyEngine& e) { return e.engine().global_steps(); })
       .def_property_readonly("skipped_steps", [](PyEngine& e) { return e.engine().skipped_steps(); })
       .def_property_readonly("micro_steps", [](PyEngine& e) { return e.engine().micro_steps(); })
@@ -378,8 +381,8 @@ PYBIND11_MODULE(_C, m) {
           Release())
       .def(
           "load_checkpoint",
-          [](PyEngine& e, const std::string& dir, const std::string& tag) {
-            return e.engine().load_checkpoint(dir, tag).dump();
+          [](PyEngine& e, const std::string& dir, const std::string& tag, bool optimizer_state, bool step_counters) {
+            return e.engine().load_checkpoint(dir, tag, {optimizer_state, step_counters}).dump();
           },
           Release());
 

@@ -205,6 +205,47 @@ TEST(Resume, AnotherOptimizersStateIsRefused) {
   remove_dir(dir);
 }
 
+// DeepSpeed's load_optimizer_states=False and load_module_only=True
+// (Engine::LoadOptions): the weights come back either way; the step
+// counters too without the optimizer's state, neither in the module-only
+// load. Even another optimizer's checkpoint gives its weights.
+TEST(Resume, WeightsAloneOrWithTheStepCounters) {
+  const auto dir = ckpt_dir("weights-only");
+  std::map<std::string, at::Tensor> saved;
+  {
+    WithUnused m;
+    zero::Engine e(m, toy_config(2, 4), world().comm(), dp_group());
+    for (int s = 0; s < 3; ++s) {
+      at::manual_seed(40 + s);
+      e.backward(m.loss(at::randn({4, 13})));
+      e.step();
+    }
+    e.save_checkpoint(dir, "three");
+    saved = e.full_parameters();
+  }
+  for (bool counters : {true, false}) {
+    SCOPED_TRACE(counters ? "weights and step counters" : "weights alone");
+    WithUnused m;
+    zero::Engine e(m, toy_config(2, 4), world().comm(), dp_group());
+    at::manual_seed(60);
+    e.backward(m.loss(at::randn({4, 13})));
+    e.step();  // this engine's own step and state
+    e.load_checkpoint(dir, "three", {/*optimizer_state=*/false, /*step_counters=*/counters});
+    EXPECT_EQ(max_abs_diff(e.full_parameters(), saved), 0.0);
+    EXPECT_EQ(e.global_steps(), counters ? 3 : 1);
+  }
+  {
+    WithUnused m;
+    auto sgd = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                  {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.01}}}}},
+                                  {"zero_optimization", {{"stage", 1}}}});
+    zero::Engine e(m, sgd, world().comm(), dp_group());
+    e.load_checkpoint(dir, "three", {false, false});
+    EXPECT_EQ(max_abs_diff(e.full_parameters(), saved), 0.0) << "an AdamW checkpoint's weights, into SGD";
+  }
+  remove_dir(dir);
+}
+
 // ---- another compute dtype ------------------------------------------------------
 
 // bf16 params, computing in `compute` (zero_cpp.compute_dtype; "auto" picks

@@ -233,6 +233,24 @@ def test_weights_only_load_and_16bit_model():
     check(load_path is not None and all(torch.equal(saved[k], now[k]) for k in saved),
           "load_checkpoint(load_module_only=True) restores the weights")
     check(engine.global_steps == 4, f"and leaves the step count ({engine.global_steps})")
+    # load_optimizer_states=False: the weights, the step count, the LR
+    # scheduler and the client state, as DeepSpeed's.
+    torch.manual_seed(0)
+    model = Mlp()
+    cfg = config(2)
+    cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_max_lr": 1e-2, "warmup_num_steps": 10}}
+    e, _, _, sched = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    train(e, 3)
+    e.save_checkpoint(path, tag="warm", client_state={"epoch": 7})
+    want_lr, want_iter = e.get_lr(), sched.last_batch_iteration
+    torch.manual_seed(0)
+    model = Mlp()
+    fresh, _, _, fresh_sched = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    _, client = fresh.load_checkpoint(path, tag="warm", load_optimizer_states=False)
+    check(client == {"epoch": 7} and fresh.global_steps == 3 and fresh_sched.last_batch_iteration == want_iter
+          and fresh.get_lr() == want_lr,
+          f"load_optimizer_states=False: client state {client}, step {fresh.global_steps}, scheduler at "
+          f"{fresh_sched.last_batch_iteration}, lr {fresh.get_lr()} (saved: step 3, {want_iter}, {want_lr})")
     missing = engine.load_checkpoint(os.path.join(TMP, "nowhere"))
     check(missing == (None, None), "a directory without a checkpoint gives (None, None), as DeepSpeed")
     # A model loaded in bf16 (a checkpoint's torch_dtype) under a bf16 config
@@ -251,6 +269,128 @@ def test_weights_only_load_and_16bit_model():
         e, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         runs.append(train(e, 3))
     check(runs[0] == runs[1], f"a bf16-loaded model trains as its fp32 twin ({runs[0][-1]:.6f} vs {runs[1][-1]:.6f})")
+
+
+def test_group_settings_and_step_flags():
+    # A weight-decay schedule written into param_groups is trained with:
+    # decay 0.1 zeroed before every step equals a run configured with none.
+    runs = []
+    for decay, zero_it in ((0.1, True), (0.0, False)):
+        torch.manual_seed(0)
+        model = Mlp()
+        cfg = config(2)
+        cfg["optimizer"]["params"]["weight_decay"] = decay
+        e, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        for s in range(3):
+            if zero_it:
+                for g in opt.param_groups:
+                    g["weight_decay"] = 0.0
+            loss = e(*data(s, e))
+            e.backward(loss)
+            e.step()
+        runs.append(e.consolidated_fp32_state_dict())
+    check(all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0]),
+          "a weight decay set in param_groups before a step is the one the step uses")
+    opt.param_groups[0]["betas"] = (0.5, 0.9)
+    loss = e(*data(9, e))
+    e.backward(loss)
+    ok, said = raises(e.step, RuntimeError, "betas changed")
+    check(ok, f"betas moved by a scheduler are refused by name, not ignored ({said[:90]})")
+    # was_step_applied: only after a step at the accumulation boundary.
+    torch.manual_seed(0)
+    model = Mlp()
+    cfg = config(1)
+    cfg["gradient_accumulation_steps"] = 2
+    e, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    applied = []
+    for s in range(4):
+        e.backward(e(*data(s, e)))
+        e.step()
+        applied.append(e.was_step_applied())
+    check(applied == [False, True, False, True], f"was_step_applied at each micro-step: {applied}")
+
+
+def test_interrupted_forward():
+    # A BaseException (KeyboardInterrupt, say) inside a unit's forward skips
+    # torch's always-call hooks; the engine still ends the unit's forward, so
+    # training goes on exactly as a run that skipped that batch.
+    class Interrupt(BaseException):
+        pass
+
+    class Bomb(nn.Module):  # a unit (a param of its own) with a unit inside
+        def __init__(self):
+            super().__init__()
+            self.gain = nn.Parameter(torch.ones(8))
+            self.lin = nn.Linear(8, 8)
+            self.armed = False
+
+        def forward(self, x):
+            y = self.lin(x) * self.gain
+            if self.armed:
+                raise Interrupt()
+            return y
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bomb = Bomb()
+            self.out = nn.Linear(8, 1)
+
+        def forward(self, x, y):
+            return F.mse_loss(self.out(torch.tanh(self.bomb(x))), y)
+
+    results = []
+    for interrupt in (True, False):
+        torch.manual_seed(0)
+        model = Net()
+        e, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(3))
+        for s in range(4):
+            if s == 1:
+                if interrupt:
+                    model.bomb.armed = True
+                    try:
+                        e(*data(s, e))
+                    except Interrupt:
+                        pass
+                    model.bomb.armed = False
+                continue
+            e.backward(e(*data(s, e)))
+            e.step()
+        results.append(e.consolidated_fp32_state_dict())
+    check(all(torch.equal(results[0][k], results[1][k]) for k in results[0]),
+          "a BaseException inside a unit's forward leaves training as if that batch were skipped")
+
+
+def test_loader_and_contexts():
+    class Seq:  # a map-style dataset that is not a torch Dataset (a Hugging Face dataset, a list)
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            return torch.tensor([float(i)])
+
+    torch.manual_seed(0)
+    model = Mlp()
+    e, _, loader, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(1),
+                                           training_data=Seq())
+    check(loader is not None and len(loader) == 2, "training_data may be any map-style dataset")
+    in_order = torch.cat([b.reshape(-1) for b in e.deepspeed_io(Seq(), route="eval")]).tolist()
+    r = dist.get_rank()
+    check(in_order == [float(i) for i in range(r, 12, 2)], f"an eval loader keeps the order: {in_order}")
+    # GatheredParameters without modifier_rank before initialize: changes are dropped.
+    with deepspeed.zero.Init(config_dict_or_path=config(3)) as outer:
+        with deepspeed.zero.Init(config_dict_or_path=config(3)):
+            torch.manual_seed(0)
+            model = Mlp()
+        e, _, _, _ = deepspeed.initialize(model=Mlp(), config=config(3))  # initialize inside two contexts
+    check("__init_subclass__" not in torch.nn.Module.__dict__, "nested zero.Init contexts leave nn.Module as found")
+    with deepspeed.zero.GatheredParameters(model.out.weight):
+        before = model.out.weight.detach().clone()
+        with torch.no_grad():
+            model.out.weight.fill_(float(dist.get_rank() + 1))
+    e = make(3, model)
+    after = e.consolidated_fp32_state_dict()["out.weight"]
+    check(torch.equal(after, before), "GatheredParameters without modifier_rank drops the block's changes")
 
 
 def test_errors():
@@ -309,7 +449,8 @@ def main():
     torch.set_num_threads(1)
     check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")
     for test in (test_zero_init, test_gathered_parameters, test_gathered_parameters_under_init, test_dataloader,
-                 test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_errors, test_divergent_unit_order):
+                 test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
+                 test_interrupted_forward, test_loader_and_contexts, test_errors, test_divergent_unit_order):
         try:
             test()
         except Exception:  # noqa: BLE001

@@ -63,6 +63,10 @@ class Init:
             raise NotImplementedError("zero_cpp.zero.Init: quantized weights (ZeRO++ qwZ) are not supported")
         if remote_device not in (None, "cpu", "nvme", "cuda"):
             raise ValueError(f"zero_cpp.zero.Init: remote_device {remote_device!r}: None, 'cpu' or 'nvme'")
+        if remote_device in ("cpu", "nvme") and torch.cuda.is_available():
+            raise NotImplementedError(f"zero_cpp.zero.Init(remote_device={remote_device!r}) on a GPU machine: the "
+                                      f"shards are built on the GPU; offload them with the ds_config's "
+                                      f"zero_optimization.offload_param (device \"cpu\" or \"nvme\") instead")
         self._enabled = enabled
         self._cfg = None
         if enabled:
@@ -176,7 +180,7 @@ class Init:
 def paused():
     """No module built inside is sharded (initialize() builds its own)."""
     saved = list(_active)
-    for ctx in saved:
+    for ctx in reversed(saved):  # innermost first: each restores what it found
         ctx._unpatch()
     try:
         yield
@@ -227,13 +231,14 @@ class GatheredParameters:
             self._scope.end(ok)
             self._scope = None
             return False
-        if ok and self._modifier_rank is not None and distributed.is_initialized():
+        modified = ok and self._modifier_rank is not None
+        if modified and distributed.is_initialized():
             import torch.distributed as dist
             for p in self._params:
                 with torch.no_grad():
                     dist.broadcast(p.data, src=self._modifier_rank)
-        for unit in self._init_units:
-            _C.release_init_unit(unit, distributed.world())
+        for unit in self._init_units:  # changes kept only from modifier_rank, as DeepSpeed
+            _C.release_init_unit(unit, distributed.world(), modified)
         self._init_units = []
         return False
 
