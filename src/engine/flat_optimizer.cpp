@@ -245,13 +245,21 @@ FlatOptimizer::ResidentState::~ResidentState() {
   }
 }
 
+namespace {
+// A value per hyper (the config's, then each param group's), each >= 0, or none.
+std::vector<double> checked_per_hyper(std::vector<double> values, size_t hypers, const char* what) {
+  if (!values.empty() && values.size() != hypers)
+    throw std::invalid_argument("zero::Engine: " + std::to_string(values.size()) + " " + what + " given for " +
+                                std::to_string(hypers) + " param groups (the config's first)");
+  for (double v : values)
+    if (!(v >= 0)) throw std::invalid_argument(std::string("zero::Engine: ") + what + ": " + std::to_string(v) +
+                                               " (each must be >= 0)");
+  return values;
+}
+}  // namespace
+
 void FlatOptimizer::set_lr_override(std::vector<double> per_hyper) {
-  if (!per_hyper.empty() && per_hyper.size() != hypers_.size())
-    throw std::invalid_argument("zero::Engine: " + std::to_string(per_hyper.size()) + " lrs given for " +
-                                std::to_string(hypers_.size()) + " param groups (the config's first)");
-  for (double v : per_hyper)
-    if (!(v >= 0)) throw std::invalid_argument("zero::Engine: an lr of " + std::to_string(v) + " (must be >= 0)");
-  lr_override_ = std::move(per_hyper);
+  lr_override_ = checked_per_hyper(std::move(per_hyper), hypers_.size(), "lrs");
 }
 
 double FlatOptimizer::rate_of(double lr, int hyper) const {
@@ -259,12 +267,7 @@ double FlatOptimizer::rate_of(double lr, int hyper) const {
 }
 
 void FlatOptimizer::set_weight_decay_override(std::vector<double> per_hyper) {
-  if (!per_hyper.empty() && per_hyper.size() != hypers_.size())
-    throw std::invalid_argument("zero::Engine: " + std::to_string(per_hyper.size()) + " weight decays given for " +
-                                std::to_string(hypers_.size()) + " param groups (the config's first)");
-  for (double v : per_hyper)
-    if (!(v >= 0)) throw std::invalid_argument("zero::Engine: a weight decay of " + std::to_string(v) + " (must be >= 0)");
-  wd_override_ = std::move(per_hyper);
+  wd_override_ = checked_per_hyper(std::move(per_hyper), hypers_.size(), "weight decays");
 }
 
 double FlatOptimizer::weight_decay_of(int hyper) const {
