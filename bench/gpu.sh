@@ -36,8 +36,8 @@ STEPS=${3:-10}
 here=$(cd "$(dirname "$0")" && pwd)
 
 # ~604M params (12 L d^2 + embeddings): at stage 0 bf16 params + fp32 master
-# and moments ~10 GB, activations for 8 x 1024 tokens ~15 GB on top (the
-# naive attention keeps B x heads x T x T scores). Small enough that DDP's
+# and moments ~10 GB, activations for 8 x 1024 tokens on top (~15 GB
+# when the attention kept B x heads x T x T scores; fused now, far less). Small enough that DDP's
 # autocast (fp32 params, fp32 softmax) and seed 000's two ranks sharing the
 # GPU fit an H100, and that ~16 runs fit the bench's time budget.
 read -r -a MODEL <<< "${ZERO_GPU_BENCH_MODEL:---layers 12 --d-model 2048 --heads 16 --seq 1024}"

@@ -28,7 +28,6 @@ unset leaves DeepSpeed's default, FusedAdam, a JIT-built op: a C++ one on
 the CPU accelerator, a CUDA one -- ninja and nvcc -- on a GPU).
 """
 import json
-import math
 import os
 import resource
 import struct
@@ -82,12 +81,10 @@ class Block(torch.nn.Module):
         hd = C // self.n_head
         qkv = self.attn_qkv(self.ln1(x)).view(B, T, 3, self.n_head, hd)
         q, k, v = (qkv.select(2, i).transpose(1, 2) for i in range(3))
-        att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        # On the activations' device: masked_fill refuses a CPU mask for a CUDA
-        # tensor (zero-cpp's models/gpt.cpp had the same bug).
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        att = torch.softmax(att.masked_fill(mask, float("-inf")), -1)
-        y = torch.matmul(att, v).transpose(1, 2).reshape(B, T, C)
+        # Fused attention, as models/gpt.cpp: flash / memory-efficient kernels
+        # on CUDA, a blocked kernel on the CPU; the scores never materialised.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).reshape(B, T, C)
         h = x + self.attn_proj(y)
         return h + self.mlp_proj(F.gelu(self.mlp_fc(self.ln2(h))))
 

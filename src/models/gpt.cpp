@@ -55,11 +55,11 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
   // Causal self-attention.
   auto qkv = attn_qkv(ln1(x)).view({B, T, 3, n_head_, hd});
   auto q = qkv.select(2, 0).transpose(1, 2), k = qkv.select(2, 1).transpose(1, 2), v = qkv.select(2, 2).transpose(1, 2);
-  auto att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-  // On the activations' device: a CUDA masked_fill refuses a mask on the host.
-  auto mask = at::ones({T, T}, x.options().dtype(at::kBool)).triu(1);
-  att = at::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
-  auto y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C});
+  // Fused attention (flash / memory-efficient kernels on CUDA, a blocked
+  // kernel on the CPU): the T x T scores are never materialised.
+  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true)
+               .transpose(1, 2)
+               .reshape({B, T, C});
   auto h = x + attn_proj(y);
   // MLP.
   return h + mlp_proj(at::gelu(mlp_fc(ln2(h))));

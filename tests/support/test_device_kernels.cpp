@@ -8,6 +8,8 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice_native.h>
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -232,7 +234,18 @@ void send_cpu_kernel_ops_to_fallback(torch::Library& lib) {
 
 }  // namespace
 
+// scaled_dot_product_attention asks a PrivateUse1 backend which fused kernel
+// to run through this stub (math when none is set): the CPU's answer, so a
+// zdev run takes the CPU's flash kernel (through the fallback) and equals a
+// CPU run bit for bit, as a CUDA run takes CUDA's flash kernel.
+int64_t sdp_choice_as_on_the_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                 const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                                 std::optional<double> scale, bool enable_gqa) {
+  return at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
 void register_kernels() {
+  at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&sdp_choice_as_on_the_cpu);
   // Leaked: the registrations last as long as the Library objects do.
   auto* kernels = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   kernels->impl("empty.memory_format", TORCH_FN(empty_memory_format));
