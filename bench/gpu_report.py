@@ -43,9 +43,35 @@ def step_ms(r):
     return r["result"]["median_step_ms"]
 
 
+def model_arg(run, name):
+    words = run["model"].split()
+    return int(words[words.index(name) + 1])
+
+
 def tokens_per_s(r, run):
-    tokens = run["micro_batch"] * int(run["model"].split("--seq")[1].split()[0])
+    tokens = run["micro_batch"] * model_arg(run, "--seq")
     return tokens / (step_ms(r) / 1000)
+
+
+# Dense bf16 tensor-core peaks (no sparsity), by the device name's model.
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
+
+
+def flops_per_token(run):
+    """Training FLOP per token of the bundled GPT, counted as PaLM's MFU
+    counts it: 6 per param (forward 2, backward 4) over the blocks' 12·L·d²
+    params and the 256-byte vocabulary's head, plus attention's 12·L·d·T
+    (the whole T×T scores and their product with V; a causal kernel skips
+    about half of that work, which MFU does not credit)."""
+    L, d, T = model_arg(run, "--layers"), model_arg(run, "--d-model"), model_arg(run, "--seq")
+    return 6 * (12 * L * d * d + 256 * d) + 12 * L * d * T
+
+
+def mfu(r, run):
+    peak = next((p for name, p in PEAK_BF16_TFLOPS.items() if name in run.get("device", "")), None)
+    if peak is None or r.get("dtype") != "bf16":
+        return ""
+    return f"{tokens_per_s(r, run) * flops_per_token(run) / (peak * 1e12):.1%}"
 
 
 def memory(r):
@@ -79,9 +105,9 @@ def main_table(w, run):
     runs = [r for r in run["runs"] if r["run"] == "zero-cpp" or r["run"] in PEER_NAMES]
     ours = {r["stage"]: r for r in runs if r["run"] == "zero-cpp" and ok(r)}
     ddp = next((r for r in runs if r["run"] == "ddp" and ok(r)), None)
-    w("| run | dtype | step ms | tokens/s | peak GPU memory | final loss | max \\|Δloss\\| vs zero-cpp same stage "
+    w("| run | dtype | step ms | tokens/s | MFU | peak GPU memory | final loss | max \\|Δloss\\| vs zero-cpp same stage "
       "| step ÷ DDP | zero-cpp ÷ this (step, memory) | notes |")
-    w("|---|---|---|---|---|---|---|---|---|---|")
+    w("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         if not ok(r):
             why = r.get("error") or r.get("skipped")
@@ -90,7 +116,7 @@ def main_table(w, run):
             if r.get("log"):
                 why += f" (log: {r['log']})"
             state = "failed" if "error" in r else "skipped"
-            w(f"| {label(r)} | {r.get('dtype', '')} | {state} | | | | | | | {why.replace('|', '/')} |")
+            w(f"| {label(r)} | {r.get('dtype', '')} | {state} | | | | | | | | {why.replace('|', '/')} |")
             continue
         ms = step_ms(r)
         mem_b, mem = memory(r)
@@ -120,7 +146,7 @@ def main_table(w, run):
                 total = sorted(h["total_s"] for h in hooks)[len(hooks) // 2] * 1000
                 engine = sorted(h["engine_s"] for h in hooks)[len(hooks) // 2] * 1000
                 notes.append(f"hooks {total:.1f} ms/step, {engine:.1f} in the engine")
-        w(f"| {label(r)} | {r['dtype']} | {ms:.1f} | {tokens_per_s(r, run):,.0f} | {mem} | {final} | {diff} | {vs_ddp} "
+        w(f"| {label(r)} | {r['dtype']} | {ms:.1f} | {tokens_per_s(r, run):,.0f} | {mfu(r, run)} | {mem} | {final} | {diff} | {vs_ddp} "
           f"| {ratio} | {'; '.join(n for n in notes if n)} |")
     w("")
 
