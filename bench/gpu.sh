@@ -5,7 +5,9 @@
 # params) on the same torch and DeepSpeed's stages 0, 2 and 3 (bf16; carried
 # as wheels, bench/peer_wheels.sh), all from the same initial weights and
 # batches (bench_export_gpt), with the same optimizer, clipping and
-# ds_config; then the seeds' ratios, each from runs taken here (000: fused
+# ds_config; ZeRO-Offload (stage 2 with the optimizer on the host, stage 3
+# with the params too) against DeepSpeed's own (DeepSpeedCPUAdam, JIT-built
+# there); then the seeds' ratios, each from runs taken here (000: fused
 # vs unfused stage-3 gather at 2 ranks through CUDA IPC; 001: CUDA IPC vs
 # NCCL collectives; 002: four backward passes per step, coalesced or not;
 # 003: zero::Init flattening on the device vs in host memory). Step time
@@ -172,7 +174,47 @@ for c in "ddp 0" "fsdp2 3" "deepspeed 0" "deepspeed 2" "deepspeed 3" "zero_cpp 0
   fi
 done
 
-# 4. The seeds, cheapest first (003, 001, 002, then 000 at two ranks of the
+# 4. ZeRO-Offload against DeepSpeed's (issue 36 item 5), same model and
+# batches: stage 2 with the optimizer's state and step on the host, stage 3
+# with the params' shards there too (pinned). DeepSpeed runs its own
+# ZeRO-Offload optimizer, DeepSpeedCPUAdam (ZERO_PEER_DS_ADAM=fused: with
+# offload its engine picks the CPU Adam, a JIT build of its cpu_adam op with
+# ninja and the machine's compiler, counted in that run's time, not in its
+# step).
+offload_config() {  # edits $tmp/c.json: optimizer | param+optimizer on the host
+  python3 - "$tmp/c.json" "$1" <<'PY'
+import json, sys
+path, what = sys.argv[1:3]
+c = json.load(open(path))
+z = c["zero_optimization"]
+z["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+if what == "param+optimizer":
+    z["offload_param"] = {"device": "cpu", "pin_memory": True}
+json.dump(c, open(path, "w"), indent=1)
+PY
+}
+for c in "2 optimizer" "3 param+optimizer"; do
+  read -r stage what <<< "$c"
+  bench_config "$stage" bf16 "$MICRO"
+  offload_config "$what"
+  f="\"run\": \"zero-cpp\", \"stage\": $stage, \"dtype\": \"bf16\", \"offload\": \"$what\""
+  name="zero-stage$stage-offload"
+  if zero_train "$f" "$name" 1 -- --steps "$STEPS"; then
+    echo "{$f, \"log\": \"$name.log\", \"losses\": $(losses_of "$name"), \"summary\": $(record_of "$name" summary)}" \
+      >> "$records"
+  fi
+  f="\"run\": \"deepspeed\", \"stage\": $stage, \"dtype\": \"bf16\", \"offload\": \"$what\""
+  name="deepspeed-stage$stage-offload"
+  if [ $export_ok = 0 ] || [ -n "$ds_error" ]; then
+    echo "{$f, \"skipped\": $(echo "the export failed or deepspeed does not import: $ds_error" | json_str)}" >> "$records"
+  elif attempt "$f" "$name" - env ZERO_PEER_DEVICE="$DEVICE" DS_ACCELERATOR="$DEVICE" ZERO_PEER_DS_ADAM=fused \
+      "$B/zero-run" -n 1 -- \
+      "$PY" "$here/peer_gpt.py" deepspeed "$tmp" "$L" "$D" "$H" "$S" "$STEPS" "$tmp/c.json" "$LOGS/$name.json"; then
+    echo "{$f, \"log\": \"$name.log\", \"result\": $(compact "$LOGS/$name.json")}" >> "$records"
+  fi
+done
+
+# 5. The seeds, cheapest first (003, 001, 002, then 000 at two ranks of the
 # full model).
 # Seed 003: the stage-3 model built under zero::Init, each unit flattened on
 # the device vs in pinned host memory (ZERO_INIT_DEVICE_FLATTEN=off); one

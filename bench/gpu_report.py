@@ -91,10 +91,11 @@ def max_diff(a, b):
 
 
 def label(r):
+    offload = f", {r['offload']} offloaded" if r.get("offload") else ""
     if r["run"] == "zero-cpp":
-        return f"zero-cpp stage {r['stage']}"
+        return f"zero-cpp stage {r['stage']}{offload}"
     name = PEER_NAMES.get(r["run"], r["run"])
-    return f"{name} stage {r['stage']}" if r["run"] in ("deepspeed", "zero_cpp") else name
+    return f"{name} stage {r['stage']}{offload}" if r["run"] in ("deepspeed", "zero_cpp") else name
 
 
 def ok(r):
@@ -103,7 +104,8 @@ def ok(r):
 
 def main_table(w, run):
     runs = [r for r in run["runs"] if r["run"] == "zero-cpp" or r["run"] in PEER_NAMES]
-    ours = {r["stage"]: r for r in runs if r["run"] == "zero-cpp" and ok(r)}
+    # zero-cpp's runs by (stage, what is offloaded), each peer's run set beside the same.
+    ours = {(r["stage"], r.get("offload", "")): r for r in runs if r["run"] == "zero-cpp" and ok(r)}
     ddp = next((r for r in runs if r["run"] == "ddp" and ok(r)), None)
     w("| run | dtype | step ms | tokens/s | MFU | peak GPU memory | final loss | max \\|Δloss\\| vs zero-cpp same stage "
       "| step ÷ DDP | zero-cpp ÷ this (step, memory) | notes |")
@@ -131,7 +133,7 @@ def main_table(w, run):
                 notes.append("step_ms (no device sync)")
         else:
             res = r["result"]
-            mine = ours.get(MATCH.get((r["run"], r["stage"])))
+            mine = ours.get((MATCH.get((r["run"], r["stage"])), r.get("offload", "")))
             d = max_diff(ls, losses(mine)) if mine else None
             diff = f"{d:.2e}" if d is not None else ""
             ratio = ""
