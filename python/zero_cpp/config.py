@@ -96,12 +96,16 @@ def for_engine(config):
     dtype, as DeepSpeed's (which converts the module to it); the C++ API's
     default, "auto", may widen to fp32 compute where 16-bit GEMMs are slow,
     which would make a Python model see fp32 params where DeepSpeed's sees
-    16-bit ones. A `zero_cpp.compute_dtype` the user set is kept."""
+    16-bit ones. Buffers (BatchNorm's running stats) stay each rank's own, as
+    DeepSpeed leaves them; the C++ API's default copies rank 0's to every
+    rank at each step, as DDP does. What the user set under `zero_cpp` is
+    kept."""
     config = copy.deepcopy(config)
     p = precision(config)
     own = config.setdefault("zero_cpp", {})
     if p != "fp32" and "compute_dtype" not in own:
         own["compute_dtype"] = p
+    own.setdefault("broadcast_buffers", False)
     if not own:
         del config["zero_cpp"]
     parse(json.dumps(config))  # a config error now, naming its key

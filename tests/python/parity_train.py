@@ -8,7 +8,8 @@ the two files to the issue's tolerances.
 The model is a small GPT-like net of stock layers with what users' models
 have: an embedding tied to the head, a param owned by the root, a frozen
 Linear, a buffer used in forward, a block owning a param beside its
-sub-modules (nested units at stage 3), LayerNorms.
+sub-modules (nested units at stage 3), LayerNorms; scenario "stock" trains
+a model of torch.nn's own layers only (StockNet).
 
     zero-run -n 2 -- python parity_train.py OUT CKPT_DIR [SCENARIO ...]
 """
@@ -338,10 +339,54 @@ def scenario_gradcache(stage, out, ckpt):
             "uncoalesced_reduce_scatters": separate_calls, "steps": steps, "backwards_per_step": n}
 
 
+class StockNet(nn.Module):
+    """Only torch.nn's own layers, as users build models: MultiheadAttention
+    (inside TransformerEncoderLayer) reads its out_proj's weight without
+    calling out_proj; BatchNorm updates running-stat buffers in forward; a
+    Conv1d; GELU and LayerNorm inside the encoder layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        # No bias before a BatchNorm, as usual: BatchNorm's mean removes it, so
+        # its grads are rounding noise that Adam would scale to full steps,
+        # differently under two engines' summation orders.
+        self.conv = nn.Conv1d(D, D, kernel_size=3, padding=1, bias=False)
+        self.norm = nn.BatchNorm1d(D)
+        self.encoder = nn.TransformerEncoderLayer(D, nhead=4, dim_feedforward=2 * D, dropout=0.0,
+                                                  activation="gelu", batch_first=True)
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, idx, targets):
+        x = self.emb(idx)
+        x = x + self.norm(self.conv(x.transpose(1, 2))).transpose(1, 2)
+        mask = nn.Transformer.generate_square_subsequent_mask(idx.shape[1])
+        x = self.encoder(x, src_mask=mask, is_causal=True)
+        logits = self.head(x)
+        return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def scenario_stock(stage, out, ckpt):
+    torch.manual_seed(0)
+    model = StockNet()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config(stage, gas=2, clip=1.0))
+    losses = train(engine, 6)
+    # BatchNorm's running stats as each rank trained them (DeepSpeed does not
+    # sync buffers), in an evaluation forward on every rank's own batch.
+    engine.eval()
+    with torch.no_grad():
+        x, y = batch(100, 0, engine.global_rank, engine.world_size)
+        eval_loss = engine(x, y).detach().float().reshape(1)
+    per_rank = [torch.zeros(1) for _ in range(engine.world_size)]
+    torch.distributed.all_gather(per_rank, eval_loss)
+    return {"losses": losses + [t.item() for t in per_rank]}
+
+
 SCENARIOS = {"base": scenario_base, "features": scenario_features, "bf16": scenario_bf16,
              "resume": scenario_resume, "coalesce": scenario_coalesce, "gradcache": scenario_gradcache,
              "client": scenario_client, "groups": scenario_groups, "knobs": scenario_knobs, "eval": scenario_eval,
-             "recompute": scenario_recompute}
+             "recompute": scenario_recompute, "stock": scenario_stock}
 
 
 def main():
