@@ -38,6 +38,13 @@ def main():
                 check(abs(z["lr"] - d["lr"]) <= 1e-12, f"client stage {stage}: the LambdaLR's lr {z['lr']} vs {d['lr']}")
             if name == "groups":
                 check(z["lrs"] == d["lrs"], f"groups stage {stage}: the groups' lrs {z['lrs']} vs {d['lrs']}")
+            if name == "base":  # safe_get_full_fp32_param where DeepSpeed has an fp32 master
+                for pname, dv in d["fp32_params"].items():
+                    zv = z["fp32_params"].get(pname)
+                    if dv is None:
+                        continue
+                    check(zv is not None and zv[0] == dv[0] and abs(zv[1] - dv[1]) <= tol * abs(dv[1]),
+                          f"base stage {stage}: safe_get_full_fp32_param({pname}): {zv} vs DeepSpeed's {dv}")
             if name == "features":
                 check(z["global_steps"] == d["global_steps"], f"features stage {stage}: global_steps "
                       f"{z['global_steps']} vs {d['global_steps']}")

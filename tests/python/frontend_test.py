@@ -420,6 +420,12 @@ def test_errors():
     engine.step()
     ok, said = raises(lambda: engine.no_sync().__enter__(), RuntimeError, "stages 0 and 1")
     check(ok, f"no_sync at stage 2 names the stages it is for ({said})")
+    p = next(engine.module.parameters())
+    ok, said = raises(lambda: deepspeed.utils.safe_get_full_grad(p), NotImplementedError, "safe_get_full_grad")
+    check(ok and "safe_get_full_fp32_param" in said,
+          f"DeepSpeed's grad accessor is refused by name, with what to use instead ({said[:90]})")
+    ok, said = raises(lambda: deepspeed.utils.safe_set_full_fp32_param(p, p), NotImplementedError, "GatheredParameters")
+    check(ok, f"DeepSpeed's param setter is refused, naming GatheredParameters ({said[:90]})")
 
 
 def test_divergent_unit_order():

@@ -125,7 +125,16 @@ def train(engine, steps, first_step=0):
 
 
 def scenario_base(stage, out, ckpt):
-    return {"losses": train(build(stage), 6)}
+    engine = build(stage)
+    losses = train(engine, 6)
+    # deepspeed.utils.safe_get_full_fp32_param after training, each param's
+    # norm (None where DeepSpeed keeps no fp32 master: frozen params, and
+    # every param of its stage 0 in fp32).
+    norms = {}
+    for name, p in engine.module.named_parameters():
+        full = deepspeed.utils.safe_get_full_fp32_param(p)
+        norms[name] = None if full is None else [list(full.shape), full.double().norm().item()]
+    return {"losses": losses, "fp32_params": norms}
 
 
 def scenario_features(stage, out, ckpt):

@@ -1,3 +1,8 @@
-"""DeepSpeed's `deepspeed.utils`: the checkpoint readers (zero_to_fp32)."""
+"""DeepSpeed's `deepspeed.utils`: the checkpoint readers (zero_to_fp32) and
+one param's full state (param_access)."""
 from . import zero_to_fp32  # noqa: F401
 from .zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # noqa: F401
+from .param_access import (  # noqa: F401
+    safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state, safe_get_local_fp32_param,
+    safe_get_local_grad, safe_get_local_optimizer_state, safe_set_full_fp32_param, safe_set_full_optimizer_state,
+    safe_set_local_fp32_param, safe_set_local_optimizer_state)
