@@ -16,9 +16,22 @@ if ! "$python" -c "import deepspeed" 2>/dev/null; then
   exit 1
 fi
 run() {  # FRONTEND OUT
-  ZERO_FRONTEND=$1 PYTHONPATH=$pkg OMP_NUM_THREADS=1 "$zero_run" -n 2 --timeout 600 -- "$python" \
-    "$here/python/parity_train.py" "$tmp/$1.json" "$tmp/ckpt-$1" > "$tmp/$1.log" 2>&1
+  # PYTHONFAULTHANDLER: a rank that dies by a signal prints its Python stack.
+  ZERO_FRONTEND=$1 PYTHONPATH=$pkg OMP_NUM_THREADS=1 PYTHONFAULTHANDLER=1 "$zero_run" -n 2 --timeout 600 -- \
+    "$python" "$here/python/parity_train.py" "$tmp/$1.json" "$tmp/ckpt-$1" > "$tmp/$1.log" 2>&1
   local rc=$?
+  # DeepSpeed is the oracle here: its run died twice, under CI's load, by
+  # "terminate called without an active exception" (SIGABRT) in a process
+  # that runs no zero-cpp code. Such a death of the oracle is shown and the
+  # oracle run once more; any failure of zero_cpp's run fails the test.
+  if [ "$1" = deepspeed ] && [ $rc -gt 128 ] && [ -z "${retried:-}" ]; then
+    retried=1
+    echo "note: the deepspeed run died by signal $((rc - 128)); its last lines, then a second run:"
+    grep -v -e '^\[rank [0-9]*\] \[zero-cpp\]' -e 'get_lr\]' "$tmp/$1.log" | tail -n 30
+    rm -rf "$tmp/ckpt-$1"
+    run "$@"
+    return
+  fi
   if [ $rc -ne 0 ]; then
     echo "FAIL the $1 run exited with $rc; its last lines:"
     grep -v '^\[rank [0-9]*\] \[zero-cpp\]' "$tmp/$1.log" | tail -n 25
