@@ -380,6 +380,8 @@ int main(int argc, char** argv) {
             {"model_state_bytes", r.model_state_bytes},
             {"comm", comm_json(r.comm)}};
       if (pss >= 0) record["pss_bytes"] = pss;
+      // wall_clock_breakdown: where the step's time went (engine.last_step_times()).
+      if (const auto times = engine.last_step_times(); !times.empty()) record["times_ms"] = times;
       emit(record);
       if (!args.save_dir.empty() && ((args.save_every && s % args.save_every == 0) || s == args.steps)) {
         const auto t0 = std::chrono::steady_clock::now();

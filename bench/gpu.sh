@@ -104,6 +104,18 @@ zero_train() {
     --device "$DEVICE" "${MODEL[@]}" --log-json "$LOGS/$name.jsonl" "$@"
 }
 record_of() { grep "\"event\":\"$2\"" "$LOGS/$1.jsonl" | tail -n 1; }
+# The median over the timed steps (3 on) of each wall_clock_breakdown timer
+# zero-train logged (times_ms: forward, backward, backward_allreduce, step,
+# step_allgather); {} when the run had none.
+times_of() {
+  python3 - "$LOGS/$1.jsonl" <<'PY'
+import json, statistics, sys
+steps = [r for r in map(json.loads, open(sys.argv[1])) if r.get("event") == "step" and "times_ms" in r]
+steps = steps[2:] or steps
+names = steps[0]["times_ms"] if steps else {}
+print(json.dumps({n: round(statistics.median(r["times_ms"][n] for r in steps), 3) for n in names}))
+PY
+}
 losses_of() {
   echo "[$(grep '"event":"step"' "$LOGS/$1.jsonl" | grep -o '"loss":[^,]*' | cut -d: -f2 | paste -sd, -)]"
 }
@@ -188,6 +200,7 @@ path, what = sys.argv[1:3]
 c = json.load(open(path))
 z = c["zero_optimization"]
 z["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+c["wall_clock_breakdown"] = True  # where the step's time goes (device-synchronised timers)
 if what == "param+optimizer":
     z["offload_param"] = {"device": "cpu", "pin_memory": True}
 json.dump(c, open(path, "w"), indent=1)
@@ -200,8 +213,8 @@ for c in "2 optimizer" "3 param+optimizer"; do
   f="\"run\": \"zero-cpp\", \"stage\": $stage, \"dtype\": \"bf16\", \"offload\": \"$what\""
   name="zero-stage$stage-offload"
   if zero_train "$f" "$name" 1 -- --steps "$STEPS"; then
-    echo "{$f, \"log\": \"$name.log\", \"losses\": $(losses_of "$name"), \"summary\": $(record_of "$name" summary)}" \
-      >> "$records"
+    echo "{$f, \"log\": \"$name.log\", \"losses\": $(losses_of "$name"), \"summary\": $(record_of "$name" summary), \
+\"times_ms\": $(times_of "$name")}" >> "$records"
   fi
   f="\"run\": \"deepspeed\", \"stage\": $stage, \"dtype\": \"bf16\", \"offload\": \"$what\""
   name="deepspeed-stage$stage-offload"

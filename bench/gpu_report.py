@@ -131,6 +131,11 @@ def main_table(w, run):
             ratio = ""
             if "median_wall_ms" not in r["summary"]:
                 notes.append("step_ms (no device sync)")
+            t = r.get("times_ms")
+            if t:  # wall_clock_breakdown, device-synchronised: where the step's time goes
+                notes.append(f"forward {t['forward']:.1f}, backward {t['backward']:.1f} (reduction wait "
+                             f"{t['backward_allreduce']:.1f}), step {t['step']:.1f} (all-gather "
+                             f"{t['step_allgather']:.1f}) ms")
         else:
             res = r["result"]
             mine = ours.get((MATCH.get((r["run"], r["stage"])), r.get("offload", "")))

@@ -266,6 +266,13 @@ class Engine {
   /// empty vector returns to the groups' own.
   void set_param_group_weight_decays(std::vector<double> wds);
   double last_grad_norm() const;  ///< global grad norm of the last boundary (before clipping)
+  /// With `wall_clock_breakdown`: the last optimizer step's time in ms by
+  /// DeepSpeed's timer names -- forward and backward of its micro-steps,
+  /// backward_allreduce (the wait for their reductions, part of backward),
+  /// step (the update) and step_allgather (stages 1-3 publishing the
+  /// updated params, part of step); on a device each read of the clock
+  /// synchronises it first. Empty otherwise.
+  std::map<std::string, double> last_step_times() const;
   /// Replaces the engine's progress line (steps_per_print) with `report`,
   /// called on rank 0 at each report instead of printing it, so a training
   /// script can print one line of its own per report. The

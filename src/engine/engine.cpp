@@ -12,6 +12,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include <ATen/DeviceAccelerator.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -149,6 +150,10 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
   replicated = replicated_tensors(m);
   sync_replicated_at_construction(m, replicated, comm, dp);
   cast_replicated_to_compute(replicated, precision);
+  if (!device.is_cpu()) {
+    const c10::DeviceIndex index = device.index();
+    training_log.set_device_sync([index] { at::accelerator::synchronizeDevice(index); });
+  }
   if (policy.shard_params && config.zero.offload_param.device == OffloadDevice::NVMe) {
     // ZeRO-Infinity's param offload: grouping sends each shard to disk as it is made.
     const auto& op = config.zero.offload_param;
@@ -420,7 +425,7 @@ Engine::~Engine() = default;
 void Engine::begin_forward() {
   const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   impl_->check_usable();
-  impl_->forward_started = std::chrono::steady_clock::now();
+  impl_->forward_started = impl_->training_log.now();
   impl_->begin_attempt(/*from_forward=*/true);
   if (!impl_->stage3) return;
   const bool root_was_sharded = impl_->stage3->root_sharded();
@@ -442,9 +447,9 @@ at::Tensor Engine::end_forward(const at::Tensor& out) {
 void Engine::end_forward(const std::vector<at::Tensor>& outs) {
   const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   if (impl_->stage3) impl_->stage3->end_root_forward(outs);
-  impl_->training_log.add_time(TrainingLog::Forward, std::chrono::duration<double, std::milli>(
-                                                         std::chrono::steady_clock::now() - impl_->forward_started)
-                                                         .count());
+  impl_->training_log.add_time(
+      TrainingLog::Forward,
+      std::chrono::duration<double, std::milli>(impl_->training_log.now() - impl_->forward_started).count());
 }
 
 void Engine::forward_each(const std::function<std::vector<at::Tensor>()>& fn) {
@@ -627,6 +632,7 @@ int64_t Engine::micro_steps() const { return impl_->micro_steps; }
 double Engine::loss_scale() const { return impl_->optimizer.loss_scale(); }
 double Engine::lr() const { return impl_->optimizer.lr(); }
 double Engine::last_grad_norm() const { return impl_->optimizer.last_grad_norm(); }
+std::map<std::string, double> Engine::last_step_times() const { return impl_->training_log.last_step_times(); }
 void Engine::on_progress(std::function<void(const Progress&)> report) { impl_->training_log.set_progress(std::move(report)); }
 const Config& Engine::config() const { return impl_->config; }
 const BatchConfig& Engine::batch() const { return impl_->batch; }

@@ -48,6 +48,13 @@ TrainingLog::TrainingLog(const Config& config, bool lead, std::function<void(con
   }
 }
 
+std::map<std::string, double> TrainingLog::last_step_times() const {
+  std::map<std::string, double> out;
+  if (wall_clock_)
+    for (int p = 0; p < kPhases; ++p) out[kPhaseNames[p]] = last_step_ms_[p];
+  return out;
+}
+
 bool TrainingLog::prints(int64_t global_steps) const {
   return steps_per_print_ > 0 && global_steps % steps_per_print_ == 0;  // 0: never (DeepSpeed's null)
 }

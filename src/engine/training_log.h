@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,7 +38,23 @@ class TrainingLog {
 
   TrainingLog(const Config& config, bool lead, std::function<void(const std::string&)> print);
 
-  void add_time(Phase phase, double ms) { phase_ms_[phase] += ms; }
+  void add_time(Phase phase, double ms) {
+    phase_ms_[phase] += ms;
+    step_ms_[phase] += ms;
+  }
+  // The clock the timers read. With wall_clock_breakdown on a device, the
+  // device is synchronised first (as DeepSpeed's synchronized timers do), so
+  // a phase holds its kernels, not only their launches.
+  std::chrono::steady_clock::time_point now() const {
+    if (wall_clock_ && device_sync_) device_sync_();
+    return std::chrono::steady_clock::now();
+  }
+  // Set by the engine on a device: how now() synchronises it.
+  void set_device_sync(std::function<void()> sync) { device_sync_ = std::move(sync); }
+  // The timers of the last optimizer step, ms by DeepSpeed's names (the
+  // forward and backward of its micro-steps, their reduction wait, the
+  // update and its all-gather); empty without wall_clock_breakdown.
+  std::map<std::string, double> last_step_times() const;
   // Whether the step that makes `global_steps` reports (so the engine
   // computes the global loss on every rank).
   bool reports(int64_t global_steps) const;
@@ -46,17 +63,19 @@ class TrainingLog {
   void on_step(const StepReport& s);
   // Every optimizer step, reported or not: the window's step count (the
   // progress line's mean and the timers' per-step average divide by it).
-  void count_step() { ++window_steps_; }
+  void count_step() {
+    ++window_steps_;
+    last_step_ms_ = step_ms_;
+    step_ms_.fill(0);
+  }
   // Set: called with each report instead of printing its line (Engine::on_progress).
   void set_progress(std::function<void(const Progress&)> fn) { progress_ = std::move(fn); }
 
   // Times a scope into `phase`.
   class Timer {
    public:
-    Timer(TrainingLog& log, Phase phase) : log_(log), phase_(phase), t0_(std::chrono::steady_clock::now()) {}
-    ~Timer() {
-      log_.add_time(phase_, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count());
-    }
+    Timer(TrainingLog& log, Phase phase) : log_(log), phase_(phase), t0_(log.now()) {}
+    ~Timer() { log_.add_time(phase_, std::chrono::duration<double, std::milli>(log_.now() - t0_).count()); }
     Timer(const Timer&) = delete;
     Timer& operator=(const Timer&) = delete;
 
@@ -79,6 +98,9 @@ class TrainingLog {
   std::vector<std::string> csv_started_;
   std::array<double, kPhases> phase_ms_{};       // since the last step
   std::array<double, kPhases> window_ms_{};      // since the last print
+  std::array<double, kPhases> step_ms_{};        // since the last optimizer step
+  std::array<double, kPhases> last_step_ms_{};   // the last optimizer step's
+  std::function<void()> device_sync_;
   int64_t window_steps_ = 0;
   std::chrono::steady_clock::time_point window_start_ = std::chrono::steady_clock::now();
   int64_t window_first_samples_ = 0;  // global samples when the window began

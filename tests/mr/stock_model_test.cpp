@@ -4,6 +4,7 @@
 // the same program switching stage and dtype by config alone. Oracles: the
 // fp32 stage-0 run of the same model on the same batches, the plain model's
 // param names, and the bytes a 16-bit param holds at rest.
+#include <chrono>
 #include <functional>
 #include <map>
 #include <string>
@@ -308,6 +309,48 @@ TEST(StockModules, InitWorksAtEveryStage) {
 
 // DeepSpeed's csv_monitor layout, with the loss as the mean over ranks of
 // what each gave engine.backward, and the wall-clock timers' files.
+// wall_clock_breakdown's timers, step by step (what zero-train logs as
+// times_ms): DeepSpeed's five names, nested as DeepSpeed's are (the
+// reduction wait inside backward, the all-gather inside step), each of
+// this step only -- forward + backward + step within the step's own wall
+// time -- and nothing without the option.
+TEST(TrainingLog, LastStepTimesHoldThatStepsPhases) {
+  for (bool on : {true, false}) {
+    SCOPED_TRACE(on ? "wall_clock_breakdown" : "without it");
+    nlohmann::json j = stock_config(2, "fp32", "fp32").to_json();
+    j["wall_clock_breakdown"] = on;
+    j["gradient_accumulation_steps"] = 2;
+    StockNet model;
+    zero::Engine engine(*model, Config::from_json(j), world().comm(), dp_group());
+    for (int s = 0; s < 3; ++s) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int micro = 0; micro < 2; ++micro) {
+        at::manual_seed(400 + s * 2 + micro);
+        const at::Tensor tokens = at::randint(kVocab, {kRowsPerRank, kSeq}, at::kLong);
+        engine.backward(engine.forward(model, tokens).pow(2).mean());
+        engine.step();
+      }
+      const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const auto times = engine.last_step_times();
+      if (!on) {
+        EXPECT_TRUE(times.empty());
+        continue;
+      }
+      for (const char* name : {"forward", "backward", "backward_allreduce", "step", "step_allgather"}) {
+        ASSERT_TRUE(times.count(name)) << name;
+        EXPECT_GE(times.at(name), 0.0) << name;
+      }
+      EXPECT_GT(times.at("forward"), 0.0);
+      EXPECT_GT(times.at("backward"), 0.0);
+      EXPECT_GT(times.at("step"), 0.0);
+      EXPECT_LE(times.at("backward_allreduce"), times.at("backward"));
+      EXPECT_LE(times.at("step_allgather"), times.at("step"));
+      EXPECT_LE(times.at("forward") + times.at("backward") + times.at("step"), wall)
+          << "step " << s + 1 << ": the phases of one step only";
+    }
+  }
+}
+
 TEST(TrainingLog, CsvMonitorWritesDeepSpeedsFiles) {
   const std::string dir = ckpt_dir("csv-monitor");
   remove_dir(dir);

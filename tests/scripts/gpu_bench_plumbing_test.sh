@@ -37,6 +37,13 @@ for want in "zero-cpp 0  ok" "zero-cpp 3  ok" "ddp 0  ok" "fsdp2 3  ok" "deepspe
     "zero-cpp seed 001   skipped"; do
   check "run recorded: $want" contains "$summary" "$want"
 done
+breakdown=$(python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d["runs"]:
+    if r.get("offload") and r["run"] == "zero-cpp":
+        print(sorted(r.get("times_ms", {})))' "$T/gpu.json")
+check "zero-cpp's offload runs say where the step's time goes ($breakdown)" \
+  [ "$(grep -c "'backward', 'backward_allreduce', 'forward', 'step', 'step_allgather'" <<<"$breakdown")" -eq 2 ]
 check "DeepSpeed's offload runs use its DeepSpeedCPUAdam" \
   [ "$(grep -cE '^deepspeed [23] (optimizer|param\+optimizer) ok deepspeed\.ops\.adam\.cpu_adam\.DeepSpeedCPUAdam$' <<<"$summary")" -eq 2 ]
 python3 "$SRC/bench/gpu_report.py" "$T/gpu.json" "$T/gpu.md" > /dev/null 2> "$T/report.err"
