@@ -10,6 +10,8 @@
 #                                       (and ./run gpu-pack for .carry/)
 #   bench/gpu_lease.sh run OUT [SECS]   there (device run, carry [".carry", ".gpubin"]):
 #                                       everything within SECS [540]; results in OUT
+#   bench/gpu_lease.sh largest OUT [SECS]  there, a second call: the largest GPT one GPU
+#                                       trains (bench/largest.sh, issue 36 item 6)
 # Environment: ZERO_LEASE_BUILD_SECS, how long the bare build (and its own
 # ctest -L gpu) may take [170]; ZERO_LEASE_SANITIZE_SECS, each sanitizer
 # tool's bound [90]; ZERO_LEASE_BENCH=0 stops after the suites and the build.
@@ -149,8 +151,23 @@ run() {
   [ -f "$out/gpu.md" ] && cat "$out/gpu.md"
 }
 
+# Issue 36 item 6 in a call of its own (a multi-billion-param build and a
+# few steps take most of one command): bench/largest.sh on the carried
+# binaries; OUT/largest.json.
+largest() {
+  local out=$1 total=${2:-540}
+  mkdir -p "$out"
+  local torchlib
+  torchlib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+  export LD_LIBRARY_PATH=$torchlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  bench/largest.sh "$BIN" "$((total - 10))" > "$out/largest.json" 2> "$out/largest.log"
+  echo "largest: rc=$?"; python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(json.dumps(d["largest"]))' \
+    "$out/largest.json" 2>&1 | tail -n 1
+}
+
 case "${1:-}" in
   pack) pack ;;
   run) shift; run "$@" ;;
-  *) echo "usage: bench/gpu_lease.sh pack | run OUT [SECS]" >&2; exit 2 ;;
+  largest) shift; largest "$@" ;;
+  *) echo "usage: bench/gpu_lease.sh pack | run OUT [SECS] | largest OUT [SECS]" >&2; exit 2 ;;
 esac

@@ -55,4 +55,15 @@ for row in "| zero-cpp stage 0 |" "| zero-cpp stage 3 |" "| FSDP2 |" "| DeepSpee
     "| DeepSpeed stage 3, param+optimizer offloaded |" "| 000 |" "| 002 |" "| 003 |"; do
   check "gpu.md has the row $row" contains "$report" "$row"
 done
+# bench/largest.sh (issue 36 item 6) at a size this machine trains in seconds.
+ZERO_LARGEST_DEVICE=cpu ZERO_LARGEST_RAM_GIB=0.05 ZERO_LARGEST_WIDTHS="64 128" ZERO_LARGEST_SEQ=32 \
+  ZERO_LARGEST_MICRO=2 ZERO_LARGEST_STEPS=3 OMP_NUM_THREADS=1 "$SRC/bench/largest.sh" "$B" 300 \
+  > "$T/largest.json" 2> "$T/largest.log"
+check "largest.sh exits 0 ($(tail -n 2 "$T/largest.log" | tr '\n' ' '))" [ $? -eq 0 ]
+largest=$(python3 -c 'import json, sys
+l = json.load(open(sys.argv[1]))["largest"] or {}
+print(l.get("tokens_per_s", 0) > 0, l.get("params", 0) <= 0.75 * 0.05 * 2**30 / 16, sorted(l.get("times_ms") or {}))' \
+  "$T/largest.json" 2>&1)
+check "largest.sh trains the largest shape within the host's bound, timed by phase ($largest)" \
+  [ "$largest" = "True True ['backward', 'backward_allreduce', 'forward', 'step', 'step_allgather']" ]
 finish
