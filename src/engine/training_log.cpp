@@ -64,16 +64,14 @@ bool TrainingLog::reports(int64_t global_steps) const {
 }
 
 void TrainingLog::on_step(const StepReport& s) {
-  for (int p = 0; p < kPhases; ++p) window_ms_[p] += phase_ms_[p];
   if (!csv_dir_.empty()) {
     write_csv("Train/Samples/train_loss", s.global_samples, s.loss);
     write_csv("Train/Samples/lr", s.global_samples, s.lr);
     if (s.loss_scale != 1.0) write_csv("Train/Samples/loss_scale", s.global_samples, s.loss_scale);
     if (wall_clock_)
       for (int p = 0; p < kPhases; ++p)
-        write_csv(std::string("Train/Samples/elapsed_time_ms_") + kPhaseNames[p], s.global_samples, phase_ms_[p]);
+        write_csv(std::string("Train/Samples/elapsed_time_ms_") + kPhaseNames[p], s.global_samples, last_step_ms_[p]);
   }
-  phase_ms_.fill(0);
   if (!prints(s.global_steps)) return;
   const auto now = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(now - window_start_).count();

@@ -38,10 +38,7 @@ class TrainingLog {
 
   TrainingLog(const Config& config, bool lead, std::function<void(const std::string&)> print);
 
-  void add_time(Phase phase, double ms) {
-    phase_ms_[phase] += ms;
-    step_ms_[phase] += ms;
-  }
+  void add_time(Phase phase, double ms) { step_ms_[phase] += ms; }
   // The clock the timers read. With wall_clock_breakdown on a device, the
   // device is synchronised first (as DeepSpeed's synchronized timers do), so
   // a phase holds its kernels, not only their launches.
@@ -61,10 +58,12 @@ class TrainingLog {
   // Whether that step prints a progress line (steps_per_print; never when 0).
   bool prints(int64_t global_steps) const;
   void on_step(const StepReport& s);
-  // Every optimizer step, reported or not: the window's step count (the
-  // progress line's mean and the timers' per-step average divide by it).
+  // Every optimizer step, reported or not (before on_step): the window's
+  // step count (the progress line's mean and the timers' per-step average
+  // divide by it) and its times.
   void count_step() {
     ++window_steps_;
+    for (int p = 0; p < kPhases; ++p) window_ms_[p] += step_ms_[p];
     last_step_ms_ = step_ms_;
     step_ms_.fill(0);
   }
@@ -96,10 +95,9 @@ class TrainingLog {
   bool csv_every_step_;  // csv_monitor on: every step reports (on every rank)
   std::string csv_dir_;  // rank 0 with csv_monitor on: where the files go
   std::vector<std::string> csv_started_;
-  std::array<double, kPhases> phase_ms_{};       // since the last step
-  std::array<double, kPhases> window_ms_{};      // since the last print
   std::array<double, kPhases> step_ms_{};        // since the last optimizer step
   std::array<double, kPhases> last_step_ms_{};   // the last optimizer step's
+  std::array<double, kPhases> window_ms_{};      // since the last print
   std::function<void()> device_sync_;
   int64_t window_steps_ = 0;
   std::chrono::steady_clock::time_point window_start_ = std::chrono::steady_clock::now();

@@ -307,8 +307,6 @@ TEST(StockModules, InitWorksAtEveryStage) {
   }
 }
 
-// DeepSpeed's csv_monitor layout, with the loss as the mean over ranks of
-// what each gave engine.backward, and the wall-clock timers' files.
 // wall_clock_breakdown's timers, step by step (what zero-train logs as
 // times_ms): DeepSpeed's five names, nested as DeepSpeed's are (the
 // reduction wait inside backward, the all-gather inside step), each of
@@ -351,6 +349,8 @@ TEST(TrainingLog, LastStepTimesHoldThatStepsPhases) {
   }
 }
 
+// DeepSpeed's csv_monitor layout, with the loss as the mean over ranks of
+// what each gave engine.backward, and the wall-clock timers' files.
 TEST(TrainingLog, CsvMonitorWritesDeepSpeedsFiles) {
   const std::string dir = ckpt_dir("csv-monitor");
   remove_dir(dir);
