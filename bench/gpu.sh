@@ -243,17 +243,23 @@ done
 # Seed 001: allgather, reduce-scatter and all-reduce through CUDA IPC and
 # NCCL at 2 ranks, against the device-to-device copy rate. NCCL refuses two
 # ranks on one GPU: on a one-GPU machine only CUDA IPC is measured.
-f='"run": "zero-cpp seed 001", "ranks": 2'
-if [ "$DEVICE" != cuda ]; then
-  echo "{$f, \"skipped\": \"CUDA collectives need a GPU (ZERO_GPU_BENCH_DEVICE=$DEVICE)\"}" >> "$records"
-elif [ ! -x "$B/bench/bench_cuda_comm" ]; then
-  echo "{$f, \"skipped\": \"$B/bench/bench_cuda_comm was not built (ZERO_CUDA off)\"}" >> "$records"
-elif attempt "$f" seed001 - "$B/zero-run" -n 2 -- "$B/bench/bench_cuda_comm" 1024; then
-  # Rank 0's JSON object, from its first line on: the engine's own lines
-  # (the transport it chose, say) come before it.
-  grep '^\[rank 0\]' "$LOGS/seed001.log" | sed 's/^\[rank 0\] //' | sed -n '/^{/,$p' > "$LOGS/seed001.json"
-  echo "{$f, \"log\": \"seed001.log\", \"result\": $(compact "$LOGS/seed001.json")}" >> "$records"
-fi
+# CUDA IPC runs both ways: staged through each rank's buffer, and direct
+# (peers read each other's inputs in place; issue 36 item 2), each against
+# the copy rate measured in its own run.
+for path in staged direct; do
+  f="\"run\": \"zero-cpp seed 001\", \"ranks\": 2, \"ipc_path\": \"$path\""
+  direct=off; [ $path = direct ] && direct=on
+  if [ "$DEVICE" != cuda ]; then
+    echo "{$f, \"skipped\": \"CUDA collectives need a GPU (ZERO_GPU_BENCH_DEVICE=$DEVICE)\"}" >> "$records"
+  elif [ ! -x "$B/bench/bench_cuda_comm" ]; then
+    echo "{$f, \"skipped\": \"$B/bench/bench_cuda_comm was not built (ZERO_CUDA off)\"}" >> "$records"
+  elif attempt "$f" "seed001-$path" - env ZERO_CUDA_IPC_DIRECT=$direct "$B/zero-run" -n 2 -- "$B/bench/bench_cuda_comm" 1024; then
+    # Rank 0's JSON object, from its first line on: the engine's own lines
+    # (the transport it chose, say) come before it.
+    grep '^\[rank 0\]' "$LOGS/seed001-$path.log" | sed 's/^\[rank 0\] //' | sed -n '/^{/,$p' > "$LOGS/seed001-$path.json"
+    echo "{$f, \"log\": \"seed001-$path.log\", \"result\": $(compact "$LOGS/seed001-$path.json")}" >> "$records"
+  fi
+done
 
 # Seed 002: four backward passes per step at stage 2, one reduction each or
 # one for all (coalesce_grad_reduction); 2 ranks, as seed 000 (at 1 rank

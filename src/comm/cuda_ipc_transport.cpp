@@ -2,6 +2,7 @@
 #include "comm/cuda_ipc_transport.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -12,6 +13,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include "comm/cuda/ipc_buffers.h"
 #include "comm/cuda/peer_sum.h"
 #include "comm/device_placement.h"
 #include "comm/group_impl.h"
@@ -35,9 +37,20 @@ struct CudaIpcGroup {
   std::vector<char*> staging;       // by group rank; this rank's own buffer at its rank
   std::vector<void*> mapped;        // peers' allocations opened here, to close
   c10::cuda::CUDAStream stream = c10::cuda::getDefaultCUDAStream();
+  // The direct path (every rank asked for it: ZERO_CUDA_IPC_DIRECT): each
+  // rank's interprocess event, recorded on its stream where its input is
+  // ready (and, in an all-reduce, where its slice is summed); the peers'
+  // opened here, by group rank (this rank's own at its rank); and the
+  // peers' input buffers mapped here.
+  bool direct = false;
+  std::vector<cudaEvent_t> events;
+  cuda::PeerDeviceBuffers peer_inputs;
+  std::atomic<int64_t> direct_ops{0};
   ~CudaIpcGroup() {
     for (void* p : mapped) cudaIpcCloseMemHandle(p);
     if (own_raw) cudaFree(own_raw);
+    for (cudaEvent_t e : events)
+      if (e) cudaEventDestroy(e);
   }
 };
 
@@ -59,6 +72,8 @@ int64_t staging_bytes() {
 struct Exported {
   cudaIpcMemHandle_t handle{};
   uint64_t offset = 0;
+  cudaIpcEventHandle_t event{};  // the direct path's, where this rank wants it
+  uint8_t wants_direct = 0;
 };
 
 // This rank's staging buffer (its address into `own`) and its export; an
@@ -86,6 +101,19 @@ std::string allocate_and_export(CudaIpcGroup& ipc, Exported& out, char*& own) {
   }
 }
 
+// The direct path's event of this rank, its handle into `mine`; an error
+// message if either failed.
+std::string make_own_event(CudaIpcGroup& ipc, int rank, Exported& mine) {
+  cudaEvent_t& own = ipc.events[rank];
+  cudaError_t err = cudaEventCreateWithFlags(&own, cudaEventDisableTiming | cudaEventInterprocess);
+  if (err == cudaSuccess) err = cudaIpcGetEventHandle(&mine.event, own);
+  if (err != cudaSuccess)
+    return std::string("an interprocess event for the direct path: ") + cudaGetErrorString(err) +
+           " (ZERO_CUDA_IPC_DIRECT=off stages every collective instead)";
+  mine.wants_direct = 1;
+  return {};
+}
+
 // Collective over the group through its store: every rank allocates and
 // publishes its buffer, opens its peers', and all agree it worked (so a
 // failure is an error on every rank, not a hang on some).
@@ -99,13 +127,29 @@ std::shared_ptr<CudaIpcGroup> make_ipc_group(const Group& g, c10::Device device,
   Exported mine;
   std::string error = allocate_and_export(*ipc, mine, ipc->staging[g.rank()]);
   const auto* raw = reinterpret_cast<const uint8_t*>(&mine);
+  ipc->events.assign(static_cast<size_t>(g.size()), nullptr);
+  if (error.empty() && cuda_ipc_direct_by_env()) error = make_own_event(*ipc, g.rank(), mine);
   const std::string key = "ipc_" + lane + "_";
   store.set(key + "handle_" + std::to_string(g.rank()), std::vector<uint8_t>(raw, raw + sizeof mine));
-  for (int q = 0; q < g.size() && error.empty(); ++q) {
+  std::vector<Exported> peers(static_cast<size_t>(g.size()));
+  for (int q = 0; q < g.size(); ++q) {
     if (q == g.rank()) continue;
     const auto bytes = store.get(key + "handle_" + std::to_string(q));
-    Exported peer;
-    std::memcpy(&peer, bytes.data(), std::min(bytes.size(), sizeof peer));
+    std::memcpy(&peers[q], bytes.data(), std::min(bytes.size(), sizeof(Exported)));
+  }
+  ipc->direct = mine.wants_direct != 0;
+  for (int q = 0; q < g.size(); ++q) ipc->direct = ipc->direct && (q == g.rank() || peers[q].wants_direct != 0);
+  for (int q = 0; q < g.size() && error.empty(); ++q) {
+    if (q == g.rank()) continue;
+    const Exported& peer = peers[q];
+    if (ipc->direct) {
+      const cudaError_t err = cudaIpcOpenEventHandle(&ipc->events[q], peer.event);
+      if (err != cudaSuccess) {
+        error = "cudaIpcOpenEventHandle of rank " + std::to_string(q) + "'s event: " + cudaGetErrorString(err) +
+                " (ZERO_CUDA_IPC_DIRECT=off stages every collective instead)";
+        break;
+      }
+    }
     void* base = nullptr;
     const cudaError_t err = cudaIpcOpenMemHandle(&base, peer.handle, cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess) {
@@ -125,6 +169,12 @@ std::shared_ptr<CudaIpcGroup> make_ipc_group(const Group& g, c10::Device device,
                       " (ZERO_CUDA_IPC=off sends CUDA collectives to NCCL instead)");
   }
   ipc->stream = c10::cuda::getStreamFromPool(false, device.index());
+  if (g.rank() == 0 && lane == "main")
+    std::fprintf(stderr, "[zero-cpp] %s: CUDA IPC %s\n", g.describe().c_str(),
+                 ipc->direct ? "direct: each rank reads its peers' inputs in place, ordered by their events "
+                               "(a collective whose inputs cannot all be shared is staged)"
+                             : "staged through each rank's buffer (ZERO_CUDA_IPC_DIRECT=on reads the peers' "
+                               "inputs in place)");
   return ipc;
 }
 
@@ -212,6 +262,16 @@ class CudaIpcTransport : public Transport {
       const int64_t shard = in_shard.numel(), piece = run.ipc->bytes / ei;
       const auto* in = static_cast<const char*>(in_shard.data_ptr());
       auto* out = static_cast<char*>(out_flat.data_ptr());
+      std::vector<const char*> srcs;
+      if (run.open_direct(cuda::export_device_buffer(in_shard), in, srcs)) {
+        for (int q = 0; q < run.size; ++q) {
+          char* dst = out + q * shard * eo;
+          if (widen) run.sum({srcs[q]}, *in_type, dst, shm::Elem::F32, shard, false);
+          else if (dst != srcs[q]) run.copy(dst, srcs[q], shard * ei);  // in place: this rank's is there
+        }
+        run.close_direct();
+        return;
+      }
       for (int64_t a = 0; a == 0 || a < shard; a += piece) {
         const int64_t n = std::min(piece, shard - a);
         run.copy(run.own(), in + a * ei, n * ei);
@@ -238,6 +298,16 @@ class CudaIpcTransport : public Transport {
       if (piece >= 64) piece &= ~int64_t{63};
       const auto* in = static_cast<const char*>(in_flat.data_ptr());
       auto* out = static_cast<char*>(out_shard.data_ptr());
+      std::vector<const char*> inputs;
+      if (run.open_direct(cuda::export_device_buffer(in_flat), in, inputs)) {
+        // Slice `rank` of every rank's input; `out` may be this rank's own
+        // (peer_sum reads an element from every source before writing it).
+        std::vector<const char*> srcs;
+        for (int q = 0; q < size; ++q) srcs.push_back(inputs[q] + run.rank * shard * ei);
+        run.sum(srcs, in_type, out, out_type, shard, average);
+        run.close_direct();
+        return;
+      }
       for (int64_t a = 0; a == 0 || a < shard; a += piece) {
         const int64_t n = std::min(piece, shard - a);
         for (int r = 0; r < size; ++r) run.copy(run.own() + r * piece * ei, in + (r * shard + a) * ei, n * ei);
@@ -256,6 +326,23 @@ class CudaIpcTransport : public Transport {
     return submit(g, CollectiveOp::AllReduce, "all_reduce", sig, {t}, [=](Run& run) {
       const int64_t e = t.element_size(), piece = run.ipc->bytes / e, numel = t.numel();
       auto* d = static_cast<char*>(t.data_ptr());
+      std::vector<const char*> bufs;
+      if (run.open_direct(cuda::export_device_buffer(t), d, bufs)) {
+        // Rank q sums slice q of every buffer into its own, in place; then,
+        // each slice summed (its owner's event recorded again), every rank
+        // copies the others' summed slices. Slices of whole 256-byte lines.
+        const int64_t per = ((numel + run.size - 1) / run.size + 127) / 128 * 128;
+        const auto begin = [&](int q) { return std::min<int64_t>(numel, q * per); };
+        const auto count = [&](int q) { return std::min<int64_t>(numel, (q + 1) * per) - begin(q); };
+        std::vector<const char*> srcs;
+        for (int q = 0; q < run.size; ++q) srcs.push_back(bufs[q] + begin(run.rank) * e);
+        run.sum(srcs, type, d + begin(run.rank) * e, type, count(run.rank), average);
+        run.publish_progress();
+        for (int q = 0; q < run.size; ++q)
+          if (q != run.rank) run.copy(d + begin(q) * e, bufs[q] + begin(q) * e, count(q) * e);
+        run.close_direct();
+        return;
+      }
       for (int64_t a = 0; a == 0 || a < numel; a += piece) {
         const int64_t n = std::min(piece, numel - a);
         run.copy(run.own(), d + a * e, n * e);
@@ -272,6 +359,13 @@ class CudaIpcTransport : public Transport {
     return submit(g, CollectiveOp::Broadcast, "broadcast", sig, {t}, [=](Run& run) {
       const int64_t bytes = t.numel() * t.element_size();
       auto* d = static_cast<char*>(t.data_ptr());
+      std::vector<const char*> srcs;
+      const auto mine = run.rank == root ? cuda::export_device_buffer(t) : cuda::nothing_to_read();
+      if (run.open_direct(mine, d, srcs)) {
+        if (run.rank != root) run.copy(d, srcs[root], bytes);
+        run.close_direct();
+        return;
+      }
       for (int64_t a = 0; a == 0 || a < bytes; a += run.ipc->bytes) {
         const int64_t n = std::min(run.ipc->bytes, bytes - a);
         if (run.rank == root) run.copy(run.own(), d + a, n);
@@ -309,6 +403,48 @@ class CudaIpcTransport : public Transport {
     void handshake() {
       check(cudaStreamSynchronize(ipc->stream), text);
       (*round)();
+    }
+
+    // The direct path's first round (comm/cuda_ipc_transport.h): this
+    // rank's event recorded where its input is ready, `mine` published.
+    // True when every rank's input can be read in place: then `srcs` holds
+    // every rank's input as mapped here (this rank's own, `own`, at its
+    // rank; null where a rank publishes nothing to read), and this stream
+    // waits for the peers' events before anything it queues next. False:
+    // the collective is staged, on every rank alike.
+    bool open_direct(const cuda::DeviceBufferRef& mine, const void* own, std::vector<const char*>& srcs) {
+      if (!ipc->direct) return false;
+      check(cudaEventRecord(ipc->events[rank], ipc->stream), text);
+      std::vector<cuda::DeviceBufferRef> all(static_cast<size_t>(size));
+      round->exchange(&mine, sizeof mine, all.data());
+      for (const auto& r : all)
+        if (!r.shareable) return false;
+      srcs.assign(static_cast<size_t>(size), nullptr);
+      srcs[rank] = static_cast<const char*>(own);
+      for (int q = 0; q < size; ++q) {
+        if (q == rank || all[q].handle_bytes == 0) continue;
+        srcs[q] = ipc->peer_inputs.data(q, all[q]);
+      }
+      wait_for_peers();
+      return true;
+    }
+    // This rank's work so far queued behind its event again; a round; this
+    // stream then waits for the peers' (an all-reduce's summed slices).
+    void publish_progress() {
+      check(cudaEventRecord(ipc->events[rank], ipc->stream), text);
+      (*round)();
+      wait_for_peers();
+    }
+    // This rank has read what it needed; the last round, after which every
+    // peer has too, and each rank's input is its caller's again.
+    void close_direct() {
+      handshake();
+      ipc->direct_ops.fetch_add(1, std::memory_order_relaxed);
+    }
+    // On the device, not the host: the peers' latest recorded events.
+    void wait_for_peers() {
+      for (int q = 0; q < size; ++q)
+        if (q != rank) check(cudaStreamWaitEvent(ipc->stream, ipc->events[q], 0), text);
     }
   };
 
@@ -355,5 +491,14 @@ class CudaIpcTransport : public Transport {
 }  // namespace
 
 std::shared_ptr<Transport> make_cuda_ipc_transport() { return std::make_shared<CudaIpcTransport>(); }
+
+int64_t cuda_ipc_direct_collectives(const Group& g) {
+  Group::Impl& impl = g.impl();
+  std::lock_guard<std::mutex> lock(impl.device_backend_mu);
+  int64_t n = 0;
+  for (const auto& ipc : {impl.cuda_ipc, impl.cuda_ipc_reduce})
+    if (ipc) n += ipc->direct_ops.load(std::memory_order_relaxed);
+  return n;
+}
 
 }  // namespace zero::comm

@@ -26,6 +26,9 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
+#ifdef ZERO_TEST_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "comm/cuda_ipc_transport.h"
 #include "fixtures.h"
@@ -255,6 +258,84 @@ TEST(DeviceComm, ResultsMatchTheHostTransports) {
       same(bc_cpu, bc_dev, false, "broadcast");
     }
   }
+}
+
+// CUDA IPC's direct path (ZERO_CUDA_IPC_DIRECT=on, ranks sharing a GPU):
+// inputs that are views inside their blocks, collectives in place, odd
+// sizes -- each equal to the host transports' result bit for bit, and each
+// counted as direct; an input torch's caching allocator did not make (its
+// handle cannot be shared) is staged on every rank, and still right.
+TEST(DeviceComm, DirectPathReadsPeersInPlaceAndStagesWhatItCannotShare) {
+  SKIP_WITHOUT_DEVICE();
+  if (!on_cuda() || !ranks_share_a_device() || !zero::comm::cuda_ipc_direct_by_env())
+    GTEST_SKIP() << "needs ranks sharing a GPU with ZERO_CUDA_IPC_DIRECT=on";
+  auto& comm = world().comm();
+  const auto& g = world().group();
+  const int n = g.size(), r = g.rank();
+  const int64_t shard = 100003;  // odd: slices of no round size
+  at::manual_seed(70 + r);
+  const at::Tensor host_in = at::randn({shard * n});
+  const auto cuda = at::TensorOptions().device(dev());
+  const int64_t before = zero::comm::cuda_ipc_direct_collectives(g);
+  int collectives = 0;
+  // A copy of `t` with options `o`, whatever they are (never `t` itself: the collectives write in place).
+  auto fresh = [](const at::Tensor& t, at::TensorOptions o) { return t.to(o, false, true); };
+  auto on_both = [&](auto&& op) {  // op(options) -> result; the host's first
+    const at::Tensor want = op(at::TensorOptions()).to(at::kCPU);
+    const at::Tensor got = op(cuda).to(at::kCPU);
+    ++collectives;
+    return want.equal(got);
+  };
+  EXPECT_TRUE(on_both([&](at::TensorOptions o) {  // in place, the shard a view 7 elements into a block
+    at::Tensor block = at::zeros({shard * n + 7}, o);
+    at::Tensor full = block.narrow(0, 7, shard * n);
+    full.narrow(0, r * shard, shard).copy_(host_in.narrow(0, 0, shard));
+    comm.all_gather(g, full, full.narrow(0, r * shard, shard), "direct test")->wait();
+    return full;
+  })) << "allgather in place";
+  EXPECT_TRUE(on_both([&](at::TensorOptions o) {  // bf16 shards widened into fp32
+    at::Tensor out = at::empty({shard * n}, o);
+    comm.all_gather(g, out, fresh(host_in.narrow(0, shard, shard), o.dtype(at::kBFloat16)), "direct test")->wait();
+    return out;
+  })) << "allgather bf16 into fp32";
+  EXPECT_TRUE(on_both([&](at::TensorOptions o) {  // in place: out is this rank's slice of the input
+    at::Tensor in = fresh(host_in, o);
+    at::Tensor out = in.narrow(0, r * shard, shard);
+    comm.reduce_scatter(g, out, in, zero::comm::ReduceOp::Sum, "direct test")->wait();
+    return out.clone();
+  })) << "reduce-scatter in place";
+  EXPECT_TRUE(on_both([&](at::TensorOptions o) {
+    at::Tensor out = at::empty({shard}, o);
+    comm.reduce_scatter(g, out, fresh(host_in, o.dtype(at::kBFloat16)), zero::comm::ReduceOp::Avg, "direct test")
+        ->wait();
+    return out;
+  })) << "reduce-scatter bf16 into fp32, averaged";
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    EXPECT_TRUE(on_both([&](at::TensorOptions o) {
+      at::Tensor t = fresh(host_in.narrow(0, 3, shard * n - 5), o.dtype(dt));
+      comm.all_reduce(g, t, zero::comm::ReduceOp::Sum, "direct test")->wait();
+      return t;
+    })) << "all-reduce " << c10::toString(dt);
+  }
+  EXPECT_TRUE(on_both([&](at::TensorOptions o) {
+    at::Tensor t = fresh(host_in.narrow(0, 0, shard), o);
+    comm.broadcast(g, t, n - 1, "direct test")->wait();
+    return t;
+  })) << "broadcast";
+  EXPECT_EQ(zero::comm::cuda_ipc_direct_collectives(g) - before, collectives) << "collectives that were staged";
+#ifdef ZERO_TEST_WITH_CUDA
+  // Memory of cudaMalloc's own: no caching-allocator handle to share.
+  void* raw = nullptr;
+  ASSERT_EQ(cudaMalloc(&raw, shard * sizeof(float)), cudaSuccess);
+  at::Tensor foreign = at::from_blob(raw, {shard}, [](void* p) { cudaFree(p); }, cuda);
+  foreign.copy_(host_in.narrow(0, 0, shard));
+  const int64_t direct = zero::comm::cuda_ipc_direct_collectives(g);
+  comm.all_reduce(g, foreign, zero::comm::ReduceOp::Sum, "direct test")->wait();
+  at::Tensor want = host_in.narrow(0, 0, shard).clone();
+  comm.all_reduce(g, want, zero::comm::ReduceOp::Sum, "direct test")->wait();
+  EXPECT_TRUE(want.equal(foreign.to(at::kCPU))) << "all-reduce of a staged input";
+  EXPECT_EQ(zero::comm::cuda_ipc_direct_collectives(g), direct) << "an input nobody can map went direct";
+#endif
 }
 
 // ---- the engine ----------------------------------------------------------------------

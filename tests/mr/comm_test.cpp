@@ -10,7 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -119,6 +122,41 @@ TEST(ShmLane, ExternalHandshakesWaitForEveryRankAndCheckSignatures) {
     EXPECT_NE(std::string(e.what()).find("one thing"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("another"), std::string::npos) << e.what();
   }
+}
+
+// An external collective's round that carries bytes (the CUDA IPC
+// transport's direct path publishes where each rank's input is so): every
+// rank gets every rank's bytes, in rank order, each round its own -- also
+// when a slower rank is still a round behind; more than a slot is refused.
+TEST(ShmLane, ExternalExchangesCarryEveryRanksBytes) {
+  const Group& g = world().group();
+  zero::comm::shm::Lane* lane = zero::comm::shm_lane(g, zero::comm::CollectiveOp::AllGather);
+  if (!lane) GTEST_SKIP() << "no shared-memory segment for this group";
+  const int r = g.rank(), n = g.size();
+  constexpr size_t kBytes = 300;
+  std::vector<std::vector<unsigned char>> seen(3, std::vector<unsigned char>(n * kBytes));
+  std::string too_big;
+  lane->external("test", zero::comm::make_signature_record("exchange"), nullptr,
+                 [&](const zero::comm::shm::Lane::Handshake& rounds) {
+                   for (int t = 0; t < 3; ++t) {
+                     if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+                     std::vector<unsigned char> mine(kBytes);
+                     for (size_t i = 0; i < kBytes; ++i) mine[i] = static_cast<unsigned char>(31 * r + 7 * t + i);
+                     rounds.exchange(mine.data(), kBytes, seen[t].data());
+                   }
+                   try {
+                     std::vector<char> big(static_cast<size_t>(lane->slot_bytes()) + 1);
+                     rounds.exchange(big.data(), big.size(), nullptr);
+                   } catch (const std::invalid_argument& e) {
+                     too_big = e.what();
+                   }
+                 })
+      ->wait();
+  for (int t = 0; t < 3; ++t)
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < kBytes; i += 37)
+        EXPECT_EQ(seen[t][q * kBytes + i], static_cast<unsigned char>(31 * q + 7 * t + i)) << "round " << t << ", rank " << q;
+  EXPECT_NE(too_big.find("more than its slots'"), std::string::npos) << too_big;
 }
 
 // Who runs a lane's collectives: the lane's worker, or a caller waiting for

@@ -14,8 +14,9 @@ namespace zero::comm::cuda {
 
 constexpr int kMaxPeers = 64;  // shm::Lane::kMaxRanks
 
-// Asynchronous on `stream` (a cudaStream_t). `out` may alias srcs[0] only
-// with the same type. Throws std::runtime_error if the launch fails.
+// Asynchronous on `stream` (a cudaStream_t). `out` may be any one source
+// (the same elements, the same type): each element is read from every
+// source before it is written. Throws std::runtime_error if the launch fails.
 void peer_sum(const void* const* srcs, int n_src, shm::Elem in, void* out, shm::Elem out_type, int64_t count,
               bool average, void* stream);
 

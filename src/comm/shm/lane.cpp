@@ -598,15 +598,21 @@ std::shared_ptr<Job> Lane::all_reduce(void* data, Elem type, int64_t numel, bool
 
 std::shared_ptr<Job> Lane::external(const char* op, const SignatureRecord& sig, KeepAlive keep,
                                     std::function<void(const Handshake&)> body) {
-  return submit(op, sig, std::move(keep), [this, body = std::move(body)] {
-    const Handshake handshake = [this] {
-      begin_round();
-      publish_written();
-      wait_written();
-      end_round();
-    };
-    body(handshake);
-  });
+  return submit(op, sig, std::move(keep), [this, body = std::move(body)] { body(Handshake(this)); });
+}
+
+void Lane::Handshake::exchange(const void* mine, size_t bytes, void* all) const {
+  Lane& l = *lane_;
+  if (bytes > static_cast<size_t>(l.slot_bytes_))
+    throw std::invalid_argument(std::to_string(bytes) + " bytes exchanged in one round of " + l.what_ +
+                                ": more than its slots' " + std::to_string(l.slot_bytes_));
+  l.begin_round();
+  if (bytes > 0) std::memcpy(l.slot(l.rank_), mine, bytes);
+  l.publish_written();
+  l.wait_written();
+  for (int q = 0; bytes > 0 && q < l.size_; ++q)  // before end_round: then the slots may be reused
+    std::memcpy(static_cast<char*>(all) + q * bytes, l.slot(q), bytes);
+  l.end_round();
 }
 
 std::shared_ptr<Job> Lane::broadcast(void* data, int64_t bytes, int root, const SignatureRecord& sig,

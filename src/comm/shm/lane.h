@@ -125,10 +125,23 @@ class Lane {
 
   // A collective whose data moves elsewhere (device buffers: the CUDA IPC
   // transport). `body` runs on the lane's worker, in order with the lane's
-  // other collectives, and calls `handshake()` -- one round in which every
-  // rank publishes and checks `sig` and waits for all the others -- as many
-  // times as its peers do. `op` names it in errors (a string literal).
-  using Handshake = std::function<void()>;
+  // other collectives, and runs rounds through its Handshake as many times
+  // as its peers do. `op` names it in errors (a string literal).
+  class Handshake {
+   public:
+    // One round: every rank publishes and checks the collective's signature
+    // and waits for all the others.
+    void operator()() const { exchange(nullptr, 0, nullptr); }
+    // One round that also carries `bytes` (at most slot_bytes()) from every
+    // rank, through the round's slots: `all` (size * bytes) gets them in
+    // rank order. Every rank passes the same `bytes`.
+    void exchange(const void* mine, size_t bytes, void* all) const;
+
+   private:
+    friend class Lane;
+    explicit Handshake(Lane* lane) : lane_(lane) {}
+    Lane* lane_;
+  };
   std::shared_ptr<Job> external(const char* op, const SignatureRecord& sig, KeepAlive keep,
                                 std::function<void(const Handshake&)> body);
 
