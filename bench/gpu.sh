@@ -233,8 +233,13 @@ done
 # the device vs in pinned host memory (ZERO_INIT_DEVICE_FLATTEN=off); one
 # step each, the setup record's build_ms compared.
 bench_config 3 bf16 "$MICRO"
-for flatten in device host; do
-  envs=(); [ $flatten = host ] && envs=(ZERO_INIT_DEVICE_FLATTEN=off)
+# device: the units' draws deferred into their flat buffers on the GPU
+# (zero::defer_init, issue 36 item 4); device-eager: drawn on the host and
+# flattened on the GPU (before item 4); host: drawn and flattened on the host.
+for flatten in device device-eager host; do
+  envs=()
+  [ $flatten = host ] && envs=(ZERO_INIT_DEVICE_FLATTEN=off ZERO_INIT_DEFER=off)
+  [ $flatten = device-eager ] && envs=(ZERO_INIT_DEFER=off)
   f="\"run\": \"zero-cpp seed 003\", \"stage\": 3, \"init_flatten\": \"$flatten\""
   if zero_train "$f" "seed003-$flatten" 1 "${envs[@]}" -- --steps 1; then
     echo "{$f, \"log\": \"seed003-$flatten.log\", \"setup\": $(record_of "seed003-$flatten" setup)}" >> "$records"

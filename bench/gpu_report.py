@@ -235,7 +235,11 @@ def seed_rows(run):
     else:
         dev = next(r for r in rs if r["init_flatten"] == "device")["setup"]["build_ms"]
         host = next(r for r in rs if r["init_flatten"] == "host")["setup"]["build_ms"]
-        rows["003"] = (f"{host / dev:.2f}×", f"host {host / 1000:.2f} vs device {dev / 1000:.2f} s (one build each)")
+        eager = next((r for r in rs if r["init_flatten"] == "device-eager"), None)
+        note = f"host {host / 1000:.2f} vs device {dev / 1000:.2f} s"
+        if eager:  # issue 36 item 4's goal: the device build (draws deferred onto the GPU) <= 1 s
+            note += f" (draws deferred to the GPU; drawn on the host first: {eager['setup']['build_ms'] / 1000:.2f} s)"
+        rows["003"] = (f"{host / dev:.2f}×", note + "; one build each")
     return rows
 
 

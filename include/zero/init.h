@@ -14,6 +14,7 @@
 ///   zero::Engine engine(*model, config, *world);
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include <c10/core/Device.h>
@@ -51,8 +52,8 @@ class Init {
   friend void detail::on_unit_constructed(UnitBase&);
   Init(comm::Comm& comm, std::shared_ptr<comm::Group> owner, const comm::Group& dp, const Config& config,
        at::Device device);
-  void shard(UnitBase& unit);
-  void flatten_onto_device(partition::FlatGroup& g);
+  void shard(UnitBase& unit, const std::vector<std::pair<torch::nn::Module*, std::function<void()>>>& deferred);
+  void flatten_onto_device(partition::FlatGroup& g, const partition::InPlaceInit& init);
 
   comm::Comm& comm_;
   std::shared_ptr<comm::Group> dp_owner_;
@@ -64,5 +65,22 @@ class Init {
   int64_t units_flattened_on_device_ = 0, units_flattened_on_host_ = 0;
   bool inactive_ = false;  ///< below stage 3
 };
+
+/// Deferred init: FSDP2's meta-device `to_empty` + `reset_parameters`, for
+/// C++ modules (issue 36 item 4). Call it in a module's constructor in place
+/// of drawing its params: `init` must set every param and buffer of
+/// `module`'s subtree, in place, under no-grad (stock children included:
+/// call their reset_parameters()), and the params should have been made
+/// with at::empty (never written: no host page is touched). Inside a
+/// zero::Init scope at stage 3, while a zero::Unit is being built, `init`
+/// runs once the unit is: its params already views of the unit's flat
+/// buffer, on the scope's device (so on a GPU the draws are the device's,
+/// and nothing of the unit is ever written on the host), before rank 0's
+/// values are broadcast. Anywhere else -- no scope, below stage 3, outside
+/// every unit (the root), ZERO_INIT_DEFER=off -- `init` runs at once. A
+/// module that defers must be registered in the unit being built
+/// (zero::Init throws otherwise). Values drawn on a device differ from the
+/// host's (another generator); their distribution does not.
+void defer_init(torch::nn::Module& module, std::function<void()> init);
 
 }  // namespace zero

@@ -31,6 +31,7 @@ namespace zero {
 
 namespace partition {
 struct FlatGroup;
+struct InPlaceInit;
 }
 
 class UnitBase;
@@ -38,6 +39,20 @@ class UnitBase;
 namespace detail {
 /// Shards a just-built unit when a zero::Init scope is active (zero/init.h).
 void on_unit_constructed(UnitBase& unit);
+/// While a zero::Unit is built: the frame its modules' deferred inits go
+/// to (zero::defer_init, zero/init.h), opened before the wrapped module is
+/// built and closed by on_unit_constructed -- or, if the build throws, by
+/// this going first.
+class BuildingUnit {
+ public:
+  explicit BuildingUnit(UnitBase& unit);
+  ~BuildingUnit();
+  BuildingUnit(const BuildingUnit&) = delete;
+  BuildingUnit& operator=(const BuildingUnit&) = delete;
+
+ private:
+  UnitBase* unit_;
+};
 class UnitRuntime;   ///< the stage-3 runtime a unit reports its forward to (internal)
 struct UnitAccess;   ///< how the engine and zero::Init reach a unit's internals (internal)
 }  // namespace detail
@@ -83,6 +98,8 @@ class UnitBase : public torch::nn::Module {
 template <typename Holder>
 /// The module a zero::Unit<Holder> holds: it wraps one module (a ModuleHolder such as torch::nn::Linear or your Block) and forwards to it, gathering around the call at stage 3.
 class UnitImpl : public UnitBase {
+  detail::BuildingUnit building_{*this};  ///< before `inner`: open while it is built
+
  public:
   template <typename... Args>
   /// Builds the wrapped module from `args` and adopts its members; inside a zero::Init scope, shards it.

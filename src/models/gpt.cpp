@@ -8,6 +8,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "zero/activation_checkpoint.h"
+#include "zero/init.h"
 
 namespace zero::models {
 
@@ -61,10 +62,16 @@ BlockImpl::BlockImpl(const GPTConfig& c) : n_head_(c.n_head) {
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
   mlp_fc = register_module("mlp_fc", uninitialised_linear({d, 4 * d}));
   mlp_proj = register_module("mlp_proj", uninitialised_linear({4 * d, d}));
-  init_linear(attn_qkv, std);
-  init_linear(attn_proj, proj_std);
-  init_linear(mlp_fc, std);
-  init_linear(mlp_proj, proj_std);
+  // Under zero::Init on a device these draws run there, into the unit's
+  // flat buffer (zero::defer_init); elsewhere at once, as written.
+  zero::defer_init(*this, [this, std, proj_std] {
+    ln1->reset_parameters();
+    ln2->reset_parameters();
+    init_linear(attn_qkv, std);
+    init_linear(attn_proj, proj_std);
+    init_linear(mlp_fc, std);
+    init_linear(mlp_proj, proj_std);
+  });
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {

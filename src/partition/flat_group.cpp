@@ -14,7 +14,8 @@ at::Tensor param_view(const at::Tensor& flat, const ParamSlot& s, const at::Tens
 }
 }  // namespace
 
-void flatten_into_group(FlatGroup& g, at::ScalarType dtype, std::optional<at::Device> device, bool pinned) {
+void flatten_into_group(FlatGroup& g, at::ScalarType dtype, std::optional<at::Device> device, bool pinned,
+                        const InPlaceInit* init) {
   at::NoGradGuard no_grad;
   // On the params' device unless told; page-backed on the CPU
   // (memory/page_buffer.h). The padding arrives zeroed.
@@ -25,17 +26,18 @@ void flatten_into_group(FlatGroup& g, at::ScalarType dtype, std::optional<at::De
   for (size_t i = 0; i < g.params.size(); ++i) {
     at::Tensor& p = g.params[i];
     at::Tensor view = param_view(g.param_flat, g.layout.params[i], p);
-    view.copy_(p);
+    if (!init || !init->params.count(p.unsafeGetTensorImpl())) view.copy_(p);
     // The param keeps its identity (autograd leaf, module registration);
     // only its data now lives in the flat buffer, and its old storage is
     // released here.
     p.set_data(view);
   }
+  if (init && init->run) init->run();
 }
 
 void flatten_from_rank0(FlatGroup& g, comm::Comm& comm, const comm::Group& dp, std::optional<at::Device> device,
-                        bool pinned) {
-  flatten_into_group(g, at::kFloat, device, pinned);
+                        bool pinned, const InPlaceInit* init) {
+  flatten_into_group(g, at::kFloat, device, pinned, init);
   comm.broadcast(dp, g.param_flat, 0, "initial params")->wait();
 }
 

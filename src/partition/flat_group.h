@@ -4,8 +4,10 @@
 // the index arithmetic and docs/design.md for which buffers each stage keeps.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -57,17 +59,27 @@ struct FlatGroup {
   void detach_grads() const;
 };
 
+// Params whose values a deferred init (zero::defer_init, zero/init.h)
+// writes in place: flattening makes them views of the buffer without
+// copying their (never written) originals, and `run` draws them there.
+struct InPlaceInit {
+  std::unordered_set<const void*> params;  // their TensorImpls
+  std::function<void()> run;               // may be empty: nothing deferred
+};
+
 // Moves `params` (the module's own tensors) into one new flat fp32 buffer,
 // one param at a time, each original freed as soon as it is copied: the
 // peak is the model plus this one group, never a second model.
 // The buffer is on `device` (default: the params'), pinned when `pinned`
-// (a host buffer bound for a device).
+// (a host buffer bound for a device). `init`: params not copied, and the
+// draws run once every param views the buffer.
 void flatten_into_group(FlatGroup& g, at::ScalarType dtype, std::optional<at::Device> device = std::nullopt,
-                        bool pinned = false);
+                        bool pinned = false, const InPlaceInit* init = nullptr);
 // flatten_into_group, then every rank takes rank 0's values (as DeepSpeed's
 // engine and zero.Init do): whatever each rank's RNG did, all start alike.
 void flatten_from_rank0(FlatGroup& g, comm::Comm& comm, const comm::Group& dp,
-                        std::optional<at::Device> device = std::nullopt, bool pinned = false);
+                        std::optional<at::Device> device = std::nullopt, bool pinned = false,
+                        const InPlaceInit* init = nullptr);
 // Makes `flat` the group's param buffer, each param a view of its slot (a
 // 16-bit copy of the fp32 one, say); the previous buffer goes with its last view.
 void view_params_in(FlatGroup& g, at::Tensor flat);

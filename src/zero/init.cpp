@@ -1,8 +1,12 @@
 #include "zero/init.h"
 
 #include <cstdlib>
+#include <functional>
+#include <stdexcept>
 #include <string>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include <ATen/core/grad_mode.h>
 #include <c10/core/DeviceGuard.h>
@@ -23,11 +27,56 @@ namespace zero {
 
 namespace {
 thread_local Init* g_active = nullptr;
+
+// The units being built on this thread, innermost last, each with the
+// inits its modules deferred (zero::defer_init) while it was.
+struct UnitFrame {
+  UnitBase* unit;
+  std::vector<std::pair<torch::nn::Module*, std::function<void()>>> deferred;
+};
+thread_local std::vector<UnitFrame> g_building;
+
+bool deferral_allowed() {
+  static const bool on = [] {
+    const char* v = std::getenv("ZERO_INIT_DEFER");
+    return !(v && std::string(v) == "off");
+  }();
+  return on;
+}
+}  // namespace
+
+namespace detail {
+BuildingUnit::BuildingUnit(UnitBase& unit) : unit_(&unit) { g_building.push_back({unit_, {}}); }
+
+// A unit whose build threw still has its frame open: its deferred inits
+// name modules that are gone.
+BuildingUnit::~BuildingUnit() {
+  if (!g_building.empty() && g_building.back().unit == unit_) g_building.pop_back();
+}
+}  // namespace detail
+
+void defer_init(torch::nn::Module& module, std::function<void()> init) {
+  if (g_active && !g_building.empty() && deferral_allowed()) {
+    g_building.back().deferred.emplace_back(&module, std::move(init));
+    return;
+  }
+  at::NoGradGuard no_grad;
+  init();
 }
 
 namespace detail {
 void on_unit_constructed(UnitBase& unit) {
-  if (g_active) g_active->shard(unit);
+  UnitFrame frame{&unit, {}};  // a unit built without a frame (the Python front end's) defers nothing
+  if (!g_building.empty() && g_building.back().unit == &unit) {
+    frame = std::move(g_building.back());
+    g_building.pop_back();
+  }
+  if (g_active) {
+    g_active->shard(unit, frame.deferred);
+  } else {
+    at::NoGradGuard no_grad;
+    for (auto& [module, init] : frame.deferred) init();  // (the scope ended while the unit was built)
+  }
 }
 }  // namespace detail
 
@@ -62,7 +111,7 @@ Init::Init(comm::Comm& comm, std::shared_ptr<comm::Group> owner, const comm::Gro
 // it goes), synced from rank 0 there and sharded; else in pinned host
 // memory, synced over the host transports, and only the shard goes to the
 // device. Either way neither side ever holds more than this one unit whole.
-void Init::flatten_onto_device(partition::FlatGroup& g) {
+void Init::flatten_onto_device(partition::FlatGroup& g, const partition::InPlaceInit& init) {
   const int64_t bytes = g.layout.padded_numel * static_cast<int64_t>(sizeof(float));
   const auto free = memory::device_free_bytes(device_);
   // ZERO_INIT_DEVICE_FLATTEN=off takes the host path always (the bench's
@@ -78,7 +127,7 @@ void Init::flatten_onto_device(partition::FlatGroup& g) {
   at::Tensor without_room = at::full({1}, room_here ? 0 : 1, at::kInt);
   comm_.all_reduce(dp_, without_room, comm::ReduceOp::Sum, "zero::Init: units with no room on the device")->wait();
   const bool room = without_room.item<int>() == 0;
-  partition::flatten_from_rank0(g, comm_, dp_, room ? device_ : at::Device(at::kCPU), /*pinned=*/!room);
+  partition::flatten_from_rank0(g, comm_, dp_, room ? device_ : at::Device(at::kCPU), /*pinned=*/!room, &init);
   // The shard straight into its own device buffer (one copy, no temporary).
   g.param_shard = at::empty({g.layout.shard_numel}, g.param_flat.options().device(device_).pinned_memory(false));
   g.param_shard.copy_(g.own_slot(g.param_flat, dp_.rank()));
@@ -98,7 +147,41 @@ Init::~Init() {
   g_active = previous_;
 }
 
-void Init::shard(UnitBase& unit) {
+namespace {
+
+// What the unit's modules deferred: the params (and buffers) of their
+// subtrees, drawn in place by their inits in the order they were deferred.
+// Each deferring module must be one of the unit's.
+partition::InPlaceInit deferred_init_of(
+    UnitBase& unit, const std::vector<std::pair<torch::nn::Module*, std::function<void()>>>& deferred) {
+  partition::InPlaceInit init;
+  if (deferred.empty()) return init;
+  // The unit, the module it wraps (whose children it adopted) and theirs;
+  // include_self would need the unit in its shared_ptr, which it is not yet.
+  std::unordered_set<const torch::nn::Module*> members{&unit, &unit.inner_module()};
+  for (const auto& m : unit.modules(/*include_self=*/false)) members.insert(m.get());
+  std::vector<std::function<void()>> runs;
+  for (const auto& [module, run] : deferred) {
+    if (!members.count(module))
+      throw std::invalid_argument(
+          "zero::defer_init: a module built while a zero::Unit was being built deferred its init, but is not "
+          "registered in that unit (register it, or draw its params in its constructor)");
+    for (const auto& p : module->parameters(/*recurse=*/true)) init.params.insert(p.unsafeGetTensorImpl());
+    for (const auto& b : module->buffers(/*recurse=*/true))
+      if (b.defined()) init.params.insert(b.unsafeGetTensorImpl());
+    runs.push_back(run);
+  }
+  init.run = [runs = std::move(runs)] {
+    at::NoGradGuard no_grad;
+    for (const auto& run : runs) run();
+  };
+  return init;
+}
+
+}  // namespace
+
+void Init::shard(UnitBase& unit,
+                 const std::vector<std::pair<torch::nn::Module*, std::function<void()>>>& deferred) {
   at::NoGradGuard no_grad;
   const c10::OptionalDeviceGuard on_device(guard_device(device_));
   // Ranks that build different units are named here, param and shapes,
@@ -116,10 +199,12 @@ void Init::shard(UnitBase& unit) {
     if (!p.requires_grad()) replicated.push_back(p);
   for (const auto& b : detail::own_buffers(unit))
     if (b.defined()) replicated.push_back(b);
+  const partition::InPlaceInit init = deferred_init_of(unit, deferred);
+  // Deferred frozen params and buffers are drawn where they will live.
   if (!device_.is_cpu())
-    for (auto& t : replicated) t.set_data(t.to(device_));
-  comm_.broadcast_coalesced(dp_, replicated, 0, "frozen params and buffers of a unit built under zero::Init");
-  detail::UnitAccess::set_synced_at_init(unit);
+    for (auto& t : replicated)
+      t.set_data(init.params.count(t.unsafeGetTensorImpl()) ? at::empty_like(t, t.options().device(device_))
+                                                             : t.to(device_));
   auto g = std::make_shared<partition::FlatGroup>();
   std::unordered_set<const void*> seen;
   std::vector<int64_t> numels, indices;
@@ -136,17 +221,28 @@ void Init::shard(UnitBase& unit) {
     numels.push_back(p.numel());
     g->params.push_back(p);
   }
-  if (g->params.empty()) return;
+  // Rank 0's frozen params and buffers for every rank, once drawn (with
+  // the trainable ones, in the flatten, if there are any).
+  const auto sync_replicated = [&] {
+    comm_.broadcast_coalesced(dp_, replicated, 0, "frozen params and buffers of a unit built under zero::Init");
+    detail::UnitAccess::set_synced_at_init(unit);
+  };
+  if (g->params.empty()) {
+    if (init.run) init.run();
+    sync_replicated();
+    return;
+  }
   g->layout = partition::make_group_layout(numels, indices, dp_.size(), partition::kShardAlignElements);
   if (device_.is_cpu()) {
-    partition::flatten_from_rank0(*g, comm_, dp_);
+    partition::flatten_from_rank0(*g, comm_, dp_, std::nullopt, false, &init);
     // The shard lives in its own pages, so the unit's freed originals leave
     // reusable holes in the heap for the next unit instead of fragments.
     g->param_shard = memory::zeros_flat(g->layout.shard_numel, at::kFloat);
     g->param_shard.copy_(g->own_slot(g->param_flat, dp_.rank()));
   } else {
-    flatten_onto_device(*g);
+    flatten_onto_device(*g, init);
   }
+  sync_replicated();
   // Until the engine adopts the unit (and names its params in full), an
   // access to a released param names it relative to its unit.
   std::vector<memory::NamedRange> ranges;

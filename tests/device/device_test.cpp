@@ -15,6 +15,7 @@
 // Every case skips, saying why, where neither is available.
 #include <algorithm>
 #include <filesystem>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <string>
@@ -682,6 +683,59 @@ TEST(DeviceInit, UnitsAreFlattenedAndShardedOnTheDevice) {
       EXPECT_EQ(item.value().device(), dev()) << item.key();
       EXPECT_EQ(item.value().storage().nbytes(), 0u) << item.key() << " released until gathered";
     }
+}
+
+// Deferred draws (zero::defer_init, issue 36 item 4) run on the device,
+// into the unit's flat buffer there: nothing of the unit is drawn on the
+// host. On zdev (the CPU's kernels and generator) the model equals the
+// host-built one bit for bit; on CUDA the device's generator draws other
+// values from the same distribution (kaiming-uniform: within its bound).
+struct DeviceDeferringImpl : torch::nn::Module {
+  DeviceDeferringImpl() {
+    fc = register_module("fc", torch::nn::Linear(64, 64));
+    zero::defer_init(*this, [this] {
+      drawn_on = fc->weight.device();
+      fc->reset_parameters();
+    });
+  }
+  at::Tensor forward(const at::Tensor& x) { return fc(x); }
+  torch::nn::Linear fc{nullptr};
+  at::Device drawn_on = at::kCPU;
+};
+TORCH_MODULE(DeviceDeferring);
+
+struct DeviceDeferringNetImpl : torch::nn::Module {
+  DeviceDeferringNetImpl() { u = register_module("u", zero::Unit<DeviceDeferring>()); }
+  at::Tensor forward(const at::Tensor& x) { return u->forward(x); }
+  zero::Unit<DeviceDeferring> u{nullptr};
+};
+TORCH_MODULE(DeviceDeferringNet);
+
+TEST(DeviceInit, DeferredDrawsRunOnTheDevice) {
+  SKIP_WITHOUT_DEVICE();
+  RunSpec s;
+  s.stage = 3;
+  const auto cfg = make_config(s);
+  at::manual_seed(5);
+  DeviceDeferringNet net{nullptr};
+  {
+    zero::Init init(world().comm(), dp_group(), cfg, dev());
+    net = DeviceDeferringNet();
+  }
+  EXPECT_EQ(net->u->inner->drawn_on, dev());
+  zero::Engine e(*net, cfg, world().comm(), dp_group());
+  const auto got = e.full_parameters();
+  at::manual_seed(5);
+  DeviceDeferringNet plain;
+  std::map<std::string, at::Tensor> want;
+  for (const auto& item : plain->named_parameters()) want[item.key()] = item.value().detach().clone();
+  if (on_zdev()) {
+    EXPECT_EQ(max_abs_diff(got, want), 0.0);
+  } else {
+    const at::Tensor w = got.at("u.fc.weight").to(at::kCPU);
+    EXPECT_LE(w.abs().max().item<double>(), 1.0 / 8.0) << "outside kaiming-uniform's bound for fan-in 64";
+    EXPECT_GT(w.std().item<double>(), 0.5 / (8.0 * std::sqrt(3.0))) << "not drawn";
+  }
 }
 
 // A unit the device has no room for is flattened in pinned host memory,

@@ -5,7 +5,10 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <set>
+#include <stdexcept>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -659,6 +662,92 @@ TEST(Stage3, ZeroInitNeverHoldsTheWholeModel) {
   // the small root and allocator slack).
   EXPECT_LT(sharded, model_bytes / world().size() + 4 * unit_bytes + (12 << 20))
       << "plain build grew " << plain << " bytes";
+}
+
+// A block that defers its draws (zero::defer_init): its Linear children's
+// resets run once the unit is built -- under zero::Init, into the unit's
+// flat buffer -- and it records what the first weight's storage was then.
+struct DeferringBlockImpl : torch::nn::Module {
+  explicit DeferringBlockImpl(bool register_helper = true) {
+    a = register_module("a", torch::nn::Linear(8, 16));
+    b = register_module("b", torch::nn::Linear(16, 8));
+    zero::defer_init(*this, [this] {
+      storage_bytes_at_init = static_cast<int64_t>(a->weight.storage().nbytes());
+      a->reset_parameters();
+      b->reset_parameters();
+    });
+    if (!register_helper) {
+      // A module this block builds and drops: its deferred init must not outlive it.
+      torch::nn::Linear helper(2, 2);
+      zero::defer_init(*helper, [raw = helper.get()] { raw->reset_parameters(); });
+    }
+  }
+  at::Tensor forward(const at::Tensor& x) { return b(at::relu(a(x))); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  int64_t storage_bytes_at_init = -1;
+};
+TORCH_MODULE(DeferringBlock);
+
+struct DeferringNetImpl : torch::nn::Module {
+  DeferringNetImpl() {
+    h0 = register_module("h0", zero::Unit<DeferringBlock>());
+    h1 = register_module("h1", zero::Unit<DeferringBlock>());
+  }
+  at::Tensor forward(const at::Tensor& x) { return h1->forward(h0->forward(x)); }
+  zero::Unit<DeferringBlock> h0{nullptr}, h1{nullptr};
+};
+TORCH_MODULE(DeferringNet);
+
+// zero::defer_init (issue 36 item 4): under zero::Init a unit's deferred
+// draws run into its flat buffer (the weight's storage is then the whole
+// unit's, not the weight's own), in the order they would have run at once
+// -- so the model equals rank 0's plain build bit for bit, whatever the
+// other ranks' seeds -- and outside a scope they run at once. A deferring
+// module the unit does not hold is named on every rank; a unit whose
+// build throws leaves no deferred init behind.
+TEST(ZeroInit, DeferredInitsDrawIntoTheUnitsFlatBufferAsAtOnce) {
+  RunSpec s;
+  s.stage = 3;
+  const auto cfg = make_config(s);
+  const int64_t weight_bytes = 16 * 8 * 4;
+  at::manual_seed(11 + 1000 * dp_group()->rank());
+  DeferringNet built{nullptr};
+  {
+    zero::Init init(world().comm(), dp_group(), cfg);
+    built = DeferringNet();
+    EXPECT_EQ(init.units_sharded(), 2);
+  }
+  EXPECT_GT(built->h0->inner->storage_bytes_at_init, weight_bytes) << "the draws ran before the flatten";
+  zero::Engine e(*built, cfg, world().comm(), dp_group());
+  at::manual_seed(11);
+  DeferringNet plain;
+  EXPECT_EQ(plain->h0->inner->storage_bytes_at_init, weight_bytes) << "outside zero::Init the draws run at once";
+  std::map<std::string, at::Tensor> want;
+  for (const auto& item : plain->named_parameters()) want[item.key()] = item.value().detach().clone();
+  EXPECT_EQ(max_abs_diff(e.full_parameters(), want), 0.0);
+
+  std::string error;
+  try {
+    zero::Init init(world().comm(), dp_group(), cfg);
+    zero::Unit<DeferringBlock> unit(/*register_helper=*/false);
+  } catch (const std::invalid_argument& err) {
+    error = err.what();
+  }
+  EXPECT_NE(error.find("not registered in that unit"), std::string::npos) << error;
+
+  struct Throwing : torch::nn::Module {
+    Throwing() {
+      zero::defer_init(*this, [] { ADD_FAILURE() << "a deferred init of a unit whose build threw ran"; });
+      throw std::runtime_error("build failed");
+    }
+    at::Tensor forward(const at::Tensor& x) { return x; }
+  };
+  {
+    zero::Init init(world().comm(), dp_group(), cfg);
+    EXPECT_THROW(zero::Unit<torch::nn::ModuleHolder<Throwing>>(), std::runtime_error);
+    DeferringNet after;  // its units' frames are their own, not the failed one's
+    EXPECT_EQ(init.units_sharded(), 2);
+  }
 }
 
 // The tied weight belongs to the root (which outlives all its uses): stage 3
