@@ -248,17 +248,21 @@ done
 # Seed 001: allgather, reduce-scatter and all-reduce through CUDA IPC and
 # NCCL at 2 ranks, against the device-to-device copy rate. NCCL refuses two
 # ranks on one GPU: on a one-GPU machine only CUDA IPC is measured.
-# CUDA IPC runs both ways: staged through each rank's buffer, and direct
-# (peers read each other's inputs in place; issue 36 item 2), each against
-# the copy rate measured in its own run.
-for path in staged direct; do
+# CUDA IPC runs three ways: staged through each rank's buffer; direct
+# (peers read each other's inputs in place; issue 36 item 2), opening them
+# each collective; and direct with the mappings kept -- each against the
+# copy rate measured in its own run.
+for path in staged direct direct-cached; do
   f="\"run\": \"zero-cpp seed 001\", \"ranks\": 2, \"ipc_path\": \"$path\""
-  direct=off; [ $path = direct ] && direct=on
+  direct=off cache=off
+  [ $path != staged ] && direct=on
+  [ $path = direct-cached ] && cache=on
   if [ "$DEVICE" != cuda ]; then
     echo "{$f, \"skipped\": \"CUDA collectives need a GPU (ZERO_GPU_BENCH_DEVICE=$DEVICE)\"}" >> "$records"
   elif [ ! -x "$B/bench/bench_cuda_comm" ]; then
     echo "{$f, \"skipped\": \"$B/bench/bench_cuda_comm was not built (ZERO_CUDA off)\"}" >> "$records"
-  elif attempt "$f" "seed001-$path" - env ZERO_CUDA_IPC_DIRECT=$direct "$B/zero-run" -n 2 -- "$B/bench/bench_cuda_comm" 1024; then
+  elif attempt "$f" "seed001-$path" - env ZERO_CUDA_IPC_DIRECT=$direct ZERO_CUDA_IPC_DIRECT_CACHE=$cache \
+      "$B/zero-run" -n 2 -- "$B/bench/bench_cuda_comm" 1024; then
     # Rank 0's JSON object, from its first line on: the engine's own lines
     # (the transport it chose, say) come before it.
     grep '^\[rank 0\]' "$LOGS/seed001-$path.log" | sed 's/^\[rank 0\] //' | sed -n '/^{/,$p' > "$LOGS/seed001-$path.json"

@@ -114,7 +114,9 @@ run() {
   suite gpu_2ranks_nccl 2 "${env_common[@]}" ZERO_CUDA_IPC=off
   # Issue 36 item 2: CUDA IPC's direct path, not yet run on a GPU before this.
   ZERO_LEASE_FILTER='DeviceComm.*:DeviceEngine.StagesZeroToThree*:DeviceEngine.GptStage3*:DeviceEngine.ManyUnits*' \
-    suite gpu_2ranks_direct 2 "${env_common[@]}" ZERO_CUDA_IPC_DIRECT=on
+    suite gpu_2ranks_direct 2 "${env_common[@]}" ZERO_CUDA_IPC_DIRECT=on ZERO_TEST_CUDA_IPC_SUM_DELAY=5000000
+  ZERO_LEASE_FILTER='DeviceComm.*' suite gpu_2ranks_direct_cached 2 "${env_common[@]}" ZERO_CUDA_IPC_DIRECT=on \
+    ZERO_CUDA_IPC_DIRECT_CACHE=on ZERO_TEST_CUDA_IPC_SUM_DELAY=5000000
   ZERO_LEASE_FILTER='DeviceComm.*:DeviceEngine.StagesZeroToThree*' \
     suite gpu_2ranks_forgotten_shutdown 2 "${env_common[@]}" ZERO_TEST_SHUTDOWN=leak TORCH_DISTRIBUTED_DEBUG=DETAIL
   # compute-sanitizer as ./run gpu-test runs it, on the carried binaries.

@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -37,20 +40,24 @@ struct CudaIpcGroup {
   std::vector<char*> staging;       // by group rank; this rank's own buffer at its rank
   std::vector<void*> mapped;        // peers' allocations opened here, to close
   c10::cuda::CUDAStream stream = c10::cuda::getDefaultCUDAStream();
+  std::chrono::milliseconds timeout{0};  // the group's collective timeout
   // The direct path (every rank asked for it: ZERO_CUDA_IPC_DIRECT): each
-  // rank's interprocess event, recorded on its stream where its input is
-  // ready (and, in an all-reduce, where its slice is summed); the peers'
-  // opened here, by group rank (this rank's own at its rank); and the
-  // peers' input buffers mapped here.
-  bool direct = false;
-  std::vector<cudaEvent_t> events;
+  // rank's interprocess events, recorded on its stream where its input is
+  // ready and (an all-reduce) where its slice is summed; the peers' opened
+  // here, by group rank (this rank's own at its rank); and the peers'
+  // inputs mapped here, kept across collectives when every rank asked
+  // (ZERO_CUDA_IPC_DIRECT_CACHE; comm/cuda/ipc_buffers.h).
+  bool direct = false, cache_mappings = false;
+  std::vector<cudaEvent_t> ready, summed;
   cuda::PeerDeviceBuffers peer_inputs;
   std::atomic<int64_t> direct_ops{0};
   ~CudaIpcGroup() {
+    peer_inputs.close_all();
     for (void* p : mapped) cudaIpcCloseMemHandle(p);
     if (own_raw) cudaFree(own_raw);
-    for (cudaEvent_t e : events)
-      if (e) cudaEventDestroy(e);
+    for (const auto* events : {&ready, &summed})
+      for (cudaEvent_t e : *events)
+        if (e) cudaEventDestroy(e);
   }
 };
 
@@ -72,8 +79,8 @@ int64_t staging_bytes() {
 struct Exported {
   cudaIpcMemHandle_t handle{};
   uint64_t offset = 0;
-  cudaIpcEventHandle_t event{};  // the direct path's, where this rank wants it
-  uint8_t wants_direct = 0;
+  cudaIpcEventHandle_t ready{}, summed{};  // the direct path's, where this rank wants it
+  uint8_t wants_direct = 0, wants_cache = 0;
 };
 
 // This rank's staging buffer (its address into `own`) and its export; an
@@ -83,7 +90,12 @@ std::string allocate_and_export(CudaIpcGroup& ipc, Exported& out, char*& own) {
     ipc.own_block = at::empty({ipc.bytes}, at::TensorOptions().dtype(at::kByte).device(ipc.device));
     void* ptr = ipc.own_block.data_ptr();
     size_t segment = 0;
-    void* base = c10::cuda::CUDACachingAllocator::getBaseAllocation(ptr, &segment);
+    void* base = nullptr;
+    try {
+      base = c10::cuda::CUDACachingAllocator::getBaseAllocation(ptr, &segment);
+    } catch (const std::exception&) {
+      // An expandable segment has no base allocation to export: raw memory below.
+    }
     if (base && cudaIpcGetMemHandle(&out.handle, base) == cudaSuccess) {
       out.offset = static_cast<uint64_t>(static_cast<char*>(ptr) - static_cast<char*>(base));
       own = static_cast<char*>(ptr);
@@ -101,16 +113,19 @@ std::string allocate_and_export(CudaIpcGroup& ipc, Exported& out, char*& own) {
   }
 }
 
-// The direct path's event of this rank, its handle into `mine`; an error
-// message if either failed.
-std::string make_own_event(CudaIpcGroup& ipc, int rank, Exported& mine) {
-  cudaEvent_t& own = ipc.events[rank];
-  cudaError_t err = cudaEventCreateWithFlags(&own, cudaEventDisableTiming | cudaEventInterprocess);
-  if (err == cudaSuccess) err = cudaIpcGetEventHandle(&mine.event, own);
-  if (err != cudaSuccess)
-    return std::string("an interprocess event for the direct path: ") + cudaGetErrorString(err) +
-           " (ZERO_CUDA_IPC_DIRECT=off stages every collective instead)";
+// The direct path's events of this rank, their handles into `mine`; an
+// error message if any failed.
+std::string make_own_events(CudaIpcGroup& ipc, int rank, Exported& mine) {
+  for (auto [events, handle] : {std::pair{&ipc.ready, &mine.ready}, std::pair{&ipc.summed, &mine.summed}}) {
+    cudaEvent_t& own = (*events)[rank];
+    cudaError_t err = cudaEventCreateWithFlags(&own, cudaEventDisableTiming | cudaEventInterprocess);
+    if (err == cudaSuccess) err = cudaIpcGetEventHandle(handle, own);
+    if (err != cudaSuccess)
+      return std::string("an interprocess event for the direct path: ") + cudaGetErrorString(err) +
+             " (ZERO_CUDA_IPC_DIRECT=off stages every collective instead)";
+  }
   mine.wants_direct = 1;
+  mine.wants_cache = cuda_ipc_direct_cache_by_env() ? 1 : 0;
   return {};
 }
 
@@ -127,8 +142,10 @@ std::shared_ptr<CudaIpcGroup> make_ipc_group(const Group& g, c10::Device device,
   Exported mine;
   std::string error = allocate_and_export(*ipc, mine, ipc->staging[g.rank()]);
   const auto* raw = reinterpret_cast<const uint8_t*>(&mine);
-  ipc->events.assign(static_cast<size_t>(g.size()), nullptr);
-  if (error.empty() && cuda_ipc_direct_by_env()) error = make_own_event(*ipc, g.rank(), mine);
+  ipc->timeout = g.impl().timeout;
+  ipc->ready.assign(static_cast<size_t>(g.size()), nullptr);
+  ipc->summed.assign(static_cast<size_t>(g.size()), nullptr);
+  if (error.empty() && cuda_ipc_direct_by_env()) error = make_own_events(*ipc, g.rank(), mine);
   const std::string key = "ipc_" + lane + "_";
   store.set(key + "handle_" + std::to_string(g.rank()), std::vector<uint8_t>(raw, raw + sizeof mine));
   std::vector<Exported> peers(static_cast<size_t>(g.size()));
@@ -138,14 +155,21 @@ std::shared_ptr<CudaIpcGroup> make_ipc_group(const Group& g, c10::Device device,
     std::memcpy(&peers[q], bytes.data(), std::min(bytes.size(), sizeof(Exported)));
   }
   ipc->direct = mine.wants_direct != 0;
-  for (int q = 0; q < g.size(); ++q) ipc->direct = ipc->direct && (q == g.rank() || peers[q].wants_direct != 0);
+  ipc->cache_mappings = mine.wants_cache != 0;
+  for (int q = 0; q < g.size(); ++q) {
+    if (q == g.rank()) continue;
+    ipc->direct = ipc->direct && peers[q].wants_direct != 0;
+    ipc->cache_mappings = ipc->cache_mappings && peers[q].wants_cache != 0;
+  }
+  ipc->cache_mappings = ipc->cache_mappings && ipc->direct;
   for (int q = 0; q < g.size() && error.empty(); ++q) {
     if (q == g.rank()) continue;
     const Exported& peer = peers[q];
     if (ipc->direct) {
-      const cudaError_t err = cudaIpcOpenEventHandle(&ipc->events[q], peer.event);
+      cudaError_t err = cudaIpcOpenEventHandle(&ipc->ready[q], peer.ready);
+      if (err == cudaSuccess) err = cudaIpcOpenEventHandle(&ipc->summed[q], peer.summed);
       if (err != cudaSuccess) {
-        error = "cudaIpcOpenEventHandle of rank " + std::to_string(q) + "'s event: " + cudaGetErrorString(err) +
+        error = "cudaIpcOpenEventHandle of rank " + std::to_string(q) + "'s events: " + cudaGetErrorString(err) +
                 " (ZERO_CUDA_IPC_DIRECT=off stages every collective instead)";
         break;
       }
@@ -169,12 +193,15 @@ std::shared_ptr<CudaIpcGroup> make_ipc_group(const Group& g, c10::Device device,
                       " (ZERO_CUDA_IPC=off sends CUDA collectives to NCCL instead)");
   }
   ipc->stream = c10::cuda::getStreamFromPool(false, device.index());
-  if (g.rank() == 0 && lane == "main")
-    std::fprintf(stderr, "[zero-cpp] %s: CUDA IPC %s\n", g.describe().c_str(),
-                 ipc->direct ? "direct: each rank reads its peers' inputs in place, ordered by their events "
-                               "(a collective whose inputs cannot all be shared is staged)"
-                             : "staged through each rank's buffer (ZERO_CUDA_IPC_DIRECT=on reads the peers' "
-                               "inputs in place)");
+  if (g.rank() == 0 && lane == "main") {
+    const char* how = !ipc->direct ? "staged through each rank's buffer (ZERO_CUDA_IPC_DIRECT=on reads the peers' "
+                                     "inputs in place)"
+                      : ipc->cache_mappings ? "direct: each rank reads its peers' inputs in place, ordered by their "
+                                              "events, its mappings kept (an input that cannot be shared: staged)"
+                                            : "direct: each rank reads its peers' inputs in place, ordered by their "
+                                              "events (an input that cannot be shared: staged)";
+    std::fprintf(stderr, "[zero-cpp] %s: CUDA IPC %s\n", g.describe().c_str(), how);
+  }
   return ipc;
 }
 
@@ -263,7 +290,7 @@ class CudaIpcTransport : public Transport {
       const auto* in = static_cast<const char*>(in_shard.data_ptr());
       auto* out = static_cast<char*>(out_flat.data_ptr());
       std::vector<const char*> srcs;
-      if (run.open_direct(cuda::export_device_buffer(in_shard), in, srcs)) {
+      if (run.open_direct(cuda::export_device_buffer(in_shard, run.ipc->cache_mappings), in, srcs)) {
         for (int q = 0; q < run.size; ++q) {
           char* dst = out + q * shard * eo;
           if (widen) run.sum({srcs[q]}, *in_type, dst, shm::Elem::F32, shard, false);
@@ -299,7 +326,7 @@ class CudaIpcTransport : public Transport {
       const auto* in = static_cast<const char*>(in_flat.data_ptr());
       auto* out = static_cast<char*>(out_shard.data_ptr());
       std::vector<const char*> inputs;
-      if (run.open_direct(cuda::export_device_buffer(in_flat), in, inputs)) {
+      if (run.open_direct(cuda::export_device_buffer(in_flat, run.ipc->cache_mappings), in, inputs)) {
         // Slice `rank` of every rank's input; `out` may be this rank's own
         // (peer_sum reads an element from every source before writing it).
         std::vector<const char*> srcs;
@@ -327,7 +354,7 @@ class CudaIpcTransport : public Transport {
       const int64_t e = t.element_size(), piece = run.ipc->bytes / e, numel = t.numel();
       auto* d = static_cast<char*>(t.data_ptr());
       std::vector<const char*> bufs;
-      if (run.open_direct(cuda::export_device_buffer(t), d, bufs)) {
+      if (run.open_direct(cuda::export_device_buffer(t, run.ipc->cache_mappings), d, bufs)) {
         // Rank q sums slice q of every buffer into its own, in place; then,
         // each slice summed (its owner's event recorded again), every rank
         // copies the others' summed slices. Slices of whole 256-byte lines.
@@ -336,8 +363,9 @@ class CudaIpcTransport : public Transport {
         const auto count = [&](int q) { return std::min<int64_t>(numel, (q + 1) * per) - begin(q); };
         std::vector<const char*> srcs;
         for (int q = 0; q < run.size; ++q) srcs.push_back(bufs[q] + begin(run.rank) * e);
+        run.delay_rank0_for_testing();
         run.sum(srcs, type, d + begin(run.rank) * e, type, count(run.rank), average);
-        run.publish_progress();
+        run.publish_summed();
         for (int q = 0; q < run.size; ++q)
           if (q != run.rank) run.copy(d + begin(q) * e, bufs[q] + begin(q) * e, count(q) * e);
         run.close_direct();
@@ -360,7 +388,7 @@ class CudaIpcTransport : public Transport {
       const int64_t bytes = t.numel() * t.element_size();
       auto* d = static_cast<char*>(t.data_ptr());
       std::vector<const char*> srcs;
-      const auto mine = run.rank == root ? cuda::export_device_buffer(t) : cuda::nothing_to_read();
+      const auto mine = run.rank == root ? cuda::export_device_buffer(t, run.ipc->cache_mappings) : cuda::nothing_to_read();
       if (run.open_direct(mine, d, srcs)) {
         if (run.rank != root) run.copy(d, srcs[root], bytes);
         run.close_direct();
@@ -392,12 +420,17 @@ class CudaIpcTransport : public Transport {
     char* own() const { return ipc->staging[rank]; }
     const char* peer(int q) const { return ipc->staging[q]; }
     void copy(void* dst, const void* src, int64_t bytes) {
-      if (bytes > 0) check(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault, ipc->stream), text);
+      direct_step([&] {
+        if (bytes > 0)
+          check(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault, ipc->stream), text);
+      });
     }
     void sum(const std::vector<const char*>& srcs, shm::Elem in, void* out, shm::Elem out_type, int64_t n,
              bool average) {
-      std::vector<const void*> s(srcs.begin(), srcs.end());
-      cuda::peer_sum(s.data(), static_cast<int>(s.size()), in, out, out_type, n, average, ipc->stream.stream());
+      direct_step([&] {
+        std::vector<const void*> s(srcs.begin(), srcs.end());
+        cuda::peer_sum(s.data(), static_cast<int>(s.size()), in, out, out_type, n, average, ipc->stream.stream());
+      });
     }
     // This rank's copies are done; then a round with every rank.
     void handshake() {
@@ -405,46 +438,116 @@ class CudaIpcTransport : public Transport {
       (*round)();
     }
 
-    // The direct path's first round (comm/cuda_ipc_transport.h): this
-    // rank's event recorded where its input is ready, `mine` published.
-    // True when every rank's input can be read in place: then `srcs` holds
-    // every rank's input as mapped here (this rank's own, `own`, at its
-    // rank; null where a rank publishes nothing to read), and this stream
-    // waits for the peers' events before anything it queues next. False:
+    // ---- the direct path (comm/cuda_ipc_transport.h) ----
+    // Inside a direct collective a rank's failure (a peer's buffer that will
+    // not open, a CUDA error) is not thrown where it happens -- its peers
+    // would wait out the timeout in a round it never joins -- but kept, the
+    // device work after it skipped, and said in the collective's next round,
+    // where every rank learns it and the collective fails on all of them.
+    bool in_direct = false;
+    std::string direct_error;
+    template <typename Step>
+    void direct_step(Step&& step) {
+      if (!in_direct) return step();
+      if (!direct_error.empty()) return;
+      try {
+        step();
+      } catch (const std::exception& e) {
+        direct_error = first_line(e.what());
+      }
+    }
+    // A round that carries each rank's state: false (and the rest of the
+    // collective's device work skipped) if any rank has failed.
+    bool all_well() {
+      const uint8_t mine = direct_error.empty() ? 1 : 0;
+      std::vector<uint8_t> all(static_cast<size_t>(size));
+      round->exchange(&mine, 1, all.data());
+      for (int q = 0; q < size; ++q)
+        if (!all[q] && direct_error.empty()) direct_error = "rank " + std::to_string(q) + " failed (its error says why)";
+      return direct_error.empty();
+    }
+
+    // The first round: this rank's ready event recorded where its input is
+    // ready, `mine` published. True when every rank's input can be read in
+    // place: then `srcs` holds every rank's input as mapped here (this
+    // rank's own, `own`, at its rank; null where a rank publishes nothing
+    // to read), and this stream waits for the peers' ready events. False:
     // the collective is staged, on every rank alike.
-    bool open_direct(const cuda::DeviceBufferRef& mine, const void* own, std::vector<const char*>& srcs) {
+    bool open_direct(cuda::DeviceBufferRef mine, const void* own, std::vector<const char*>& srcs) {
       if (!ipc->direct) return false;
-      check(cudaEventRecord(ipc->events[rank], ipc->stream), text);
+      in_direct = true;
+      direct_step([&] { check(cudaEventRecord(ipc->ready[rank], ipc->stream), text); });
+      if (!direct_error.empty()) mine.shareable = 0;  // then staged, where the error shows again
       std::vector<cuda::DeviceBufferRef> all(static_cast<size_t>(size));
       round->exchange(&mine, sizeof mine, all.data());
       for (const auto& r : all)
-        if (!r.shareable) return false;
+        if (!r.shareable) {
+          in_direct = false;
+          direct_error.clear();
+          return false;
+        }
       srcs.assign(static_cast<size_t>(size), nullptr);
       srcs[rank] = static_cast<const char*>(own);
-      for (int q = 0; q < size; ++q) {
-        if (q == rank || all[q].handle_bytes == 0) continue;
-        srcs[q] = ipc->peer_inputs.data(q, all[q]);
-      }
-      wait_for_peers();
+      for (int q = 0; q < size; ++q)
+        if (q != rank && all[q].handle_bytes > 0) direct_step([&] { srcs[q] = ipc->peer_inputs.data(q, all[q]); });
+      wait_for_peers(ipc->ready);
       return true;
     }
-    // This rank's work so far queued behind its event again; a round; this
-    // stream then waits for the peers' (an all-reduce's summed slices).
-    void publish_progress() {
-      check(cudaEventRecord(ipc->events[rank], ipc->stream), text);
-      (*round)();
-      wait_for_peers();
+    // An all-reduce's middle: this rank's slice is summed (its summed event
+    // recorded behind the sum); a round; this stream then waits for the
+    // peers' slices.
+    void publish_summed() {
+      direct_step([&] { check(cudaEventRecord(ipc->summed[rank], ipc->stream), text); });
+      if (all_well()) wait_for_peers(ipc->summed);
     }
-    // This rank has read what it needed; the last round, after which every
-    // peer has too, and each rank's input is its caller's again.
+    // This rank's reads are done (its stream drained, within the collective
+    // timeout: its work waits on other processes' events); the last round,
+    // after which every peer's are too and each rank's input is its
+    // caller's again. Throws on every rank if any failed.
     void close_direct() {
-      handshake();
+      bool drained = false;
+      direct_step([&] {
+        drain_within_timeout();
+        drained = true;
+      });
+      // Mappings go while their owners still hold the inputs (before the round).
+      if (drained && !ipc->cache_mappings) ipc->peer_inputs.close_all();
+      const bool ok = all_well();
+      in_direct = false;
+      if (!ok) throw CommError(text + ": the direct path failed: " + direct_error);
       ipc->direct_ops.fetch_add(1, std::memory_order_relaxed);
     }
-    // On the device, not the host: the peers' latest recorded events.
-    void wait_for_peers() {
+    // Tests (ZERO_TEST_CUDA_IPC_SUM_DELAY=cycles): rank 0's stream idles
+    // before its all-reduce sum, so its peers' copies of its summed slice
+    // must wait for its summed event to be right.
+    void delay_rank0_for_testing() {
+      static const int64_t cycles = [] {
+        const char* v = std::getenv("ZERO_TEST_CUDA_IPC_SUM_DELAY");
+        return v && *v ? std::atoll(v) : int64_t{0};
+      }();
+      if (cycles <= 0 || rank != 0) return;
+      direct_step([&] {
+        const c10::cuda::CUDAStreamGuard on_stream(ipc->stream);
+        at::cuda::sleep(cycles);
+      });
+    }
+    // On the device, not the host: the peers' latest records of `events`.
+    void wait_for_peers(const std::vector<cudaEvent_t>& events) {
       for (int q = 0; q < size; ++q)
-        if (q != rank) check(cudaStreamWaitEvent(ipc->stream, ipc->events[q], 0), text);
+        if (q != rank) direct_step([&] { check(cudaStreamWaitEvent(ipc->stream, events[q], 0), text); });
+    }
+    void drain_within_timeout() {
+      const auto deadline = std::chrono::steady_clock::now() + ipc->timeout;
+      for (int polls = 0;; ++polls) {
+        const cudaError_t err = cudaStreamQuery(ipc->stream);
+        if (err == cudaSuccess) return;
+        if (err != cudaErrorNotReady) check(err, text);
+        if (std::chrono::steady_clock::now() > deadline)
+          throw CommError(text + ": its device work did not finish within the collective timeout (" +
+                          std::to_string(ipc->timeout.count()) + " ms; a peer's input never became ready?)");
+        if (polls < 1000) std::this_thread::yield();
+        else std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
     }
   };
 
@@ -466,7 +569,12 @@ class CudaIpcTransport : public Transport {
         [ipc, ready, text, rank, size, body = std::move(body)](const shm::Lane::Handshake& round) {
           c10::cuda::CUDAGuard guard(ipc->device);
           ready->block(ipc->stream);
-          Run run{ipc, rank, size, text, &round};
+          Run run;
+          run.ipc = ipc;
+          run.rank = rank;
+          run.size = size;
+          run.text = text;
+          run.round = &round;
           body(run);
           check(cudaStreamSynchronize(ipc->stream), text);  // done before the job reports done
         });

@@ -70,5 +70,8 @@ inline bool cuda_ipc_allowed_by_env() { return env_switch_on("ZERO_CUDA_IPC"); }
 // Whether this rank asks for the direct path (ZERO_CUDA_IPC_DIRECT; unset:
 // no, until it has run on a GPU); a group takes it when every rank does.
 inline bool cuda_ipc_direct_by_env() { return env_switch_on("ZERO_CUDA_IPC_DIRECT", false); }
+// Whether this rank asks the direct path to keep its peers' mappings across
+// collectives (ZERO_CUDA_IPC_DIRECT_CACHE; unset: no; comm/cuda/ipc_buffers.h).
+inline bool cuda_ipc_direct_cache_by_env() { return env_switch_on("ZERO_CUDA_IPC_DIRECT_CACHE", false); }
 
 }  // namespace zero::comm

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -28,6 +29,8 @@
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
 #ifdef ZERO_TEST_WITH_CUDA
+#include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -264,12 +267,17 @@ TEST(DeviceComm, ResultsMatchTheHostTransports) {
 // CUDA IPC's direct path (ZERO_CUDA_IPC_DIRECT=on, ranks sharing a GPU):
 // inputs that are views inside their blocks, collectives in place, odd
 // sizes -- each equal to the host transports' result bit for bit, and each
-// counted as direct; an input torch's caching allocator did not make (its
-// handle cannot be shared) is staged on every rank, and still right.
+// counted as direct. Every device input is written late, behind a kernel
+// that idles its caller's stream, over a NaN fill: a peer that read it
+// before its owner's ready event would see the NaNs. The allocator's cache
+// is emptied between collectives (a cached mapping of a freed segment must
+// not serve the next). An input one rank's caching allocator did not make
+// (its handle cannot be shared) is staged on every rank, and still right.
 TEST(DeviceComm, DirectPathReadsPeersInPlaceAndStagesWhatItCannotShare) {
   SKIP_WITHOUT_DEVICE();
   if (!on_cuda() || !ranks_share_a_device() || !zero::comm::cuda_ipc_direct_by_env())
     GTEST_SKIP() << "needs ranks sharing a GPU with ZERO_CUDA_IPC_DIRECT=on";
+#ifdef ZERO_TEST_WITH_CUDA
   auto& comm = world().comm();
   const auto& g = world().group();
   const int n = g.size(), r = g.rank();
@@ -279,18 +287,26 @@ TEST(DeviceComm, DirectPathReadsPeersInPlaceAndStagesWhatItCannotShare) {
   const auto cuda = at::TensorOptions().device(dev());
   const int64_t before = zero::comm::cuda_ipc_direct_collectives(g);
   int collectives = 0;
-  // A copy of `t` with options `o`, whatever they are (never `t` itself: the collectives write in place).
-  auto fresh = [](const at::Tensor& t, at::TensorOptions o) { return t.to(o, false, true); };
+  // `t` with options `o`, never `t` itself (the collectives write in place);
+  // on the device written late: queued behind ~10 ms of an idle kernel.
+  auto fresh = [](const at::Tensor& t, at::TensorOptions o) {
+    if (!o.device().is_cuda()) return t.to(o, false, true);
+    const at::Tensor ready = t.to(o, false, true);
+    at::Tensor late = at::full_like(ready, std::numeric_limits<float>::quiet_NaN());
+    at::cuda::sleep(20'000'000);
+    return late.copy_(ready);
+  };
   auto on_both = [&](auto&& op) {  // op(options) -> result; the host's first
     const at::Tensor want = op(at::TensorOptions()).to(at::kCPU);
     const at::Tensor got = op(cuda).to(at::kCPU);
+    c10::cuda::CUDACachingAllocator::emptyCache();
     ++collectives;
     return want.equal(got);
   };
   EXPECT_TRUE(on_both([&](at::TensorOptions o) {  // in place, the shard a view 7 elements into a block
     at::Tensor block = at::zeros({shard * n + 7}, o);
     at::Tensor full = block.narrow(0, 7, shard * n);
-    full.narrow(0, r * shard, shard).copy_(host_in.narrow(0, 0, shard));
+    full.narrow(0, r * shard, shard).copy_(fresh(host_in.narrow(0, 0, shard), o));
     comm.all_gather(g, full, full.narrow(0, r * shard, shard), "direct test")->wait();
     return full;
   })) << "allgather in place";
@@ -324,18 +340,23 @@ TEST(DeviceComm, DirectPathReadsPeersInPlaceAndStagesWhatItCannotShare) {
     return t;
   })) << "broadcast";
   EXPECT_EQ(zero::comm::cuda_ipc_direct_collectives(g) - before, collectives) << "collectives that were staged";
-#ifdef ZERO_TEST_WITH_CUDA
-  // Memory of cudaMalloc's own: no caching-allocator handle to share.
-  void* raw = nullptr;
-  ASSERT_EQ(cudaMalloc(&raw, shard * sizeof(float)), cudaSuccess);
-  at::Tensor foreign = at::from_blob(raw, {shard}, [](void* p) { cudaFree(p); }, cuda);
-  foreign.copy_(host_in.narrow(0, 0, shard));
+  // Rank 0's input in memory of cudaMalloc's own (no caching-allocator
+  // handle to share); the others' from the allocator: every rank stages it.
+  at::Tensor input;
+  if (r == 0) {
+    void* raw = nullptr;
+    ASSERT_EQ(cudaMalloc(&raw, shard * sizeof(float)), cudaSuccess);
+    input = at::from_blob(raw, {shard}, [](void* p) { cudaFree(p); }, cuda);
+  } else {
+    input = at::empty({shard}, cuda);
+  }
+  input.copy_(host_in.narrow(0, 0, shard));
   const int64_t direct = zero::comm::cuda_ipc_direct_collectives(g);
-  comm.all_reduce(g, foreign, zero::comm::ReduceOp::Sum, "direct test")->wait();
+  comm.all_reduce(g, input, zero::comm::ReduceOp::Sum, "direct test")->wait();
   at::Tensor want = host_in.narrow(0, 0, shard).clone();
   comm.all_reduce(g, want, zero::comm::ReduceOp::Sum, "direct test")->wait();
-  EXPECT_TRUE(want.equal(foreign.to(at::kCPU))) << "all-reduce of a staged input";
-  EXPECT_EQ(zero::comm::cuda_ipc_direct_collectives(g), direct) << "an input nobody can map went direct";
+  EXPECT_TRUE(want.equal(input.to(at::kCPU))) << "all-reduce of a staged input";
+  EXPECT_EQ(zero::comm::cuda_ipc_direct_collectives(g), direct) << "an input rank 0 cannot share went direct";
 #endif
 }
 

@@ -40,10 +40,11 @@ bool count_segment_frees() {
 
 }  // namespace
 
-DeviceBufferRef export_device_buffer(const at::Tensor& t) {
+DeviceBufferRef export_device_buffer(const at::Tensor& t, bool count_frees) {
   DeviceBufferRef ref;
+  if (!t.defined() || !t.is_cuda() || t.numel() == 0) return ref;
   // Counting starts before the first handle: a free after it is seen by the next collective.
-  if (!t.defined() || !t.is_cuda() || t.numel() == 0 || !count_segment_frees()) return ref;
+  if (count_frees && !count_segment_frees()) return ref;
   // shareIpcHandle looks the block up by its first byte: the storage's.
   void* block = t.storage().data_ptr().get();
   alloc::ShareableHandle h;
@@ -52,10 +53,12 @@ DeviceBufferRef export_device_buffer(const at::Tensor& t) {
   } catch (const std::exception&) {
     return ref;  // not the caching allocator's block (from_blob, another allocator backend)
   }
-  if (h.handle.empty() || h.handle.size() > sizeof ref.handle) return ref;
+  // [version, type, payload]: a cudaMalloc'd segment's type is 'c' (an
+  // expandable segment's, 'e', is not shared: see the header).
+  if (h.handle.size() < 2 || h.handle[1] != 'c' || h.handle.size() > sizeof ref.handle) return ref;
   ref.shareable = 1;
   ref.handle_bytes = static_cast<uint8_t>(h.handle.size());
-  ref.owner_frees = segment_frees.load(std::memory_order_relaxed);
+  ref.owner_frees = count_frees ? segment_frees.load(std::memory_order_relaxed) : 0;
   ref.offset = static_cast<int64_t>(h.offset) +
                (static_cast<const char*>(t.const_data_ptr()) - static_cast<const char*>(block));
   std::memcpy(ref.handle, h.handle.data(), h.handle.size());

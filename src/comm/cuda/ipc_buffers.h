@@ -4,25 +4,27 @@
 //
 // An owner names the buffer under a collective's input by torch's caching
 // allocator's own shareable handle (shareIpcHandle: the cudaIpcMemHandle of
-// the segment the block lies in, or an expandable segment's) and the
-// input's offset in what that handle opens; a reader opens it through the
-// allocator too (getIpcDevPtr), which shares one mapping per handle within
-// the process. A reader caches the mappings it opened, per peer and handle,
-// at most kMaxCached, the least recently used closed first: the engine's
-// inputs are its flat buffers, the same few segments every step, and an
-// open costs a driver call that a collective should not pay each time.
+// the segment the block lies in) and the input's offset in that segment; a
+// reader opens it through the allocator too (getIpcDevPtr, which shares one
+// mapping per handle within the process). Only cudaMalloc'd segments are
+// shared: an expandable segment's handle needs pidfd_getfd in the reader,
+// which ptrace restrictions may refuse after the ranks agreed to go direct.
 //
-// A segment is handed back to the driver only when the owner's allocator
-// frees it (empty_cache, or a retry after an allocation failed); a reader
-// may then hold a mapping of memory its owner no longer has. Each
-// reference carries how many segments its owner has freed so far (counted
-// by an allocator trace tracker, attached at the first export): when that
-// changes, a reader closes every mapping it holds of that owner before
-// opening any, so a stale mapping outlives its segment only until the
-// next collective with that peer, and a handle the driver issues again is
-// never served from the old mapping. Readers only read inside a collective,
-// which ends before any rank frees its input, so no read meets a freed
-// segment.
+// By default a reader closes what it opened once the collective's reads are
+// done (close_all, before the collective's last round): while a mapping is
+// open its owner still holds the input's block, so its segment cannot be
+// freed under it (CUDA leaves a cudaFree of a region still open elsewhere
+// undefined). With caching (ZERO_CUDA_IPC_DIRECT_CACHE=on on every rank)
+// the mappings stay, per peer and handle, at most kMaxCached, the least
+// recently used closed first -- the engine's inputs are the same few
+// segments every step, and an open is a driver call -- and each reference
+// carries how many segments its owner's allocator has freed so far (an
+// allocator trace tracker counts them): when that changes, a reader closes
+// every mapping it holds of that owner before opening any. A cached mapping
+// may then outlive its segment until the next collective with that peer
+// (empty_cache, or an allocation retried after the device was full): the
+// undefined case above, which is why caching is not the default until a GPU
+// has shown what an open costs.
 //
 // Not thread-safe: one PeerDeviceBuffers per lane (its collectives run one
 // at a time). Built with ZERO_CUDA only.
@@ -49,8 +51,10 @@ struct DeviceBufferRef {
 static_assert(sizeof(DeviceBufferRef) == 256, "one exchange cell");
 
 // `t`'s data, published for peers; not shareable when `t` is empty, not on
-// a CUDA device, or not a caching-allocator block this version can share.
-DeviceBufferRef export_device_buffer(const at::Tensor& t);
+// a CUDA device, or not a cudaMalloc'd caching-allocator block. With
+// `count_frees` (the group caches mappings) the reference carries the
+// owner's segment frees.
+DeviceBufferRef export_device_buffer(const at::Tensor& t, bool count_frees);
 
 // A reference whose owner publishes nothing to read, but takes part.
 inline DeviceBufferRef nothing_to_read() {
@@ -66,6 +70,10 @@ class PeerDeviceBuffers {
   // The first byte of `ref`'s data, mapped here (on the current device).
   // Throws std::runtime_error naming `peer` when it cannot be opened.
   const char* data(int peer, const DeviceBufferRef& ref);
+
+  // Closes every mapping this reader holds (those other holders in the
+  // process share stay open until they let go too).
+  void close_all() { entries_.clear(); }
 
   size_t cached() const { return entries_.size(); }
 
