@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
+#include <utility>
 
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -65,6 +66,9 @@ DeviceBufferRef export_device_buffer(const at::Tensor& t, bool count_frees) {
   return ref;
 }
 
+PeerDeviceBuffers::PeerDeviceBuffers(Opener open)
+    : open_(open ? std::move(open) : Opener([](const std::string& h) { return alloc::getIpcDevPtr(h); })) {}
+
 const char* PeerDeviceBuffers::data(int peer, const DeviceBufferRef& ref) {
   if (peer >= static_cast<int>(frees_seen_.size())) frees_seen_.resize(static_cast<size_t>(peer) + 1, -1);
   if (frees_seen_[peer] != ref.owner_frees) {
@@ -79,7 +83,7 @@ const char* PeerDeviceBuffers::data(int peer, const DeviceBufferRef& ref) {
   if (it == entries_.end()) {
     std::shared_ptr<void> base;
     try {
-      base = alloc::getIpcDevPtr(handle);
+      base = open_(handle);
     } catch (const std::exception& e) {
       std::string what = e.what();
       throw std::runtime_error("opening rank " + std::to_string(peer) + "'s device buffer (CUDA IPC): " +

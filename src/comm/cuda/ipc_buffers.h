@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +67,11 @@ inline DeviceBufferRef nothing_to_read() {
 class PeerDeviceBuffers {
  public:
   static constexpr size_t kMaxCached = 64;
+  // Opens a handle (what shareIpcHandle wrote) on the current device; the
+  // mapping closes with the last holder. Default: the caching allocator's
+  // getIpcDevPtr; tests pass their own.
+  using Opener = std::function<std::shared_ptr<void>(const std::string& handle)>;
+  explicit PeerDeviceBuffers(Opener open = {});
 
   // The first byte of `ref`'s data, mapped here (on the current device).
   // Throws std::runtime_error naming `peer` when it cannot be opened.
@@ -83,6 +89,7 @@ class PeerDeviceBuffers {
     std::string handle;
     std::shared_ptr<void> base;  // the allocator's mapping, closed with the last holder
   };
+  Opener open_;
   std::vector<Entry> entries_;           // most recently used last
   std::vector<int64_t> frees_seen_;      // by peer; -1: none seen yet
 };
