@@ -39,6 +39,11 @@
 // caching allocator, or empty) every rank sees it in the first round and
 // the collective is staged, as above. The same sums in the same order:
 // bit-identical to the staged path and the host transports.
+// src/comm/cuda/direct_path.pml models the protocol -- rounds, IPC events
+// as CUDA keeps them, each rank's stream -- for SPIN: `ctest -R
+// direct_path_model` checks that no read meets a peer's input before it is
+// written or after it is reused, that nothing hangs, that one rank's
+// failure fails the collective on all, and that each planted bug is caught.
 //
 // Built with ZERO_CUDA only (make_cuda_ipc_transport() is null otherwise).
 // STATUS: the staged path ran on an H100 (2026-11-26): two ranks sharing the
