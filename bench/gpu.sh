@@ -12,7 +12,9 @@
 # NCCL collectives; 002: four backward passes per step, coalesced or not;
 # 003: zero::Init flattening on the device vs in host memory). Step time
 # (median of the timed steps, the first two left out), tokens/s, peak GPU
-# memory and the losses per run; prints one JSON object on stdout.
+# memory and the losses per run; prints one JSON object on stdout. The
+# runs each goal of issue 36 needs go first (the end of the file lists the
+# order), so a budget spent skips only the rest.
 # bench/gpu_report.py turns it into one markdown table.
 #   bench/gpu.sh BUILD_DIR PYTHON [STEPS]
 # Environment (defaults in brackets):
@@ -138,15 +140,16 @@ fi
 export_ok=1
 attempt '"run": "export"' export - "$B/bench/bench_export_gpt" "$tmp" "$L" "$D" "$H" "$S" "$MICRO" "$STEPS" || export_ok=0
 
-# 2. zero-cpp, stages 0-3.
-for stage in 0 1 2 3; do
+# 2. zero-cpp at STAGE.
+zero_stage() {
+  local stage=$1 f
   bench_config "$stage" bf16 "$MICRO"
   f="\"run\": \"zero-cpp\", \"stage\": $stage, \"dtype\": \"bf16\""
   if zero_train "$f" "zero-stage$stage" 1 -- --steps "$STEPS"; then
     echo "{$f, \"log\": \"zero-stage$stage.log\", \"losses\": $(losses_of "zero-stage$stage"), \
 \"summary\": $(record_of "zero-stage$stage" summary)}" >> "$records"
   fi
-done
+}
 
 # zero-cpp's Python front end (issue 35 item 8): the package beside this
 # build's extension (ZERO_GPU_BENCH_PYTHONPATH, default BUILD/python), built
@@ -160,23 +163,23 @@ else
   say "zero_cpp does not import from $zc_path ($zc_error): the Python front end's runs are skipped"
 fi
 
-# 3. The peers, same dtype, same weights and batches (the export), and the
-# Python front end as one of them.
-for c in "ddp 0" "fsdp2 3" "deepspeed 0" "deepspeed 2" "deepspeed 3" "zero_cpp 0" "zero_cpp 3"; do
-  read -r peer stage <<< "$c"
+# 3. PEER at STAGE, same dtype, same weights and batches (the export); the
+# Python front end (zero_cpp) is one of them.
+peer_run() {
+  local peer=$1 stage=$2 f name
   f="\"run\": \"$peer\", \"stage\": $stage, \"dtype\": \"bf16\""
   name="$peer-stage$stage"
   if [ $export_ok = 0 ]; then
     echo "{$f, \"skipped\": \"the export failed\"}" >> "$records"
-    continue
+    return
   fi
   if [ "$peer" = deepspeed ] && [ -n "$ds_error" ]; then
     echo "{$f, \"skipped\": $(echo "deepspeed does not import: $ds_error" | json_str)}" >> "$records"
-    continue
+    return
   fi
   if [ "$peer" = zero_cpp ] && [ -n "$zc_error" ]; then
     echo "{$f, \"skipped\": $(echo "zero_cpp does not import: $zc_error" | json_str)}" >> "$records"
-    continue
+    return
   fi
   bench_config "$stage" bf16 "$MICRO"
   if attempt "$f" "$name" - env ZERO_PEER_DEVICE="$DEVICE" DS_ACCELERATOR="$DEVICE" ZERO_CPP_HOOK_TIMES=1 \
@@ -184,7 +187,7 @@ for c in "ddp 0" "fsdp2 3" "deepspeed 0" "deepspeed 2" "deepspeed 3" "zero_cpp 0
       "$PY" "$here/peer_gpt.py" "$peer" "$tmp" "$L" "$D" "$H" "$S" "$STEPS" "$tmp/c.json" "$LOGS/$name.json"; then
     echo "{$f, \"log\": \"$name.log\", \"result\": $(compact "$LOGS/$name.json")}" >> "$records"
   fi
-done
+}
 
 # 4. ZeRO-Offload against DeepSpeed's (issue 36 item 5), same model and
 # batches: stage 2 with the optimizer's state and step on the host, stage 3
@@ -206,8 +209,8 @@ if what == "param+optimizer":
 json.dump(c, open(path, "w"), indent=1)
 PY
 }
-for c in "2 optimizer" "3 param+optimizer"; do
-  read -r stage what <<< "$c"
+offload_pair() {  # STAGE WHAT: zero-cpp's run, then DeepSpeed's
+  local stage=$1 what=$2 f name
   bench_config "$stage" bf16 "$MICRO"
   offload_config "$what"
   f="\"run\": \"zero-cpp\", \"stage\": $stage, \"dtype\": \"bf16\", \"offload\": \"$what\""
@@ -225,26 +228,25 @@ for c in "2 optimizer" "3 param+optimizer"; do
       "$PY" "$here/peer_gpt.py" deepspeed "$tmp" "$L" "$D" "$H" "$S" "$STEPS" "$tmp/c.json" "$LOGS/$name.json"; then
     echo "{$f, \"log\": \"$name.log\", \"result\": $(compact "$LOGS/$name.json")}" >> "$records"
   fi
-done
+}
 
-# 5. The seeds, cheapest first (003, 001, 002, then 000 at two ranks of the
-# full model).
+# 5. The seeds.
 # Seed 003: the stage-3 model built under zero::Init, each unit flattened on
 # the device vs in pinned host memory (ZERO_INIT_DEVICE_FLATTEN=off); one
-# step each, the setup record's build_ms compared.
-bench_config 3 bf16 "$MICRO"
-# device: the units' draws deferred into their flat buffers on the GPU
-# (zero::defer_init, issue 36 item 4); device-eager: drawn on the host and
-# flattened on the GPU (before item 4); host: drawn and flattened on the host.
-for flatten in device device-eager host; do
-  envs=()
+# step each, the setup record's build_ms compared. FLATTEN: device, the
+# units' draws deferred into their flat buffers on the GPU (zero::defer_init,
+# issue 36 item 4); device-eager, drawn on the host and flattened on the GPU
+# (before item 4); host, drawn and flattened on the host.
+seed003() {
+  local flatten=$1 f envs=()
+  bench_config 3 bf16 "$MICRO"
   [ $flatten = host ] && envs=(ZERO_INIT_DEVICE_FLATTEN=off ZERO_INIT_DEFER=off)
   [ $flatten = device-eager ] && envs=(ZERO_INIT_DEFER=off)
   f="\"run\": \"zero-cpp seed 003\", \"stage\": 3, \"init_flatten\": \"$flatten\""
   if zero_train "$f" "seed003-$flatten" 1 "${envs[@]}" -- --steps 1; then
     echo "{$f, \"log\": \"seed003-$flatten.log\", \"setup\": $(record_of "seed003-$flatten" setup)}" >> "$records"
   fi
-done
+}
 # Seed 001: allgather, reduce-scatter and all-reduce through CUDA IPC and
 # NCCL at 2 ranks, against the device-to-device copy rate. NCCL refuses two
 # ranks on one GPU: on a one-GPU machine only CUDA IPC is measured.
@@ -252,9 +254,9 @@ done
 # (peers read each other's inputs in place; issue 36 item 2), opening them
 # each collective; and direct with the mappings kept -- each against the
 # copy rate measured in its own run.
-for path in staged direct direct-cached; do
+seed001() {  # PATH: staged | direct | direct-cached
+  local path=$1 f direct=off cache=off
   f="\"run\": \"zero-cpp seed 001\", \"ranks\": 2, \"ipc_path\": \"$path\""
-  direct=off cache=off
   [ $path != staged ] && direct=on
   [ $path = direct-cached ] && cache=on
   if [ "$DEVICE" != cuda ]; then
@@ -268,28 +270,59 @@ for path in staged direct direct-cached; do
     grep '^\[rank 0\]' "$LOGS/seed001-$path.log" | sed 's/^\[rank 0\] //' | sed -n '/^{/,$p' > "$LOGS/seed001-$path.json"
     echo "{$f, \"log\": \"seed001-$path.log\", \"result\": $(compact "$LOGS/seed001-$path.json")}" >> "$records"
   fi
-done
+}
 
 # Seed 002: four backward passes per step at stage 2, one reduction each or
 # one for all (coalesce_grad_reduction); 2 ranks, as seed 000 (at 1 rank
 # there is no reduction to save).
-bench_config 2 bf16 "$MICRO"
-for mode in separate coalesce; do
-  flag=(); [ $mode = coalesce ] && flag=(--coalesce)
+seed002() {  # MODE: separate | coalesce
+  local mode=$1 f flag=()
+  bench_config 2 bf16 "$MICRO"
+  [ $mode = coalesce ] && flag=(--coalesce)
   f="\"run\": \"zero-cpp seed 002\", \"stage\": 2, \"ranks\": 2, \"backward_chunks\": 4, \"reduction\": \"$mode\""
   if zero_train "$f" "seed002-$mode" 2 -- --steps "$STEPS" --backward-chunks 4 "${flag[@]}"; then
     echo "{$f, \"log\": \"seed002-$mode.log\", \"losses\": $(losses_of "seed002-$mode"), \
 \"summary\": $(record_of "seed002-$mode" summary)}" >> "$records"
   fi
-done
+}
 # Seed 000: stage 3 at 2 ranks (on one GPU: they share it through CUDA IPC),
 # the fused 16-bit gather against the fp32 master gathered and cast, one run
 # of each (bench/gather_fusion.sh).
-f='"run": "zero-cpp seed 000", "ranks": 2'
-if attempt "$f" seed000 "$LOGS/seed000.json" env ZERO_GATHER_FUSION_MODEL="${MODEL[*]}" \
-    ZERO_GATHER_FUSION_MICRO="$MICRO" "$here/gather_fusion.sh" "$B" "$DEVICE" "$STEPS" 1; then
-  echo "{$f, \"log\": \"seed000.log\", \"result\": $(compact "$LOGS/seed000.json")}" >> "$records"
-fi
+seed000() {
+  local f='"run": "zero-cpp seed 000", "ranks": 2'
+  if attempt "$f" seed000 "$LOGS/seed000.json" env ZERO_GATHER_FUSION_MODEL="${MODEL[*]}" \
+      ZERO_GATHER_FUSION_MICRO="$MICRO" "$here/gather_fusion.sh" "$B" "$DEVICE" "$STEPS" 1; then
+    echo "{$f, \"log\": \"seed000.log\", \"result\": $(compact "$LOGS/seed000.json")}" >> "$records"
+  fi
+}
+
+# The runs, most wanted first: a budget spent skips the last. First what
+# measures each goal of issue 36 -- MFU and the step against FSDP2 and
+# DeepSpeed (item 3), ZeRO-Offload against DeepSpeed's (item 5), CUDA IPC
+# staged and direct (item 2), the build under zero::Init (item 4) -- then
+# the rest of the table and the seeds.
+zero_stage 0
+zero_stage 3
+peer_run ddp 0
+peer_run fsdp2 3
+peer_run deepspeed 3
+offload_pair 2 optimizer
+offload_pair 3 param+optimizer
+seed001 staged
+seed001 direct
+seed003 device
+seed003 device-eager
+seed003 host
+zero_stage 1
+zero_stage 2
+peer_run deepspeed 0
+peer_run deepspeed 2
+peer_run zero_cpp 0
+peer_run zero_cpp 3
+seed001 direct-cached
+seed002 separate
+seed002 coalesce
+seed000
 # One JSON object: the machine, the settings, every run's record in order.
 python3 - "$records" <<PY
 import json, sys

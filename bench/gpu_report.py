@@ -102,8 +102,21 @@ def ok(r):
     return "error" not in r and "skipped" not in r
 
 
+# The main table's rows in this order, whatever order the bench ran them in
+# (it runs what each goal needs first); others after them.
+ROW_ORDER = [("zero-cpp", 0, ""), ("zero-cpp", 1, ""), ("zero-cpp", 2, ""), ("zero-cpp", 3, ""), ("ddp", 0, ""),
+             ("fsdp2", 3, ""), ("deepspeed", 0, ""), ("deepspeed", 2, ""), ("deepspeed", 3, ""), ("zero_cpp", 0, ""),
+             ("zero_cpp", 3, ""), ("zero-cpp", 2, "optimizer"), ("deepspeed", 2, "optimizer"),
+             ("zero-cpp", 3, "param+optimizer"), ("deepspeed", 3, "param+optimizer")]
+
+
+def row_rank(r):
+    key = (r["run"], r.get("stage"), r.get("offload", ""))
+    return ROW_ORDER.index(key) if key in ROW_ORDER else len(ROW_ORDER)
+
+
 def main_table(w, run):
-    runs = [r for r in run["runs"] if r["run"] == "zero-cpp" or r["run"] in PEER_NAMES]
+    runs = sorted((r for r in run["runs"] if r["run"] == "zero-cpp" or r["run"] in PEER_NAMES), key=row_rank)
     # zero-cpp's runs by (stage, what is offloaded), each peer's run set beside the same.
     ours = {(r["stage"], r.get("offload", "")): r for r in runs if r["run"] == "zero-cpp" and ok(r)}
     ddp = next((r for r in runs if r["run"] == "ddp" and ok(r)), None)
