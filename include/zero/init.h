@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include <c10/core/Device.h>
 
@@ -24,6 +25,17 @@
 #include "zero/unit.h"
 
 namespace zero {
+
+namespace detail {
+/// An init a module deferred (zero::defer_init): the module, the params and
+/// buffers it had then (held, so that a module found later at its address
+/// is known to be it), and the init.
+struct DeferredInit {
+  torch::nn::Module* module;
+  std::vector<at::Tensor> tensors;
+  std::function<void()> init;
+};
+}  // namespace detail
 
 /// A scope in which stage-3 units are sharded as they are built, so a model too large for one rank never exists whole there (DeepSpeed's zero.Init): each unit is broadcast from rank 0 and sharded the moment its constructor returns. Make the Engine with the same config afterwards; it adopts the shards.
 class Init {
@@ -52,7 +64,7 @@ class Init {
   friend void detail::on_unit_constructed(UnitBase&);
   Init(comm::Comm& comm, std::shared_ptr<comm::Group> owner, const comm::Group& dp, const Config& config,
        at::Device device);
-  void shard(UnitBase& unit, const std::vector<std::pair<torch::nn::Module*, std::function<void()>>>& deferred);
+  void shard(UnitBase& unit, const std::vector<detail::DeferredInit>& deferred);
   void flatten_onto_device(partition::FlatGroup& g, const partition::InPlaceInit& init);
 
   comm::Comm& comm_;
@@ -67,20 +79,24 @@ class Init {
 };
 
 /// Deferred init: FSDP2's meta-device `to_empty` + `reset_parameters`, for
-/// C++ modules (issue 36 item 4). Call it in a module's constructor in place
-/// of drawing its params: `init` must set every param and buffer of
-/// `module`'s subtree, in place, under no-grad (stock children included:
-/// call their reset_parameters()), and the params should have been made
-/// with at::empty (never written: no host page is touched). Inside a
-/// zero::Init scope at stage 3, while a zero::Unit is being built, `init`
-/// runs once the unit is: its params already views of the unit's flat
-/// buffer, on the scope's device (so on a GPU the draws are the device's,
-/// and nothing of the unit is ever written on the host), before rank 0's
-/// values are broadcast. Anywhere else -- no scope, below stage 3, outside
-/// every unit (the root), ZERO_INIT_DEFER=off -- `init` runs at once. A
-/// module that defers must be registered in the unit being built
-/// (zero::Init throws otherwise). Values drawn on a device differ from the
-/// host's (another generator); their distribution does not.
+/// C++ modules (issue 36 item 4). Call it in a module's constructor, after
+/// registering its params, in place of drawing them: `init` must set, in
+/// place and under no-grad, every trainable param of `module`'s subtree but
+/// those of units nested in it (stock children included: call their
+/// reset_parameters()); the params should have been made with at::empty
+/// (never written: no host page is touched). Buffers and frozen params keep
+/// what the constructor gave them unless `init` sets them too. Inside a
+/// zero::Init scope at stage 3, while a zero::Unit is being built (or built
+/// as the argument of one), `init` runs once that unit is, its params
+/// already views of its flat buffer on the scope's device -- on a GPU the
+/// draws are the device's and nothing of the unit is written on the host
+/// (where the device has no room for the unit, in its pinned host buffer:
+/// drawn there) -- before rank 0's values are broadcast. Anywhere else --
+/// no scope, below stage 3, outside every unit (the root), a module with
+/// no params or buffers, ZERO_INIT_DEFER=off -- `init` runs at once. A
+/// module that defers must be registered in the unit being built and live
+/// in it (zero::Init names it otherwise). Values drawn on a device differ
+/// from the host's (another generator); their distribution does not.
 void defer_init(torch::nn::Module& module, std::function<void()> init);
 
 }  // namespace zero

@@ -26,15 +26,31 @@
 namespace zero {
 
 namespace {
+using detail::DeferredInit;
 thread_local Init* g_active = nullptr;
 
 // The units being built on this thread, innermost last, each with the
 // inits its modules deferred (zero::defer_init) while it was.
 struct UnitFrame {
   UnitBase* unit;
-  std::vector<std::pair<torch::nn::Module*, std::function<void()>>> deferred;
+  std::vector<DeferredInit> deferred;
 };
 thread_local std::vector<UnitFrame> g_building;
+
+// A module and what hangs below it (include_self would need it in its
+// shared_ptr, which a module being built is not yet).
+std::unordered_set<const torch::nn::Module*> subtree_of(const torch::nn::Module& m) {
+  std::unordered_set<const torch::nn::Module*> s{&m};
+  for (const auto& c : m.modules(/*include_self=*/false)) s.insert(c.get());
+  return s;
+}
+
+// The unit, the module it wraps (whose children it adopted) and theirs.
+std::unordered_set<const torch::nn::Module*> members_of(UnitBase& unit) {
+  auto s = subtree_of(unit);
+  s.insert(&unit.inner_module());
+  return s;
+}
 
 bool deferral_allowed() {
   static const bool on = [] {
@@ -57,8 +73,15 @@ BuildingUnit::~BuildingUnit() {
 
 void defer_init(torch::nn::Module& module, std::function<void()> init) {
   if (g_active && !g_building.empty() && deferral_allowed()) {
-    g_building.back().deferred.emplace_back(&module, std::move(init));
-    return;
+    // Its tensors, held: a module found later at this address is this one
+    // only if it still has them (a dropped module's address may be reused).
+    std::vector<at::Tensor> tensors = module.parameters(/*recurse=*/true);
+    for (const auto& b : module.buffers(/*recurse=*/true))
+      if (b.defined()) tensors.push_back(b);
+    if (!tensors.empty()) {  // (nothing to draw in place: no point deferring)
+      g_building.back().deferred.push_back({&module, std::move(tensors), std::move(init)});
+      return;
+    }
   }
   at::NoGradGuard no_grad;
   init();
@@ -71,11 +94,32 @@ void on_unit_constructed(UnitBase& unit) {
     frame = std::move(g_building.back());
     g_building.pop_back();
   }
+  // Modules built before this unit's frame opened -- the arguments of
+  // zero::Unit<X>(args...), built inside an enclosing unit -- filed their
+  // inits with that unit: those of this unit's modules are this unit's,
+  // and ran before its own.
+  if (!g_building.empty()) {
+    const auto members = members_of(unit);
+    std::vector<DeferredInit> earlier;
+    for (auto& enclosing : g_building) {
+      auto& d = enclosing.deferred;
+      for (auto it = d.begin(); it != d.end();) {
+        if (members.count(it->module)) {
+          earlier.push_back(std::move(*it));
+          it = d.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    frame.deferred.insert(frame.deferred.begin(), std::make_move_iterator(earlier.begin()),
+                          std::make_move_iterator(earlier.end()));
+  }
   if (g_active) {
     g_active->shard(unit, frame.deferred);
   } else {
     at::NoGradGuard no_grad;
-    for (auto& [module, init] : frame.deferred) init();  // (the scope ended while the unit was built)
+    for (auto& d : frame.deferred) d.init();  // (the scope ended while the unit was built)
   }
 }
 }  // namespace detail
@@ -149,28 +193,46 @@ Init::~Init() {
 
 namespace {
 
-// What the unit's modules deferred: the params (and buffers) of their
-// subtrees, drawn in place by their inits in the order they were deferred.
-// Each deferring module must be one of the unit's.
-partition::InPlaceInit deferred_init_of(
-    UnitBase& unit, const std::vector<std::pair<torch::nn::Module*, std::function<void()>>>& deferred) {
+// What the unit's modules deferred: the trainable params of their
+// subtrees, drawn in place by their inits in the order they were deferred
+// -- but for a param a module outside every deferring subtree holds too (a
+// weight tied into a deferring module), whose value is copied as drawn at
+// once, and which the init may still overwrite. Each deferring module must
+// be one of the unit's, with the tensors it had when it deferred (else it
+// was dropped, and its init would run on a module that is gone): named on
+// every rank alike, as every rank builds the same model.
+partition::InPlaceInit deferred_init_of(UnitBase& unit, const std::vector<DeferredInit>& deferred) {
   partition::InPlaceInit init;
   if (deferred.empty()) return init;
-  // The unit, the module it wraps (whose children it adopted) and theirs;
-  // include_self would need the unit in its shared_ptr, which it is not yet.
-  std::unordered_set<const torch::nn::Module*> members{&unit, &unit.inner_module()};
-  for (const auto& m : unit.modules(/*include_self=*/false)) members.insert(m.get());
+  const auto members = members_of(unit);
+  std::unordered_set<const torch::nn::Module*> deferring;
   std::vector<std::function<void()>> runs;
-  for (const auto& [module, run] : deferred) {
-    if (!members.count(module))
-      throw std::invalid_argument(
-          "zero::defer_init: a module built while a zero::Unit was being built deferred its init, but is not "
-          "registered in that unit (register it, or draw its params in its constructor)");
-    for (const auto& p : module->parameters(/*recurse=*/true)) init.params.insert(p.unsafeGetTensorImpl());
-    for (const auto& b : module->buffers(/*recurse=*/true))
-      if (b.defined()) init.params.insert(b.unsafeGetTensorImpl());
-    runs.push_back(run);
+  for (const auto& d : deferred) {
+    const char* problem = nullptr;
+    if (!members.count(d.module)) {
+      problem = "is not registered in that unit (register it, or draw its params in its constructor)";
+    } else {
+      std::unordered_set<const void*> now;
+      for (const auto& p : d.module->parameters(/*recurse=*/true)) now.insert(p.unsafeGetTensorImpl());
+      for (const auto& b : d.module->buffers(/*recurse=*/true)) now.insert(b.unsafeGetTensorImpl());
+      for (const auto& t : d.tensors)
+        if (!now.count(t.unsafeGetTensorImpl()))
+          problem = "was destroyed before the unit was built, or lost a param or buffer it had when it deferred "
+                    "(a module that defers must live in the unit)";
+    }
+    if (problem)
+      throw std::invalid_argument(std::string("zero::defer_init: a module built while a zero::Unit was being built "
+                                              "deferred its init, but ") + problem);
+    const auto below = subtree_of(*d.module);
+    deferring.insert(below.begin(), below.end());
+    for (const auto& p : d.module->parameters(/*recurse=*/true)) init.params.insert(p.unsafeGetTensorImpl());
+    runs.push_back(d.init);
   }
+  // The unit holds its wrapped module's own params (adopted): they follow that module.
+  if (deferring.count(&unit.inner_module())) deferring.insert(&unit);
+  for (const auto* m : members)
+    if (!deferring.count(m))
+      for (const auto& p : m->parameters(/*recurse=*/false)) init.params.erase(p.unsafeGetTensorImpl());
   init.run = [runs = std::move(runs)] {
     at::NoGradGuard no_grad;
     for (const auto& run : runs) run();
@@ -180,8 +242,7 @@ partition::InPlaceInit deferred_init_of(
 
 }  // namespace
 
-void Init::shard(UnitBase& unit,
-                 const std::vector<std::pair<torch::nn::Module*, std::function<void()>>>& deferred) {
+void Init::shard(UnitBase& unit, const std::vector<DeferredInit>& deferred) {
   at::NoGradGuard no_grad;
   const c10::OptionalDeviceGuard on_device(guard_device(device_));
   // Ranks that build different units are named here, param and shapes,
@@ -200,11 +261,10 @@ void Init::shard(UnitBase& unit,
   for (const auto& b : detail::own_buffers(unit))
     if (b.defined()) replicated.push_back(b);
   const partition::InPlaceInit init = deferred_init_of(unit, deferred);
-  // Deferred frozen params and buffers are drawn where they will live.
+  // Frozen params and buffers go as the constructor left them (an init may
+  // then set them where they live): small, and the same on every device.
   if (!device_.is_cpu())
-    for (auto& t : replicated)
-      t.set_data(init.params.count(t.unsafeGetTensorImpl()) ? at::empty_like(t, t.options().device(device_))
-                                                             : t.to(device_));
+    for (auto& t : replicated) t.set_data(t.to(device_));
   auto g = std::make_shared<partition::FlatGroup>();
   std::unordered_set<const void*> seen;
   std::vector<int64_t> numels, indices;

@@ -714,6 +714,8 @@ TEST(DeviceInit, UnitsAreFlattenedAndShardedOnTheDevice) {
 struct DeviceDeferringImpl : torch::nn::Module {
   DeviceDeferringImpl() {
     fc = register_module("fc", torch::nn::Linear(64, 64));
+    mask = register_buffer("mask", at::full({4}, 3.0f));  // set here, not by the init: kept
+    scale = register_parameter("scale", at::full({2}, 5.0f), /*requires_grad=*/false);
     zero::defer_init(*this, [this] {
       drawn_on = fc->weight.device();
       fc->reset_parameters();
@@ -721,6 +723,7 @@ struct DeviceDeferringImpl : torch::nn::Module {
   }
   at::Tensor forward(const at::Tensor& x) { return fc(x); }
   torch::nn::Linear fc{nullptr};
+  at::Tensor mask, scale;
   at::Device drawn_on = at::kCPU;
 };
 TORCH_MODULE(DeviceDeferring);
@@ -744,12 +747,15 @@ TEST(DeviceInit, DeferredDrawsRunOnTheDevice) {
     net = DeviceDeferringNet();
   }
   EXPECT_EQ(net->u->inner->drawn_on, dev());
+  EXPECT_TRUE(net->u->inner->mask.to(at::kCPU).eq(3.0f).all().item<bool>()) << "a buffer the constructor set";
+  EXPECT_TRUE(net->u->inner->scale.to(at::kCPU).eq(5.0f).all().item<bool>()) << "a frozen param the constructor set";
   zero::Engine e(*net, cfg, world().comm(), dp_group());
   const auto got = e.full_parameters();
   at::manual_seed(5);
   DeviceDeferringNet plain;
-  std::map<std::string, at::Tensor> want;
-  for (const auto& item : plain->named_parameters()) want[item.key()] = item.value().detach().clone();
+  std::map<std::string, at::Tensor> want;  // (the trainable ones: what full_parameters holds)
+  for (const auto& item : plain->named_parameters())
+    if (item.value().requires_grad()) want[item.key()] = item.value().detach().clone();
   if (on_zdev()) {
     EXPECT_EQ(max_abs_diff(got, want), 0.0);
   } else {
