@@ -37,6 +37,21 @@ for want in "zero-cpp 0  ok" "zero-cpp 3  ok" "ddp 0  ok" "fsdp2 3  ok" "deepspe
     "zero-cpp seed 001   skipped"; do
   check "run recorded: $want" contains "$summary" "$want"
 done
+# The runs each goal of issue 36 needs come before the rest of the table,
+# so that a lease whose budget runs out skips only the rest.
+order=$(python3 - "$T/gpu.json" <<'PY' 2>&1
+import json, sys
+runs = json.load(open(sys.argv[1]))["runs"]
+def first(pred):
+    return next(i for i, r in enumerate(runs) if pred(r))
+rest = first(lambda r: r["run"] == "zero-cpp" and r.get("stage") == 1 and not r.get("offload"))
+goals = [first(lambda r: r["run"] == "deepspeed" and r.get("stage") == 3 and not r.get("offload")),
+         first(lambda r: r.get("offload") == "param+optimizer" and r["run"] == "deepspeed"),
+         first(lambda r: r.get("ipc_path") == "direct"), first(lambda r: r.get("init_flatten") == "host")]
+print(all(g < rest for g in goals))
+PY
+)
+check "the runs each goal needs come first ($order)" [ "$order" = True ]
 breakdown=$(python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 for r in d["runs"]:
