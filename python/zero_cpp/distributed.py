@@ -19,6 +19,7 @@ import torch.distributed as dist
 from . import _C
 
 _world = None  # the C++ World, once init_distributed has run
+_set_up_torch_group = False  # whether init_distributed made torch.distributed's group (then it is ours to end)
 
 
 def _set_launch_variables(env):
@@ -56,7 +57,7 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     here: the engine needs the rendezvous store torch.distributed's group
     runs on.
     """
-    global _world
+    global _world, _set_up_torch_group
     if _world is not None:
         return
     if rank >= 0:
@@ -74,6 +75,7 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
                                "process group; zero_cpp joins torch.distributed's rendezvous store, so set one up "
                                "first or leave dist_init_required unset")
         backend = dist_backend or ("cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo")
+        _set_up_torch_group = True
         if multi:
             _set_launch_variables(env)
             dist.init_process_group(backend=backend, init_method=init_method or "env://", timeout=timeout,
@@ -97,6 +99,12 @@ def _shutdown():
     # go while CUDA is still up, as the C++ API's World::shutdown.
     if _world is not None and not _world.is_shut_down:
         _world.shutdown()
+    # Then the torch.distributed group init_distributed set up, if the script
+    # left it up: Gloo's worker threads still holding work at interpreter
+    # teardown abort the process ("terminate called without an active
+    # exception", pytorch/pytorch#190489). A group the user made is theirs.
+    if _set_up_torch_group and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def world():

@@ -5,6 +5,7 @@ save, and the errors a DeepSpeed user meets -- each named on every rank,
 none a hang. Every check prints "ok" or "FAIL" (rank 0); the exit status
 is the number of failures.
 """
+import atexit
 import os
 import sys
 import time
@@ -450,7 +451,20 @@ def test_divergent_unit_order():
           f"{time.time() - t0:.1f} s ({said[:120]})")
 
 
+def check_process_group_destroyed_at_exit():
+    # Registered before init_distributed, so it runs after zero_cpp's own exit
+    # handler (atexit is last in, first out). A Gloo group left up at exit
+    # can abort the process in torch's teardown ("terminate called without
+    # an active exception", pytorch/pytorch#190489): the group zero_cpp set
+    # up must be gone by then.
+    if dist.is_initialized():
+        print(f"FAIL rank {os.environ.get('RANK')}: torch.distributed's group that init_distributed set up "
+              "is still up at exit", flush=True)
+        os._exit(101)
+
+
 def main():
+    atexit.register(check_process_group_destroyed_at_exit)
     deepspeed.init_distributed()
     torch.set_num_threads(1)
     check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")

@@ -413,6 +413,10 @@ def main():
     if torch.distributed.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(results, f, indent=1)
+    # As torch.distributed's documentation asks of every script: a Gloo group
+    # left up at exit can abort the process in torch's teardown
+    # (pytorch/pytorch#190489), which DeepSpeed's runs here did under load.
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
