@@ -307,6 +307,9 @@ int main(int argc, char** argv) {
     emit({{"event", "setup"},
           {"n_params", engine.num_params()},
           {"build_ms", build_ms},  // the model built (under zero::Init at stage 3) and the engine set up
+          // The host's high-water mark so far: with the units drawn on the
+          // device (zero::defer_init) it stays far below the model's size.
+          {"peak_rss_bytes", peak_rss_bytes()},
           {"world_size", world->size()},
           {"dp_size", dp->size()},
           {"rank", world->rank()},

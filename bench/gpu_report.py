@@ -252,6 +252,11 @@ def seed_rows(run):
         note = f"host {host / 1000:.2f} vs device {dev / 1000:.2f} s"
         if eager:  # issue 36 item 4's goal: the device build (draws deferred onto the GPU) <= 1 s
             note += f" (draws deferred to the GPU; drawn on the host first: {eager['setup']['build_ms'] / 1000:.2f} s)"
+        large = next((r for r in rs if r["init_flatten"] == "device-large"), None)
+        if large:  # item 4's second goal: the host's footprint while a larger GPT is built on the device
+            st = large["setup"]
+            note += (f"; a {st['n_params'] / 1e9:.2f}B GPT drawn on the GPU in {st['build_ms'] / 1000:.2f} s, "
+                     f"host peak RSS {gb(st['peak_rss_bytes'])} (its fp32 weights: {gb(4 * st['n_params'])})")
         rows["003"] = (f"{host / dev:.2f}×", note + "; one build each")
     return rows
 

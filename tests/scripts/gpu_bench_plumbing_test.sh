@@ -17,6 +17,7 @@ if ! "$PY" -c "import deepspeed" 2>/dev/null; then
   exit 1
 fi
 ZERO_GPU_BENCH_DEVICE=cpu ZERO_GPU_BENCH_MODEL="--layers 2 --d-model 64 --heads 4 --seq 32" ZERO_GPU_BENCH_MICRO=4 \
+  ZERO_GPU_BENCH_INIT_LARGE="--layers 3 --d-model 128 --heads 4" \
   ZERO_GPU_BENCH_BUDGET=1200 ZERO_GPU_BENCH_RUN_TIMEOUT=600 ZERO_GPU_BENCH_LOGS="$T/logs" \
   ZERO_GPU_BENCH_PYTHONPATH="$B/python" OMP_NUM_THREADS=1 \
   "$SRC/bench/gpu.sh" "$B" "$PY" 4 > "$T/gpu.json" 2> "$T/bench.log"
@@ -52,6 +53,12 @@ print(all(g < rest for g in goals))
 PY
 )
 check "the runs each goal needs come first ($order)" [ "$order" = True ]
+large=$(python3 -c 'import json, sys
+runs = [r for r in json.load(open(sys.argv[1]))["runs"] if r.get("init_flatten") in ("device", "device-large")]
+s = {r["init_flatten"]: r.get("setup", {}) for r in runs}
+print(s["device-large"]["n_params"] > s["device"]["n_params"], s["device-large"]["peak_rss_bytes"] > 0)' \
+  "$T/gpu.json" 2>&1)
+check "seed 003's larger build records its size and the host's peak RSS ($large)" [ "$large" = "True True" ]
 breakdown=$(python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 for r in d["runs"]:
@@ -67,7 +74,7 @@ report=$(cat "$T/gpu.md" 2>/dev/null)
 for row in "| zero-cpp stage 0 |" "| zero-cpp stage 3 |" "| FSDP2 |" "| DeepSpeed stage 3 |" \
     "| zero_cpp (Python front end) stage 3 |" "| zero-cpp stage 2, optimizer offloaded |" \
     "| DeepSpeed stage 2, optimizer offloaded |" "| zero-cpp stage 3, param+optimizer offloaded |" \
-    "| DeepSpeed stage 3, param+optimizer offloaded |" "| 000 |" "| 002 |" "| 003 |"; do
+    "| DeepSpeed stage 3, param+optimizer offloaded |" "| 000 |" "| 002 |" "| 003 |" "GPT drawn on the GPU in"; do
   check "gpu.md has the row $row" contains "$report" "$row"
 done
 # bench/largest.sh (issue 36 item 6) at a size this machine trains in seconds.
