@@ -177,6 +177,50 @@ def test_dataloader():
           "the ranks' shares cover the dataset (DistributedSampler pads one sample to even them)")
 
 
+def test_accelerator_logging_and_loaders():
+    # What DeepSpeed's tutorials call beside the engine: get_accelerator(),
+    # the logger and log_dist, RepeatingLoader, see_memory_usage.
+    import io
+    import logging
+    from zero_cpp.runtime.utils import see_memory_usage
+
+    acc = deepspeed.get_accelerator()
+    check(acc is deepspeed.accelerator.get_accelerator(), "deepspeed.get_accelerator is deepspeed.accelerator's")
+    torch.manual_seed(0)
+    model = Mlp()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(0))
+    check(torch.device(acc.current_device_name()) == engine.device and acc.device_name() == engine.device.type
+          and acc.on_accelerator(next(engine.module.parameters())),
+          f"the accelerator names the engine's device ({acc.current_device_name()} vs {engine.device})")
+    check(acc.communication_backend_name() == ("nccl" if engine.device.type == "cuda" else "gloo")
+          and acc.is_available() and acc.total_memory() >= acc.available_memory() > 0
+          and acc.max_memory_allocated() >= acc.memory_allocated() > 0,
+          "the accelerator's backend name, and its memory figures ordered as they must be")
+    lines = io.StringIO()
+    handler = logging.StreamHandler(lines)
+    deepspeed.logger.addHandler(handler)
+    try:
+        deepspeed.utils.log_dist("to rank 1", ranks=[1])
+        deepspeed.utils.log_dist("to every rank", ranks=[-1])
+        deepspeed.utils.log_dist("to no rank")
+        see_memory_usage("not forced")
+        see_memory_usage("after initialize", force=True)
+    finally:
+        deepspeed.logger.removeHandler(handler)
+    got = lines.getvalue().splitlines()
+    r = dist.get_rank()
+    want = ([f"[Rank {r}] to rank 1"] if r == 1 else []) + [f"[Rank {r}] to every rank"]
+    memory = [line for line in got if line.startswith("after initialize")]
+    ok = [line for line in got if not line.startswith("after initialize")] == want
+    ok = ok and len(memory) == (1 if r == 0 else 0) and all("allocated" in m and "host RSS" in m for m in memory)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (ok, got))
+    check(all(o for o, _ in everyone), f"log_dist logs on the ranks asked, see_memory_usage on rank 0 when forced "
+          f"({[g for _, g in everyone]})")
+    loader = deepspeed.utils.RepeatingLoader([torch.tensor([i]) for i in range(3)])
+    check([int(next(loader)) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0], "RepeatingLoader starts its loader again")
+
+
 def test_zero_to_fp32():
     # A tied embedding and head: the checkpoint's fp32 state dict holds both
     # names; a plain model loads it and evaluates as the engine does.
@@ -468,7 +512,7 @@ def main():
     deepspeed.init_distributed()
     torch.set_num_threads(1)
     check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")
-    for test in (test_zero_init, test_gathered_parameters, test_gathered_parameters_under_init, test_dataloader,
+    for test in (test_zero_init, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
                  test_interrupted_forward, test_loader_and_contexts, test_errors, test_divergent_unit_order):
         try:
