@@ -24,7 +24,8 @@ from . import _C
 
 _UNIT_ATTR = "_zero_cpp_unit"  # the UnitMirror zero.Init made for a module
 _EXTERNAL_ATTR = "_zero_cpp_external_params"  # register_external_parameter's
-_BUILT_UNDER_INIT = weakref.WeakSet()  # modules zero.Init sharded (their UnitMirror under _UNIT_ATTR)
+_live_at_last_prune = 0
+_BUILT_UNDER_INIT = []  # weak references to the modules zero.Init sharded, in build order (a UnitMirror under _UNIT_ATTR each)
 EXTERNAL_PREFIX = "_zero_cpp_external_"
 
 
@@ -70,12 +71,18 @@ def unit_mirror_for_init(module):
     unit = _C.UnitMirror()
     unit.set_members(*members(module))
     object.__setattr__(module, _UNIT_ATTR, unit)
-    _BUILT_UNDER_INIT.add(module)
+    global _live_at_last_prune
+    if len(_BUILT_UNDER_INIT) > 2 * _live_at_last_prune + 64:  # dead references dropped now and then: amortised O(1)
+        _BUILT_UNDER_INIT[:] = [r for r in _BUILT_UNDER_INIT if r() is not None]
+        _live_at_last_prune = len(_BUILT_UNDER_INIT)
+    _BUILT_UNDER_INIT.append(weakref.ref(module))
     return unit
 
 
 def modules_built_under_init():
-    return list(_BUILT_UNDER_INIT)
+    """The live modules zero.Init sharded, in the order they were built (the
+    same on every rank, unlike a set's)."""
+    return [m for m in (r() for r in _BUILT_UNDER_INIT) if m is not None]
 
 
 class Mirror:

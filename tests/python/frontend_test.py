@@ -154,6 +154,21 @@ def test_gathered_parameters_under_init():
     check(bool((sd["out.weight"] == 0.5).all()), "GatheredParameters before initialize (zero.Init's shards): "
           "rank 0's initialisation is what the engine trains from")
 
+    # Every param at once (a pretrained state dict loaded on rank 0): the
+    # units are gathered in one order on every rank, whatever each process's
+    # hashing of its modules.
+    with deepspeed.zero.Init(config_dict_or_path=cfg):
+        torch.manual_seed(dist.get_rank())  # ranks draw apart; rank 0's load is what counts
+        model = nn.Sequential(*[nn.Linear(8 + i, 9 + i) for i in range(10)])
+    torch.manual_seed(7)
+    pretrained = nn.Sequential(*[nn.Linear(8 + i, 9 + i) for i in range(10)]).state_dict()
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
+        if dist.get_rank() == 0:
+            model.load_state_dict(pretrained)
+    sd = make(3, model).consolidated_fp32_state_dict()
+    check(all(torch.equal(sd[k], v) for k, v in pretrained.items()),
+          "GatheredParameters over every param of a model zero.Init built: rank 0's load reaches the engine")
+
 
 def test_dataloader():
     class Squares(torch.utils.data.Dataset):

@@ -244,14 +244,20 @@ class GatheredParameters:
 
 
 def _init_units_holding(params):
-    """The UnitMirrors zero.Init made that hold any of `params`."""
-    wanted = {id(p) for p in params}
-    found = []
+    """The UnitMirrors zero.Init made that hold any of `params`, in the order
+    of `params` (the same on every rank: each unit is gathered collectively)."""
+    unit_of = {}
     for module in modules_built_under_init():
-        if any(id(p) in wanted for p in module._parameters.values() if p is not None):
-            unit = getattr(module, _UNIT_ATTR)
-            if unit.sharded_at_init and all(u is not unit for u in found):
-                found.append(unit)
+        unit = getattr(module, _UNIT_ATTR)
+        if unit.sharded_at_init:
+            for p in module._parameters.values():
+                if p is not None:
+                    unit_of[id(p)] = unit
+    found = []
+    for p in params:
+        unit = unit_of.get(id(p))
+        if unit is not None and all(u is not unit for u in found):
+            found.append(unit)
     return found
 
 
