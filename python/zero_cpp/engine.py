@@ -157,7 +157,10 @@ class ZeroEngine(torch.nn.Module):
         return self._precision == "fp16"
 
     def gradient_clipping(self):
-        return float(self._config.get("gradient_clipping", 0.0))
+        # What the C++ engine clips at: its parser's value (1.0 when the key is
+        # absent, DeepSpeed 0.19.8's default too), not the dict's key.
+        import json
+        return float(json.loads(_C.parse_config(configs.to_json(self._config)))["gradient_clipping"])
 
     def steps_per_print(self):
         return self._config.get("steps_per_print", 10)

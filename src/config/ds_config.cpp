@@ -553,7 +553,11 @@ Config Config::from_json(const json& j) {
   top.unsupported_unless("sparse_gradients", false);
   top.unsupported_unless("dump_state", false);
   top.unsupported_unless("seq_parallel_communication_data_type", "fp32");
-  top.unsupported_unless("zero_force_ds_cpu_optimizer", true);
+  // DeepSpeed refuses a client optimizer with offload_optimizer unless this is
+  // false; here every optimizer runs as zero-cpp's own update wherever its
+  // state lives, so either value means the same.
+  top.get_bool("zero_force_ds_cpu_optimizer", true);
+  top.unsupported_unless("sequence_parallel_size", 1);
   top.unsupported_unless("gradient_allreduce_op", "mean");
   top.unsupported_unless("disable_allgather", false);
   top.unsupported_unless("managed_gradient_accumulation", true);

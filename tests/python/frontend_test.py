@@ -203,7 +203,11 @@ def test_accelerator_logging_and_loaders():
     check(acc is deepspeed.accelerator.get_accelerator(), "deepspeed.get_accelerator is deepspeed.accelerator's")
     torch.manual_seed(0)
     model = Mlp()
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(0))
+    cfg = config(0)
+    cfg.update(zero_force_ds_cpu_optimizer=False, sequence_parallel_size=1)  # DeepSpeed's keys, at values it allows
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    check(engine.gradient_clipping() == 1.0, f"no gradient_clipping key: the engine clips at DeepSpeed's default "
+          f"1.0 and says so ({engine.gradient_clipping()})")
     check(torch.device(acc.current_device_name()) == engine.device and acc.device_name() == engine.device.type
           and acc.on_accelerator(next(engine.module.parameters())),
           f"the accelerator names the engine's device ({acc.current_device_name()} vs {engine.device})")
