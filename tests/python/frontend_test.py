@@ -170,6 +170,53 @@ def test_gathered_parameters_under_init():
           "GatheredParameters over every param of a model zero.Init built: rank 0's load reaches the engine")
 
 
+def test_init_of_children_by_their_parents():
+    # What models do in their constructors after building their children:
+    # nanoGPT's and Hugging Face's self.apply(self._init_weights), torch's
+    # MultiheadAttention writing its out_proj's bias, TransformerEncoderLayer
+    # holding one. Under zero.Init the model is the one built without it on
+    # rank 0 (DeepSpeed gathers for Module.apply and keeps rank 0's values).
+    class GptLike(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(40, 16)
+            self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+            self.block = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+            self.fc = nn.Linear(16, 16)
+            self.head = nn.Linear(16, 40, bias=False)
+            self.apply(self._init_weights)
+
+        @staticmethod
+        def _init_weights(m):
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.constant_(m.bias, 0.125)
+
+        def forward(self, ids):
+            x = self.wte(ids)
+            x = self.block(x + self.attn(x, x, x, need_weights=False)[0])
+            return F.cross_entropy(self.head(torch.tanh(self.fc(x))).view(-1, 40), ids.view(-1))
+
+    torch.manual_seed(11)
+    reference = {k: v.clone() for k, v in GptLike().state_dict().items()}
+    with deepspeed.zero.Init(config_dict_or_path=config(3)):
+        torch.manual_seed(11 + dist.get_rank())  # the ranks draw apart: rank 0's draws are the model
+        if dist.get_rank() == 0:
+            torch.manual_seed(11)
+        model = GptLike()
+    engine = make(3, model)
+    sd = engine.consolidated_fp32_state_dict()
+    differ = [k for k, v in reference.items() if not torch.equal(sd[k], v)]
+    check(not differ, f"zero.Init of a model whose constructor initialises its children (apply, "
+          f"MultiheadAttention, TransformerEncoderLayer): rank 0's model unsharded (differ: {differ})")
+    ids = torch.arange(32).view(4, 8) % 40
+    loss = engine(ids)
+    engine.backward(loss)
+    engine.step()
+    check(loss.item() == loss.item(), "and it trains")
+
+
 def test_dataloader():
     class Squares(torch.utils.data.Dataset):
         def __len__(self):
@@ -531,7 +578,8 @@ def main():
     deepspeed.init_distributed()
     torch.set_num_threads(1)
     check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")
-    for test in (test_zero_init, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_dataloader,
+    for test in (test_zero_init, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_init_of_children_by_their_parents,
+                 test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
                  test_interrupted_forward, test_loader_and_contexts, test_errors, test_divergent_unit_order):
         try:

@@ -3,11 +3,19 @@
 `register_external_parameter`.
 
 `Init` is seed 003's zero::Init: each module that owns trainable params is
-sharded the moment its constructor returns -- flattened, synced from rank 0
+sharded once its constructor has returned -- flattened, synced from rank 0
 and cut to this rank's shard, in C++ -- so building a model peaks at about
 one module whole plus the shards. Modules are caught as DeepSpeed catches
 them: every nn.Module subclass's __init__ is wrapped while the context is
 open (classes defined inside it too).
+
+Constructors initialise the children they have just built: torch's
+MultiheadAttention writes its out_proj's bias, and most models end with
+`self.apply(self._init_weights)`. So a built module is sharded when the next
+module's construction begins (or the context closes), not at once: its
+parent may still write it. And `Module.apply` gathers each module's own
+params around the function while the context is open, keeping rank 0's
+values, as DeepSpeed's Init does.
 """
 import contextlib
 import functools
@@ -79,6 +87,7 @@ class Init:
         self._units_sharded = 0
         self._patched = []
         self._depth = {}
+        self._pending = []  # built, not yet sharded: their parent's constructor may still write them
         if module is not None and self._enabled:
             with self:
                 for m in reversed(list(module.modules())):  # inner modules first, as when built
@@ -107,6 +116,9 @@ class Init:
             return False
         _active.remove(self)
         self._unpatch()
+        if exc[0] is None:
+            self._shard_pending()
+        self._pending = []
         self._units_sharded = self._init.units_sharded
         self._init.close()
         self._init = None
@@ -135,6 +147,32 @@ class Init:
 
         torch.nn.Module.__init_subclass__ = init_subclass
         self._patched.append((torch.nn.Module, "__init_subclass__", original))
+        self._wrap_apply()
+
+    def _wrap_apply(self):
+        """Module.apply while the context is open: each module's own params
+        whole around `fn` (every rank runs it; rank 0's values are kept)."""
+        original = torch.nn.Module.apply
+        ctx = self
+
+        @functools.wraps(original)
+        def apply(module, fn):
+            if getattr(fn, "_zero_cpp_gathers", False):  # a child's apply within the outer one
+                return original(module, fn)
+            ctx._shard_pending()  # one state for every module: sharded, each gathered below
+
+            def gathered(m):
+                unit = getattr(m, _UNIT_ATTR, None)
+                if unit is None or not unit.sharded_at_init:
+                    return fn(m)
+                with GatheredParameters([p for p in m._parameters.values() if p is not None], modifier_rank=0):
+                    return fn(m)
+
+            gathered._zero_cpp_gathers = True
+            return original(module, gathered)
+
+        torch.nn.Module.apply = apply
+        self._patched.append((torch.nn.Module, "apply", original))
 
     def _wrap_init(self, cls):
         original = cls.__dict__.get("__init__")
@@ -145,6 +183,8 @@ class Init:
         @functools.wraps(original)
         def __init__(module, *args, **kwargs):
             depth = ctx._depth.get(id(module), 0)
+            if depth == 0 and ctx._init is not None:
+                ctx._shard_pending()  # a new module: the ones built before it are done with
             ctx._depth[id(module)] = depth + 1
             try:
                 original(module, *args, **kwargs)
@@ -169,11 +209,18 @@ class Init:
         self._patched = []
 
     def _built(self, module):
-        """A module's constructor returned: shard its own trainable params
-        (its children were sharded when they were built)."""
-        if getattr(module, _UNIT_ATTR, None) is not None or not owns_trainable_params(module):
-            return
-        self._init.shard(unit_mirror_for_init(module))
+        """A module's constructor returned: its own trainable params are
+        sharded when the next module's construction begins."""
+        if all(m is not module for m in self._pending):
+            self._pending.append(module)
+
+    def _shard_pending(self):
+        """Shard the built modules' own trainable params, in build order (the
+        same on every rank)."""
+        pending, self._pending = self._pending, []
+        for module in pending:
+            if getattr(module, _UNIT_ATTR, None) is None and owns_trainable_params(module):
+                self._init.shard(unit_mirror_for_init(module))
 
 
 @contextlib.contextmanager
@@ -181,6 +228,7 @@ def paused():
     """No module built inside is sharded (initialize() builds its own)."""
     saved = list(_active)
     for ctx in reversed(saved):  # innermost first: each restores what it found
+        ctx._shard_pending()
         ctx._unpatch()
     try:
         yield
