@@ -10,9 +10,11 @@ and stage 3's hooks (mirror.py), the optimizer and scheduler objects
 """
 import base64
 import contextlib
+import functools
 import os
 import pickle
 import warnings
+import weakref
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
@@ -92,6 +94,7 @@ class ZeroEngine(torch.nn.Module):
         self._mirror = Mirror(model, stage3=self._stage == 3, world=self._world)
         self._engine = _C.Engine(self._world, self._mirror.root, configs.to_json(self._config), cxx_groups)
         self._hooks = UnitHooks(self._mirror.units) if self._stage == 3 else None
+        _clear_engine_grads_with_module(model, self)
         self._aliases = _aliases(model)
         self.optimizer = optimizers.ZeroOptimizer(self, basic)
         self._fixed_settings = [{k: g[k] for k in ("betas", "eps", "momentum") if k in g} for g in basic.param_groups]
@@ -450,6 +453,25 @@ def _widen_16bit_params(model):
     if widened and distributed.world().rank == 0:
         warnings.warn(f"zero_cpp: {widened} trainable params were 16-bit; their fp32 master starts from their "
                       f"values (the config's bf16/fp16 block decides what the model computes in)")
+
+
+def _clear_engine_grads_with_module(model, engine):
+    """`model.zero_grad()` clears the grads the engine holds too. The grads
+    live in the engine's flat buffers, not in `param.grad`, and a loop that
+    clears them through the module (DeepSpeedExamples' GAN: netD.zero_grad(),
+    after G's backward ran through D) would otherwise carry them into the
+    next step -- unlike DDP and DeepSpeed's stage 0, which keep param.grad."""
+    module_zero_grad = model.zero_grad  # the class's, bound
+    engine_ref = weakref.ref(engine)
+
+    @functools.wraps(module_zero_grad)
+    def zero_grad(set_to_none=True):
+        module_zero_grad(set_to_none)
+        live = engine_ref()
+        if live is not None:
+            live._engine.zero_grad()
+
+    model.zero_grad = zero_grad  # on the instance: the class and other models keep torch's
 
 
 def _aliases(model):

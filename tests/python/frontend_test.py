@@ -217,6 +217,41 @@ def test_init_of_children_by_their_parents():
     check(loss.item() == loss.item(), "and it trains")
 
 
+def test_module_zero_grad_clears_the_engines_grads():
+    # DeepSpeedExamples' GAN: G's backward runs through D (output = netD(fake)),
+    # and the loop clears D's grads with netD.zero_grad() on the module, as
+    # under DDP and DeepSpeed's stage 0. Those grads must not reach D's next
+    # step: the oracle is the same steps with engD.zero_grad().
+    def run(clear_with_module):
+        torch.manual_seed(7)
+        net_g = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 6))
+        net_d = nn.Sequential(nn.Linear(6, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+        cfg = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 0}}
+        eng_d, _, _, _ = deepspeed.initialize(model=net_d, model_parameters=net_d.parameters(), config=cfg,
+                                              optimizer=torch.optim.Adam(net_d.parameters(), lr=2e-3))
+        eng_g, _, _, _ = deepspeed.initialize(model=net_g, model_parameters=net_g.parameters(), config=cfg,
+                                              optimizer=torch.optim.Adam(net_g.parameters(), lr=2e-3))
+        g = torch.Generator().manual_seed(100 + dist.get_rank())
+        losses = []
+        for _ in range(3):
+            (net_d if clear_with_module else eng_d).zero_grad()
+            real, noise = torch.randn(8, 6, generator=g), torch.randn(8, 4, generator=g)
+            fake = net_g(noise)
+            err_d = F.softplus(-net_d(real)).mean() + F.softplus(net_d(fake.detach())).mean()
+            eng_d.backward(err_d)
+            eng_d.step()
+            (net_g if clear_with_module else eng_g).zero_grad()
+            err_g = F.softplus(-net_d(fake)).mean()
+            eng_g.backward(err_g)
+            eng_g.step()
+            losses.append((err_d.item(), err_g.item()))
+        return losses
+
+    by_module, by_engine = run(True), run(False)
+    check(by_module == by_engine, f"module.zero_grad() clears the grads the engine holds, as engine.zero_grad() "
+          f"({by_module} vs {by_engine})")
+
+
 def test_dataloader():
     class Squares(torch.utils.data.Dataset):
         def __len__(self):
@@ -579,6 +614,7 @@ def main():
     torch.set_num_threads(1)
     check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")
     for test in (test_zero_init, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_init_of_children_by_their_parents,
+                 test_module_zero_grad_clears_the_engines_grads,
                  test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
                  test_interrupted_forward, test_loader_and_contexts, test_errors, test_divergent_unit_order):
