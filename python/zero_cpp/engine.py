@@ -94,7 +94,10 @@ class ZeroEngine(torch.nn.Module):
         self._mirror = Mirror(model, stage3=self._stage == 3, world=self._world)
         self._engine = _C.Engine(self._world, self._mirror.root, configs.to_json(self._config), cxx_groups)
         self._hooks = UnitHooks(self._mirror.units) if self._stage == 3 else None
+        self._in_forward = 0  # engine forwards running now (the model's forward inside them)
         _clear_engine_grads_with_module(model, self)
+        if self._stage == 3:
+            _route_direct_calls_through_engine(model, self)
         self._aliases = _aliases(model)
         self.optimizer = optimizers.ZeroOptimizer(self, basic)
         self._fixed_settings = [{k: g[k] for k in ("betas", "eps", "momentum") if k in g} for g in basic.param_groups]
@@ -206,6 +209,12 @@ class ZeroEngine(torch.nn.Module):
 
     # ---- training ----
     def forward(self, *inputs, **kwargs):
+        return self._forward_through_engine(lambda: self.module(*inputs, **kwargs))
+
+    def _forward_through_engine(self, call):
+        """`call()` (the model's forward) inside the C++ engine's forward: the
+        root's params gathered around it at stage 3, the units' order
+        recorded, the outputs hooked for backward."""
         result = None
         scope = self._hooks.scope if self._hooks is not None else None
 
@@ -213,13 +222,16 @@ class ZeroEngine(torch.nn.Module):
             nonlocal result
             if scope is not None:
                 scope.begin()
+            self._in_forward += 1
             try:
-                result = self.module(*inputs, **kwargs)
+                result = call()
             except BaseException:
                 if scope is not None:
                     scope.end([])
                     self._hooks.abort()
                 raise
+            finally:
+                self._in_forward -= 1
             outputs = tensors_in(result)
             if scope is not None:
                 scope.end(outputs)  # units read from outside their forward: hooked on these outputs
@@ -455,23 +467,62 @@ def _widen_16bit_params(model):
                       f"values (the config's bf16/fp16 block decides what the model computes in)")
 
 
+class _EngineMethod:
+    """Stands in, as an instance attribute, for one of the model's own
+    methods while an engine trains it: `body(engine, method, *args)` runs in
+    its place. A copy of the model (copy.deepcopy, pickle: a reference model
+    copied from the one trained) gets its class's plain method back, so a
+    copy never reaches this engine; so does the model once the engine is
+    gone."""
+
+    def __init__(self, model, name, engine, body):
+        functools.update_wrapper(self, getattr(model, name))  # the signature inspect and Hugging Face read
+        self._model = weakref.ref(model)
+        self._name = name
+        self._engine = weakref.ref(engine)
+        self._body = body
+
+    def __call__(self, *args, **kwargs):
+        model, engine = self._model(), self._engine()
+        method = _class_method(model, self._name)
+        return method(*args, **kwargs) if engine is None else self._body(engine, method, *args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        return _class_method(memo.get(id(self._model()), self._model()), self._name)
+
+    def __reduce__(self):
+        return _class_method, (self._model(), self._name)
+
+
+def _class_method(model, name):
+    return getattr(type(model), name).__get__(model)
+
+
 def _clear_engine_grads_with_module(model, engine):
     """`model.zero_grad()` clears the grads the engine holds too. The grads
     live in the engine's flat buffers, not in `param.grad`, and a loop that
     clears them through the module (DeepSpeedExamples' GAN: netD.zero_grad(),
     after G's backward ran through D) would otherwise carry them into the
     next step -- unlike DDP and DeepSpeed's stage 0, which keep param.grad."""
-    module_zero_grad = model.zero_grad  # the class's, bound
-    engine_ref = weakref.ref(engine)
+    def zero_grad(live, module_zero_grad, *args, **kwargs):
+        module_zero_grad(*args, **kwargs)
+        live._engine.zero_grad()
 
-    @functools.wraps(module_zero_grad)
-    def zero_grad(set_to_none=True):
-        module_zero_grad(set_to_none)
-        live = engine_ref()
-        if live is not None:
-            live._engine.zero_grad()
+    model.zero_grad = _EngineMethod(model, "zero_grad", engine, zero_grad)
 
-    model.zero_grad = zero_grad  # on the instance: the class and other models keep torch's
+
+def _route_direct_calls_through_engine(model, engine):
+    """Stage 3: `engine.module(x)` called directly -- generation and
+    evaluation helpers do, Hugging Face's generate among them -- runs inside
+    the engine's forward as `engine(x)` does, so the root's own params and
+    tied weights, which only the engine's forward gathers, are whole there
+    (DeepSpeed hooks the root module itself)."""
+    def forward(live, module_forward, *args, **kwargs):
+        if live._in_forward:  # the engine's own call of the model
+            return module_forward(*args, **kwargs)
+        return live._forward_through_engine(lambda: module_forward(*args, **kwargs))
+
+    model.forward = _EngineMethod(model, "forward", engine, forward)
 
 
 def _aliases(model):

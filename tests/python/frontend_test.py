@@ -252,6 +252,56 @@ def test_module_zero_grad_clears_the_engines_grads():
           f"({by_module} vs {by_engine})")
 
 
+def test_module_called_directly_at_stage3():
+    # Generation and evaluation helpers call the wrapped model itself
+    # (engine.module(x), Hugging Face's generate): the root's own params and
+    # a tied embedding and head, which the engine's forward gathers, must be
+    # whole there too. The oracle: the same calls through the engine.
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(20, 8)
+            self.proj = nn.Linear(8, 8)
+            self.head = nn.Linear(8, 20)
+            self.emb.weight = self.head.weight  # tied
+            self.temp = nn.Parameter(torch.full((1,), 0.9))  # the root's own
+
+        def forward(self, ids):
+            return self.head(torch.tanh(self.proj(self.emb(ids)))) / self.temp
+
+    ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]])
+    torch.manual_seed(0)
+    engine = make(3, Tiny())
+    for _ in range(2):
+        loss = F.cross_entropy(engine(ids).view(-1, 20), ids.roll(1, 1).view(-1))
+        engine.backward(loss)
+        engine.step()
+    engine.eval()
+    with torch.no_grad():
+        direct, through = engine.module(ids), engine(ids)
+    engine.train()
+    loss = F.cross_entropy(engine(ids).view(-1, 20), ids.roll(1, 1).view(-1))
+    engine.backward(loss)
+    engine.step()
+    check(torch.equal(direct, through) and loss.item() == loss.item(),
+          "stage 3: engine.module(x) called directly gathers the root's params and tied weights, as engine(x)")
+    import copy
+    import inspect
+    import pickle
+    plain = nn.Linear(3, 2)
+    stage1 = make(1, nn.Sequential(plain))
+    twin = copy.deepcopy(stage1.module)
+    loaded = pickle.loads(pickle.dumps(stage1.module))
+    stage1.backward(stage1(torch.ones(4, 3)).sum())
+    twin.zero_grad()
+    loaded.zero_grad()
+    stage1.step()
+    check(stage1.get_global_grad_norm() not in (None, 0.0) and torch.equal(twin(torch.ones(1, 3)), loaded(torch.ones(1, 3)))
+          and list(inspect.signature(stage1.module.forward).parameters) == ["input"],
+          "a deep copy or a pickle of the trained model is a plain model: its zero_grad leaves the engine's grads, "
+          "its forward runs itself; the wrapped forward keeps its signature")
+
+
 def test_dataloader():
     class Squares(torch.utils.data.Dataset):
         def __len__(self):
@@ -614,7 +664,7 @@ def main():
     torch.set_num_threads(1)
     check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")
     for test in (test_zero_init, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_init_of_children_by_their_parents,
-                 test_module_zero_grad_clears_the_engines_grads,
+                 test_module_zero_grad_clears_the_engines_grads, test_module_called_directly_at_stage3,
                  test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
                  test_interrupted_forward, test_loader_and_contexts, test_errors, test_divergent_unit_order):
