@@ -23,7 +23,7 @@ from . import _C
 from . import config as configs
 from . import distributed
 from . import optimizer as optimizers
-from .mirror import EXTERNAL_PREFIX, Mirror, UnitHooks, tensors_in
+from .mirror import EXTERNAL_PREFIX, Mirror, UnitHooks, mark_partitioned, tensors_in
 
 _ENGINES = []  # weak references to the live engines (zero.GatheredParameters finds a param's engine)
 
@@ -94,6 +94,8 @@ class ZeroEngine(torch.nn.Module):
         self._mirror = Mirror(model, stage3=self._stage == 3, world=self._world)
         self._engine = _C.Engine(self._world, self._mirror.root, configs.to_json(self._config), cxx_groups)
         self._hooks = UnitHooks(self._mirror.units) if self._stage == 3 else None
+        if self._stage == 3:
+            mark_partitioned(model.parameters())
         self._in_forward = 0  # engine forwards running now (the model's forward inside them)
         _clear_engine_grads_with_module(model, self)
         if self._stage == 3:

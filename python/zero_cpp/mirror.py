@@ -14,6 +14,8 @@ order within stage3_prefetch_bucket_size / stage3_max_live_parameters and
 keeps units reused within stage3_max_reuse_distance, as the C++ API does.
 """
 import dataclasses
+import enum
+import itertools
 import os
 import time
 import weakref
@@ -27,6 +29,36 @@ _EXTERNAL_ATTR = "_zero_cpp_external_params"  # register_external_parameter's
 _live_at_last_prune = 0
 _BUILT_UNDER_INIT = []  # weak references to the modules zero.Init sharded, in build order (a UnitMirror under _UNIT_ATTR each)
 EXTERNAL_PREFIX = "_zero_cpp_external_"
+
+
+class ZeroParamStatus(enum.Enum):
+    """DeepSpeed's: whether a stage-3 param is whole here (`param.ds_status`)."""
+    AVAILABLE = 1  # whole (inside GatheredParameters)
+    NOT_AVAILABLE = 2  # only this rank's shard (at rest)
+    INFLIGHT = 3  # being gathered (DeepSpeed's prefetch; not reported here)
+
+
+_next_ds_id = itertools.count()
+
+
+def mark_partitioned(params):
+    """DeepSpeed's marks of a stage-3 param, which scripts test before reading
+    one (`hasattr(p, "ds_id")`, LLaVA's maybe_zero_3): ds_id, ds_numel,
+    ds_shape, and ds_status -- NOT_AVAILABLE at rest, AVAILABLE inside
+    GatheredParameters; the engine's own gathers for forward and backward
+    are not reported."""
+    for p in params:
+        if not hasattr(p, "ds_id"):
+            p.ds_id = next(_next_ds_id)
+        p.ds_numel = p.numel()  # metadata only: the released storage is not touched
+        p.ds_shape = p.shape
+        p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+
+
+def set_status(params, status):
+    for p in params:
+        if hasattr(p, "ds_id"):
+            p.ds_status = status
 
 
 def owns_trainable_params(module):
@@ -69,7 +101,9 @@ def unit_mirror_for_init(module):
     """zero.Init: the UnitMirror a just-built module is sharded through,
     holding its own (direct) members; kept on the module for the engine."""
     unit = _C.UnitMirror()
-    unit.set_members(*members(module))
+    params, buffers = members(module)
+    unit.set_members(params, buffers)
+    mark_partitioned(p for _, p in params)
     object.__setattr__(module, _UNIT_ATTR, unit)
     global _live_at_last_prune
     if len(_BUILT_UNDER_INIT) > 2 * _live_at_last_prune + 64:  # dead references dropped now and then: amortised O(1)

@@ -302,6 +302,41 @@ def test_module_called_directly_at_stage3():
           "its forward runs itself; the wrapped forward keeps its signature")
 
 
+def test_stage3_params_say_they_are_partitioned():
+    # LLaVA's and FastChat's maybe_zero_3, DeepSpeed-Chat's save helpers:
+    # `hasattr(p, "ds_id")` decides whether to gather before reading a param.
+    from zero_cpp.runtime.zero.partition_parameters import ZeroParamStatus
+
+    def maybe_zero_3(param):
+        if hasattr(param, "ds_id"):
+            with deepspeed.zero.GatheredParameters([param]):
+                return param.data.detach().cpu().clone()
+        return param.detach().cpu().clone()
+
+    with deepspeed.zero.Init(config_dict_or_path=config(3)):
+        torch.manual_seed(0)
+        built = Mlp()
+    check(all(hasattr(p, "ds_id") for p in built.parameters()), "zero.Init's params carry ds_id")
+    engine = make(3)
+    train(engine, 1)
+    params = list(engine.module.named_parameters())
+    ids = [p.ds_id for _, p in params]
+    statuses = {p.ds_status for _, p in params}
+    check(len(set(ids)) == len(ids) and all(p.ds_numel == p.numel() and tuple(p.ds_shape) == tuple(p.shape)
+                                           for _, p in params) and statuses == {ZeroParamStatus.NOT_AVAILABLE},
+          f"stage 3: every param has its own ds_id, ds_numel, ds_shape, and ds_status NOT_AVAILABLE at rest "
+          f"({statuses})")
+    w = params[0][1]
+    with deepspeed.zero.GatheredParameters([w]):
+        inside = w.ds_status
+    check(inside == ZeroParamStatus.AVAILABLE and w.ds_status == ZeroParamStatus.NOT_AVAILABLE,
+          "ds_status AVAILABLE inside GatheredParameters, NOT_AVAILABLE after")
+    sd = engine.consolidated_fp32_state_dict()
+    check(all(torch.equal(maybe_zero_3(p), sd[n]) for n, p in params),
+          "a maybe_zero_3 helper reads every full param (fp32)")
+    check(not any(hasattr(p, "ds_id") for p in make(2).module.parameters()), "below stage 3 no param has ds_id")
+
+
 def test_dataloader():
     class Squares(torch.utils.data.Dataset):
         def __len__(self):
@@ -665,6 +700,7 @@ def main():
     check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")
     for test in (test_zero_init, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_init_of_children_by_their_parents,
                  test_module_zero_grad_clears_the_engines_grads, test_module_called_directly_at_stage3,
+                 test_stage3_params_say_they_are_partitioned,
                  test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
                  test_interrupted_forward, test_loader_and_contexts, test_errors, test_divergent_unit_order):

@@ -26,7 +26,8 @@ import torch
 from .. import _C
 from .. import config as configs
 from .. import distributed
-from ..mirror import _EXTERNAL_ATTR, _UNIT_ATTR, modules_built_under_init, owns_trainable_params, unit_mirror_for_init
+from ..mirror import (_EXTERNAL_ATTR, _UNIT_ATTR, ZeroParamStatus, modules_built_under_init,  # noqa: F401
+                      owns_trainable_params, set_status, unit_mirror_for_init)
 
 _active = []  # open Init contexts, innermost last
 
@@ -262,6 +263,7 @@ class GatheredParameters:
         engine = engine_of(self._params[0])
         if engine is not None:
             self._scope = _C.GatheredParameters(engine._engine, self._params, self._modifier_rank)
+            set_status(self._params, ZeroParamStatus.AVAILABLE)
             return self
         # Built under zero.Init, before initialize(): gathered from the units
         # zero.Init sharded, re-sharded (with modifier_rank's values) after.
@@ -269,12 +271,14 @@ class GatheredParameters:
         world = distributed.world() if (self._init_units or self._modifier_rank is not None) else None
         for unit in self._init_units:
             _C.gather_init_unit(unit, world)
+        set_status(self._params, ZeroParamStatus.AVAILABLE)
         return self
 
     def __exit__(self, exc_type, exc, tb):
         if not self._enabled:
             return False
         ok = exc_type is None
+        set_status(self._params, ZeroParamStatus.NOT_AVAILABLE)
         if self._scope is not None:
             self._scope.end(ok)
             self._scope = None
