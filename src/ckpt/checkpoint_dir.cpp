@@ -44,7 +44,16 @@ CheckpointReader::CheckpointReader(const std::string& dir, const std::string& ta
   path_ = dir + "/" + resolve_tag(dir, tag);
   const std::string mpath = path_ + "/manifest.json";
   std::ifstream f(mpath);
-  if (!f) throw std::runtime_error("checkpoint " + path_ + " has no manifest.json (not a finished save?)");
+  if (!f) {
+    std::error_code ec;
+    if (std::filesystem::exists(path_ + "/mp_rank_00_model_states.pt", ec))
+      throw std::runtime_error(
+          "checkpoint " + path_ + " was written by DeepSpeed (mp_rank_00_model_states.pt), not by zero-cpp, whose "
+          "format it cannot read: consolidate it with DeepSpeed's zero_to_fp32 (get_fp32_state_dict_from_zero_"
+          "checkpoint, or the zero_to_fp32.py it saved beside it) and load that state dict into the model before "
+          "initialize (or with the C++ engine's load_weights)");
+    throw std::runtime_error("checkpoint " + path_ + " has no manifest.json (not a finished save?)");
+  }
   json j;
   try {
     f >> j;

@@ -635,6 +635,14 @@ def test_errors():
                                                    config=config(2)),
                       deepspeed.DeepSpeedConfigError, "inp.weight")
     check(ok, f"trainable params left out of model_parameters are named ({said})")
+    ds_dir = os.path.join(TMP, f"deepspeed-ckpt-{dist.get_rank()}")  # DeepSpeed's layout, one per rank
+    os.makedirs(os.path.join(ds_dir, "global_step6"), exist_ok=True)
+    with open(os.path.join(ds_dir, "latest"), "w") as f:
+        f.write("global_step6")
+    torch.save({"module": {}}, os.path.join(ds_dir, "global_step6", "mp_rank_00_model_states.pt"))
+    engine = make(1)
+    ok, said = raises(lambda: engine.load_checkpoint(ds_dir), RuntimeError, "written by DeepSpeed")
+    check(ok, f"a checkpoint DeepSpeed wrote is named as such, with what to do ({said})")
     bad = config(2)
     bad["zero_optimization"]["stage3_prefetch_bucket_sizes"] = 5
     ok, said = raises(lambda: deepspeed.initialize(model=model, model_parameters=model.parameters(), config=bad),
