@@ -419,6 +419,8 @@ class ZeroEngine(torch.nn.Module):
             "aliases": self._aliases}))
         if not save_latest and self.global_rank == 0:
             _write_latest(save_dir, previous)
+        if self.global_rank == 0:
+            _write_zero_to_fp32_script(save_dir)
         return True
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
@@ -580,6 +582,35 @@ def _read_latest(save_dir):
             return f.read()
     except OSError:
         return None
+
+
+_ZERO_TO_FP32_SCRIPT = '''#!/usr/bin/env python
+"""Written by zero_cpp's save_checkpoint beside its checkpoints, as DeepSpeed
+writes its own: their fp32 weights, consolidated into one state dict.
+
+    python zero_to_fp32.py . OUTPUT_DIR [-t TAG] [--safe_serialization]
+"""
+from zero_cpp.utils.zero_to_fp32 import main
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def _write_zero_to_fp32_script(save_dir):
+    """DeepSpeed's docs tell users to run the zero_to_fp32.py its saves leave
+    in the checkpoint directory: this one runs zero_cpp's (published whole,
+    by a rename)."""
+    path = os.path.join(save_dir, "zero_to_fp32.py")
+    with contextlib.suppress(OSError):
+        with open(path) as f:
+            if f.read() == _ZERO_TO_FP32_SCRIPT:
+                return
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(_ZERO_TO_FP32_SCRIPT)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)
 
 
 def _write_latest(save_dir, previous):

@@ -443,6 +443,14 @@ def test_zero_to_fp32():
         a, b = engine(idx).item(), plain(idx).item()
     engine.train()
     check(abs(a - b) <= 1e-6 * abs(b), f"a plain model loaded from it evaluates as the engine ({a:.6f} vs {b:.6f})")
+    if dist.get_rank() == 0:  # DeepSpeed's docs: `python zero_to_fp32.py . OUT` in the checkpoint directory
+        import subprocess
+        out = os.path.join(TMP, "tied-fp32")
+        run = subprocess.run([sys.executable, "zero_to_fp32.py", ".", out], cwd=path, capture_output=True, text=True)
+        script = torch.load(os.path.join(out, "pytorch_model.bin")) if run.returncode == 0 else {}
+        check(set(script) == set(sd) and all(torch.equal(script[k], sd[k]) for k in sd),
+              f"the zero_to_fp32.py save_checkpoint writes beside the checkpoints consolidates them "
+              f"({run.returncode}: {run.stderr[-300:]})")
     engine.save_16bit_model(os.path.join(TMP, "sixteen"))
     if dist.get_rank() == 0:
         saved = torch.load(os.path.join(TMP, "sixteen", "pytorch_model.bin"))
