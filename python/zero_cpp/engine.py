@@ -167,8 +167,7 @@ class ZeroEngine(torch.nn.Module):
     def gradient_clipping(self):
         # What the C++ engine clips at: its parser's value (1.0 when the key is
         # absent, DeepSpeed 0.19.8's default too), not the dict's key.
-        import json
-        return float(json.loads(_C.parse_config(configs.to_json(self._config)))["gradient_clipping"])
+        return float(self._resolved()["gradient_clipping"])
 
     def steps_per_print(self):
         return self._config.get("steps_per_print", 10)
@@ -201,6 +200,23 @@ class ZeroEngine(torch.nn.Module):
 
     def get_lr(self):
         return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_mom(self):
+        """Each group's betas (Adam-like) or momentum (SGD), as DeepSpeed's."""
+        return [g["betas"] if "betas" in g else g.get("momentum") for g in self.optimizer.param_groups]
+
+    def _resolved(self):
+        import json
+        return json.loads(_C.parse_config(configs.to_json(self._config)))
+
+    def zero_offload_optimizer(self):
+        return self._resolved()["zero_optimization"]["offload_optimizer"]["device"] != "none"
+
+    def zero_offload_param(self):
+        return self._resolved()["zero_optimization"]["offload_param"]["device"] != "none"
+
+    def wall_clock_breakdown(self):
+        return bool(self._resolved()["wall_clock_breakdown"])
 
     def get_global_grad_norm(self):
         norm = self._engine.last_grad_norm

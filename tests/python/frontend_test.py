@@ -375,6 +375,12 @@ def test_accelerator_logging_and_loaders():
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     check(engine.gradient_clipping() == 1.0, f"no gradient_clipping key: the engine clips at DeepSpeed's default "
           f"1.0 and says so ({engine.gradient_clipping()})")
+    offloaded = make(2, offload_optimizer={"device": "cpu"})
+    check(not engine.zero_offload_optimizer() and offloaded.zero_offload_optimizer()
+          and not offloaded.zero_offload_param() and not engine.wall_clock_breakdown()
+          and engine.get_mom() == [engine.optimizer.param_groups[0]["betas"]],
+          f"the engine's config accessors (zero_offload_optimizer, zero_offload_param, wall_clock_breakdown, "
+          f"get_mom: {engine.get_mom()})")
     check(torch.device(acc.current_device_name()) == engine.device and acc.device_name() == engine.device.type
           and acc.on_accelerator(next(engine.module.parameters())),
           f"the accelerator names the engine's device ({acc.current_device_name()} vs {engine.device})")
