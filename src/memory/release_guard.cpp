@@ -30,6 +30,7 @@ Region* g_retired[kRetired];
 size_t g_next_retired = 0;
 bool g_installed = false;
 struct sigaction g_previous;
+std::atomic<const char*> g_note{nullptr};  // set_released_access_note's, never freed
 
 void say(const char* s) {
   size_t n = std::strlen(s);
@@ -67,6 +68,10 @@ void on_segv(int sig, siginfo_t* info, void* ctx) {
     say(what);
     say(" was read or written while released: ");
     say(r->advice.c_str());
+    if (const char* note = g_note.load(std::memory_order_acquire)) {
+      say(" ");
+      say(note);
+    }
     say("\n");
     signal(sig, SIG_DFL);  // returning re-runs the access, which now ends the process
     return;
@@ -86,6 +91,11 @@ void install_once() {
 }
 
 }  // namespace
+
+void set_released_access_note(std::string note) {
+  // Leaked on purpose: the signal handler may read it at any time, to the end.
+  g_note.store((new std::string(std::move(note)))->c_str(), std::memory_order_release);
+}
 
 int register_released_region(const void* base, size_t bytes, std::vector<NamedRange> ranges, std::string advice) {
   install_once();

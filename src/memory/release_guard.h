@@ -26,4 +26,10 @@ struct NamedRange {
 int register_released_region(const void* base, size_t bytes, std::vector<NamedRange> ranges, std::string advice);
 void unregister_released_region(int id);
 
+// A note printed after every region's advice: a front end naming its own
+// API (the Python package names deepspeed.zero.GatheredParameters where
+// the advice names the C++ engine's). Set once, before training; the text
+// is kept for the life of the process.
+void set_released_access_note(std::string note);
+
 }  // namespace zero::memory

@@ -23,6 +23,7 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/safetensors.h"
 #include "common/libstdcxx_binding.h"
+#include "memory/release_guard.h"
 #include "optim/lr_schedule.h"
 #include "partition/flat_group.h"
 #include "python/module_mirror.h"
@@ -207,6 +208,13 @@ py::dict read_checkpoint(const std::string& dir, const std::string& tag) {
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
+  // A released param read from Python: the stop message names the Python
+  // API after the C++ engine's advice.
+  memory::set_released_access_note(
+      "From Python (zero_cpp): read or change full params inside deepspeed.zero.GatheredParameters(params), "
+      "and .clone() what you keep from it (a view, and on the host p.data.cpu(), is released with the param); "
+      "take the whole model with engine.consolidated_fp32_state_dict() or engine.save_16bit_model(dir); call "
+      "the model as engine(x) or engine.module(x).");
   m.doc() = "zero-cpp's C++ engine, for the zero_cpp package (DeepSpeed's API over it)";
 
   // ---- the job ----

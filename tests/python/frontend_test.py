@@ -649,6 +649,23 @@ def test_errors():
                                                    config=config(2)),
                       deepspeed.DeepSpeedConfigError, "inp.weight")
     check(ok, f"trainable params left out of model_parameters are named ({said})")
+    if dist.get_rank() == 0:  # a released param read from Python: the message names the Python API
+        import subprocess
+        script = ("import torch, torch.nn as nn, zero_cpp as ds\n"
+                  "m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))\n"
+                  "cfg = {'train_micro_batch_size_per_gpu': 2, 'optimizer': {'type': 'SGD', 'params': {'lr': 0.1}}, "
+                  "'zero_optimization': {'stage': 3, "
+                  "'stage3_param_persistence_threshold': 0}}\n"
+                  "e, *_ = ds.initialize(model=m, model_parameters=m.parameters(), config=cfg)\n"
+                  "e.backward(e(torch.ones(2, 8)).sum()); e.step()\n"
+                  "print(float(m[0].weight.sum()))\n")
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                                                "MASTER_ADDR", "MASTER_PORT")}
+        run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        check(run.returncode != 0 and "'0.weight'" in run.stderr and "deepspeed.zero.GatheredParameters" in run.stderr
+              and "consolidated_fp32_state_dict" in run.stderr,
+              f"a released param read from Python stops the process naming it and the Python API to use "
+              f"({run.returncode}: {run.stderr.strip()[-400:]})")
     ds_dir = os.path.join(TMP, f"deepspeed-ckpt-{dist.get_rank()}")  # DeepSpeed's layout, one per rank
     os.makedirs(os.path.join(ds_dir, "global_step6"), exist_ok=True)
     with open(os.path.join(ds_dir, "latest"), "w") as f:
