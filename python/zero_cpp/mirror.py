@@ -5,7 +5,8 @@ module a C++ module registering the same tensors under the same names, so
 the engine's param names are the Python ones (checkpoints load from either
 front end). At stage 3 the units are chosen as DeepSpeed chooses them:
 every module, the root excepted, that owns trainable params directly is a
-unit holding those params (units nest: an outer unit holds only its own);
+unit holding those params (units nest: an outer unit holds only its own),
+and a z3 leaf module (set_z3_leaf_modules) one unit with all under it;
 a param registered in two modules (tied weights) belongs to the root, which
 is gathered around the whole engine forward. Each unit's forward hooks tell
 the C++ runtime when it runs (gather before, release after, outputs hooked
@@ -129,12 +130,16 @@ class Mirror:
         self._world = world
         self.root = self._mirror(model, is_root=True)
 
-    def _mirror(self, module, is_root):
+    def _mirror(self, module, is_root, in_leaf=False):
         key = id(module)
         if key in self._memo:
             return self._memo[key]
         made_at_init = getattr(module, _UNIT_ATTR, None)
-        is_unit = self._stage3 and not is_root and owns_trainable_params(module)
+        # A z3 leaf (set_z3_leaf_modules) is one unit with all under it: the
+        # unit holds what no unit inside it holds, and nothing inside is one.
+        leaf = not in_leaf and getattr(module, "_z3_leaf", False)
+        owns = any(p.requires_grad for p in module.parameters()) if leaf else owns_trainable_params(module)
+        is_unit = self._stage3 and not is_root and not in_leaf and owns
         if is_unit:
             m = made_at_init if made_at_init is not None else _C.UnitMirror()
             self.units.append((module, m))
@@ -148,7 +153,7 @@ class Mirror:
         self._memo[key] = m
         for name, child in module._modules.items():
             if child is not None:
-                m.add_child(name, self._mirror(child, is_root=False))
+                m.add_child(name, self._mirror(child, is_root=False, in_leaf=in_leaf or leaf))
         return m
 
 

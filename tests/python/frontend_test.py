@@ -337,6 +337,64 @@ def test_stage3_params_say_they_are_partitioned():
     check(not any(hasattr(p, "ds_id") for p in make(2).module.parameters()), "below stage 3 no param has ds_id")
 
 
+def test_z3_leaf_modules():
+    # A mixture-of-experts block whose experts each rank runs in its own
+    # data-dependent order: per-expert units would gather apart on the
+    # ranks. Marked a leaf (set_z3_leaf_modules) it is one unit; its losses
+    # are stage 0's.
+    class Moe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(8, 3)
+            self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+            self.scale = nn.Parameter(torch.full((8,), 0.5))  # the block's own, beside its children's
+
+        def forward(self, x):
+            choice = self.gate(x).argmax(-1)
+            out = torch.zeros_like(x)
+            for e in sorted(set(choice.tolist()), reverse=dist.get_rank() == 1):  # data-dependent, rank-dependent
+                mask = choice == e
+                out[mask] = self.experts[e](x[mask])
+            return out * self.scale
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = nn.Linear(4, 8)
+            self.moe = Moe()
+            self.out = nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.out(torch.tanh(self.moe(torch.tanh(self.inp(x))))).pow(2).mean()
+
+    def losses(stage, leaf, under_init=False):
+        torch.manual_seed(3)
+        if under_init:
+            with deepspeed.zero.Init(config_dict_or_path=config(3)):
+                model = Net()
+        else:
+            model = Net()
+        if leaf:
+            marked = deepspeed.utils.set_z3_leaf_modules(model, [Moe])
+            assert marked == [model.moe] and deepspeed.utils.get_z3_leaf_modules(model) == [model.moe]
+        engine = make(stage, model)
+        g = torch.Generator().manual_seed(20 + dist.get_rank())
+        out = []
+        for _ in range(3):
+            loss = engine(torch.randn(16, 4, generator=g))
+            engine.backward(loss)
+            engine.step()
+            out.append(loss.item())
+        return out
+
+    want, got, built = losses(0, False), losses(3, True), losses(3, True, under_init=True)
+    check(max(abs(a - b) for a, b in zip(want, got)) <= 1e-6 * max(map(abs, want)),
+          f"set_z3_leaf_modules: an MoE block run in a different expert order per rank trains at stage 3 as one "
+          f"unit, as at stage 0 ({got} vs {want})")
+    check(max(abs(a - b) for a, b in zip(want, built)) <= 1e-6 * max(map(abs, want)),
+          f"and so when zero.Init built it ({built} vs {want})")
+
+
 def test_dataloader():
     class Squares(torch.utils.data.Dataset):
         def __len__(self):
@@ -739,7 +797,7 @@ def main():
     check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")
     for test in (test_zero_init, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_init_of_children_by_their_parents,
                  test_module_zero_grad_clears_the_engines_grads, test_module_called_directly_at_stage3,
-                 test_stage3_params_say_they_are_partitioned,
+                 test_stage3_params_say_they_are_partitioned, test_z3_leaf_modules,
                  test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
                  test_interrupted_forward, test_loader_and_contexts, test_errors, test_divergent_unit_order):

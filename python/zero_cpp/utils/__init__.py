@@ -1,5 +1,6 @@
 """DeepSpeed's `deepspeed.utils`: the checkpoint readers (zero_to_fp32),
-one param's full state (param_access), the logger, RepeatingLoader."""
+one param's full state (param_access), the logger, RepeatingLoader, z3
+leaf modules."""
 from . import zero_to_fp32  # noqa: F401
 from .zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # noqa: F401
 from .param_access import (  # noqa: F401
@@ -8,3 +9,5 @@ from .param_access import (  # noqa: F401
     safe_set_local_fp32_param, safe_set_local_optimizer_state)
 from .logging import log_dist, log_dist_once, logger, set_log_level_from_string  # noqa: F401
 from ..runtime.dataloader import RepeatingLoader  # noqa: F401
+from .z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_module, set_z3_leaf_modules,  # noqa: F401
+                             unset_z3_leaf_modules, z3_leaf_module)
