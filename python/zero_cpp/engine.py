@@ -297,6 +297,7 @@ class ZeroEngine(torch.nn.Module):
             self._step_applied = bool(self.optimizer.step())
         finally:
             self.optimizer._stepping = False
+        self.optimizer.overflow = not self._step_applied  # DeepSpeed's: this boundary's step was skipped
         # A torch LR scheduler checks its optimizer stepped before it does.
         self.optimizer.basic_optimizer._opt_called = True
         if self._step_applied and self.lr_scheduler is not None:

@@ -155,6 +155,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.defaults = basic.defaults
         self.state = basic.state
         self._stepping = False
+        self.overflow = False  # DeepSpeed's: the last boundary's step was skipped (fp16 overflow)
         self._optimizer_step_pre_hooks = {}
         self._optimizer_step_post_hooks = {}
         self._optimizer_state_dict_pre_hooks = {}

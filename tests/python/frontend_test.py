@@ -611,6 +611,19 @@ def test_group_settings_and_step_flags():
         e.step()
         applied.append(e.was_step_applied())
     check(applied == [False, True, False, True], f"was_step_applied at each micro-step: {applied}")
+    # optimizer.overflow (fp16 loops test it): the last step skipped by an overflow, as skipped_steps counts.
+    torch.manual_seed(0)
+    model = Mlp()
+    cfg = config(2)
+    cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    e, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    seen = []
+    for scale in (1.0, 1e30, 1.0):
+        before = e.skipped_steps
+        e.backward(e(*data(0, e)) * scale)
+        e.step()
+        seen.append((opt.overflow, e.skipped_steps - before))
+    check(seen == [(False, 0), (True, 1), (False, 0)], f"optimizer.overflow says the step was skipped ({seen})")
 
 
 def test_interrupted_forward():
