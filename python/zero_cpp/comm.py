@@ -32,5 +32,20 @@ def barrier(group=None, async_op=False, device_ids=None):
     return _dist.barrier(group=group, async_op=async_op)
 
 
+def get_world_group():
+    return _dist.group.WORLD
+
+
+def get_all_ranks_from_group(group=None):
+    return _dist.get_process_group_ranks(group or _dist.group.WORLD)
+
+
+def log_summary(show_straggler=False, return_dict=False):
+    """DeepSpeed prints its comms logger's table here. zero_cpp has no comms
+    logger (the ds_config's comms_logger block is refused); the engine's own
+    collectives are counted by engine.comm_counts(). Nothing to print."""
+    return {} if return_dict else None
+
+
 def __getattr__(name):
     return getattr(_dist, name)

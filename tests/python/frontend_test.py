@@ -467,6 +467,9 @@ def test_accelerator_logging_and_loaders():
     dist.all_gather_object(everyone, (ok, got))
     check(all(o for o, _ in everyone), f"log_dist logs on the ranks asked, see_memory_usage on rank 0 when forced "
           f"({[g for _, g in everyone]})")
+    check(deepspeed.comm.get_world_group() is dist.group.WORLD and deepspeed.comm.get_all_ranks_from_group() == [0, 1]
+          and deepspeed.comm.log_summary() is None, "deepspeed.comm's get_world_group, get_all_ranks_from_group, "
+          "log_summary")
     loader = deepspeed.utils.RepeatingLoader([torch.tensor([i]) for i in range(3)])
     check([int(next(loader)) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0], "RepeatingLoader starts its loader again")
 
