@@ -10,6 +10,7 @@ and stage 3's hooks (mirror.py), the optimizer and scheduler objects
 """
 import base64
 import contextlib
+import copy
 import functools
 import os
 import pickle
@@ -489,30 +490,38 @@ def _widen_16bit_params(model):
 
 
 class _EngineMethod:
-    """Stands in, as an instance attribute, for one of the model's own
-    methods while an engine trains it: `body(engine, method, *args)` runs in
-    its place. A copy of the model (copy.deepcopy, pickle: a reference model
-    copied from the one trained) gets its class's plain method back, so a
-    copy never reaches this engine; so does the model once the engine is
-    gone."""
+    """Stands in, as an instance attribute, for one of the model's methods
+    while an engine trains it: `body(engine, method, *args)` runs in its
+    place, `method` being what the model had (its class's, or a wrapper a
+    library set on the instance before, which is kept). A copy of the model
+    (copy.deepcopy, pickle: a reference model copied from the one trained)
+    gets that method back, its own, so a copy never reaches this engine;
+    the model gets it back once the engine is gone."""
 
     def __init__(self, model, name, engine, body):
-        functools.update_wrapper(self, getattr(model, name))  # the signature inspect and Hugging Face read
         self._model = weakref.ref(model)
         self._name = name
+        self._own = name in model.__dict__  # an instance-level wrapper was there first
+        self._method = getattr(model, name)
+        functools.update_wrapper(self, self._method)  # the signature inspect and Hugging Face read
         self._engine = weakref.ref(engine)
         self._body = body
 
     def __call__(self, *args, **kwargs):
-        model, engine = self._model(), self._engine()
-        method = _class_method(model, self._name)
-        return method(*args, **kwargs) if engine is None else self._body(engine, method, *args, **kwargs)
+        engine = self._engine()
+        return self._method(*args, **kwargs) if engine is None else self._body(engine, self._method, *args, **kwargs)
 
     def __deepcopy__(self, memo):
+        if self._own:
+            return copy.deepcopy(self._method, memo)
         return _class_method(memo.get(id(self._model()), self._model()), self._name)
 
     def __reduce__(self):
-        return _class_method, (self._model(), self._name)
+        return (_identity, (self._method,)) if self._own else (_class_method, (self._model(), self._name))
+
+
+def _identity(x):
+    return x
 
 
 def _class_method(model, name):

@@ -296,6 +296,20 @@ def test_module_called_directly_at_stage3():
     twin.zero_grad()
     loaded.zero_grad()
     stage1.step()
+    root = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+    calls = []
+    class_forward = root.forward
+
+    def library_forward(*args, **kwargs):  # accelerate's hooks set one on the instance, as this
+        calls.append(1)
+        return class_forward(*args, **kwargs)
+
+    root.forward = library_forward
+    stage3 = make(3, root)
+    stage3(torch.ones(2, 3))
+    stage3.module(torch.ones(2, 3))
+    check(len(calls) == 2, f"a forward a library set on the model's instance before initialize still runs, through "
+          f"the engine and called directly ({calls})")
     check(stage1.get_global_grad_norm() not in (None, 0.0) and torch.equal(twin(torch.ones(1, 3)), loaded(torch.ones(1, 3)))
           and list(inspect.signature(stage1.module.forward).parameters) == ["input"],
           "a deep copy or a pickle of the trained model is a plain model: its zero_grad leaves the engine's grads, "
