@@ -12,6 +12,7 @@ import base64
 import contextlib
 import copy
 import functools
+import json
 import os
 import pickle
 import warnings
@@ -92,6 +93,8 @@ class ZeroEngine(torch.nn.Module):
         self._stage = configs.stage(self._config)
         self._precision = configs.precision(self._config)
         self._optimizer_type = self._config["optimizer"]["type"]
+        # Every key as the C++ engine resolved it (its defaults filled in): what the config accessors report.
+        self._resolved = json.loads(_C.parse_config(configs.to_json(self._config)))
         self._mirror = Mirror(model, stage3=self._stage == 3, world=self._world)
         self._engine = _C.Engine(self._world, self._mirror.root, configs.to_json(self._config), cxx_groups)
         self._hooks = UnitHooks(self._mirror.units) if self._stage == 3 else None
@@ -168,7 +171,7 @@ class ZeroEngine(torch.nn.Module):
     def gradient_clipping(self):
         # What the C++ engine clips at: its parser's value (1.0 when the key is
         # absent, DeepSpeed 0.19.8's default too), not the dict's key.
-        return float(self._resolved()["gradient_clipping"])
+        return float(self._resolved["gradient_clipping"])
 
     def steps_per_print(self):
         return self._config.get("steps_per_print", 10)
@@ -206,18 +209,14 @@ class ZeroEngine(torch.nn.Module):
         """Each group's betas (Adam-like) or momentum (SGD), as DeepSpeed's."""
         return [g["betas"] if "betas" in g else g.get("momentum") for g in self.optimizer.param_groups]
 
-    def _resolved(self):
-        import json
-        return json.loads(_C.parse_config(configs.to_json(self._config)))
-
     def zero_offload_optimizer(self):
-        return self._resolved()["zero_optimization"]["offload_optimizer"]["device"] != "none"
+        return self._resolved["zero_optimization"]["offload_optimizer"]["device"] != "none"
 
     def zero_offload_param(self):
-        return self._resolved()["zero_optimization"]["offload_param"]["device"] != "none"
+        return self._resolved["zero_optimization"]["offload_param"]["device"] != "none"
 
     def wall_clock_breakdown(self):
-        return bool(self._resolved()["wall_clock_breakdown"])
+        return bool(self._resolved["wall_clock_breakdown"])
 
     def get_global_grad_norm(self):
         norm = self._engine.last_grad_norm
