@@ -91,6 +91,39 @@ def stage(config):
     return int(config.get("zero_optimization", {}).get("stage", 0))
 
 
+# The blocks the Python front end carries out itself, with DeepSpeed 0.19.8's
+# keys and defaults: the C++ engine refuses them (a C++ program has no
+# TensorBoard writer, flops profiler or deepspeed.checkpointing), so they are
+# read here and taken out of what it gets.
+PYTHON_BLOCKS = {
+    "tensorboard": {"enabled": False, "output_path": "", "job_name": "DeepSpeedJobName"},
+    "flops_profiler": {"enabled": False, "recompute_fwd_factor": 0.0, "profile_step": 1, "module_depth": -1,
+                       "top_modules": 1, "detailed": True, "output_file": None},
+    "activation_checkpointing": {"partition_activations": False, "contiguous_memory_optimization": False,
+                                 "cpu_checkpointing": False, "number_checkpoints": None,
+                                 "synchronize_checkpoint_boundary": False, "profile": False},
+}
+
+
+def python_block(config, name):
+    """Block `name` of PYTHON_BLOCKS as the config sets it, DeepSpeed's
+    defaults filled in; DeepSpeedConfigError naming a key it does not have."""
+    given = config.get(name) or {}
+    if not isinstance(given, dict):
+        raise DeepSpeedConfigError(f"ds_config: {name} must be an object, got {given!r}")
+    defaults = PYTHON_BLOCKS[name]
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise DeepSpeedConfigError(f"ds_config: {name}.{unknown[0]} is not a key of {name} (its keys: "
+                                   f"{', '.join(defaults)})")
+    return dict(defaults, **given)
+
+
+def for_cxx(config):
+    """`config` as JSON for the C++ engine: the Python blocks taken out."""
+    return json.dumps({k: v for k, v in config.items() if k not in PYTHON_BLOCKS})
+
+
 def for_engine(config):
     """The config the C++ engine gets: a bf16/fp16 model computes in that
     dtype, as DeepSpeed's (which converts the module to it); the C++ API's
@@ -108,9 +141,9 @@ def for_engine(config):
     own.setdefault("broadcast_buffers", False)
     if not own:
         del config["zero_cpp"]
-    parse(json.dumps(config))  # a config error now, naming its key
+    for name in PYTHON_BLOCKS:
+        python_block(config, name)
+    from . import checkpointing  # it reads this module's PYTHON_BLOCKS
+    checkpointing.check(python_block(config, "activation_checkpointing"))
+    parse(for_cxx(config))  # a config error now, naming its key
     return config
-
-
-def to_json(config):
-    return json.dumps(config)

@@ -26,6 +26,8 @@ from . import config as configs
 from . import distributed
 from . import optimizer as optimizers
 from .mirror import EXTERNAL_PREFIX, Mirror, UnitHooks, mark_partitioned, tensors_in
+from .monitor import MonitorMaster
+from .runtime.config import monitor_config
 
 _ENGINES = []  # weak references to the live engines (zero.GatheredParameters finds a param's engine)
 
@@ -94,10 +96,13 @@ class ZeroEngine(torch.nn.Module):
         self._precision = configs.precision(self._config)
         self._optimizer_type = self._config["optimizer"]["type"]
         # Every key as the C++ engine resolved it (its defaults filled in): what the config accessors report.
-        self._resolved = json.loads(_C.parse_config(configs.to_json(self._config)))
+        self._resolved = json.loads(_C.parse_config(configs.for_cxx(self._config)))
         self._mirror = Mirror(model, stage3=self._stage == 3, world=self._world)
-        self._engine = _C.Engine(self._world, self._mirror.root, configs.to_json(self._config), cxx_groups)
+        self._engine = _C.Engine(self._world, self._mirror.root, configs.for_cxx(self._config), cxx_groups)
         self._hooks = UnitHooks(self._mirror.units) if self._stage == 3 else None
+        # Rank 0's TensorBoard and CSV writers, for the script's events and
+        # (TensorBoard) the engine's; the C++ engine writes its own CSV files.
+        self.monitor = MonitorMaster(monitor_config(self._config, self._resolved))
         if self._stage == 3:
             mark_partitioned(model.parameters())
         self._in_forward = 0  # engine forwards running now (the model's forward inside them)
@@ -218,6 +223,13 @@ class ZeroEngine(torch.nn.Module):
     def wall_clock_breakdown(self):
         return bool(self._resolved["wall_clock_breakdown"])
 
+    def get_data_types(self):
+        """(the model's training dtype, the dtype grads accumulate in), as DeepSpeed's."""
+        dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+        model_dtype = dtypes[self._precision]
+        accum = self._resolved.get("data_types", {}).get("grad_accum_dtype")
+        return model_dtype, dtypes[accum] if accum is not None else model_dtype
+
     def get_global_grad_norm(self):
         norm = self._engine.last_grad_norm
         return None if norm != norm else norm  # NaN: not computed
@@ -307,6 +319,21 @@ class ZeroEngine(torch.nn.Module):
                 if lr_kwargs:
                     raise
                 self.lr_scheduler.step()
+        self._write_monitor_events()
+
+    def _write_monitor_events(self):
+        """The events DeepSpeed's engine writes at each boundary (the lr, the
+        fp16 loss scale, wall_clock_breakdown's phases), to TensorBoard; the
+        C++ engine has written them to the CSV files."""
+        if self.monitor.tb_monitor is None:
+            return
+        samples = self.global_samples
+        events = [("Train/Samples/lr", self.get_lr()[0], samples)]
+        if self.fp16_enabled():
+            events.append(("Train/Samples/loss_scale", self.loss_scale, samples))
+        events += [(f"Train/Samples/elapsed_time_ms_{phase}", ms, samples)
+                   for phase, ms in self._engine.last_step_times().items()]
+        self.monitor.tb_monitor.write_events(events)
 
     def _update(self):
         return self._engine.step()

@@ -354,6 +354,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("loss_scale", [](PyEngine& e) { return e.engine().loss_scale(); })
       .def_property_readonly("lr", [](PyEngine& e) { return e.engine().lr(); })
       .def_property_readonly("last_grad_norm", [](PyEngine& e) { return e.engine().last_grad_norm(); })
+      .def("last_step_times", [](PyEngine& e) { return e.engine().last_step_times(); })
       .def_property_readonly("compute_dtype",
                              [](PyEngine& e) { return std::string(c10::toString(e.engine().compute_dtype())); })
       .def_property_readonly("batch",

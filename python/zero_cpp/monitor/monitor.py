@@ -1,0 +1,44 @@
+"""The monitor every backend shares, and MonitorMaster, which writes each
+event to every backend the config enables. Only rank 0 writes, as
+DeepSpeed's; the other ranks' calls do nothing."""
+import torch.distributed as dist
+
+
+def is_writer():
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def backend_config(config, name):
+    """A backend's own block, from it or from the monitor_config holding it
+    (DeepSpeed's tutorial passes the latter to a single backend)."""
+    return getattr(config, name, config)
+
+
+class Monitor:
+    """A backend: `write_events([(name, value, step), ...])`."""
+
+    def __init__(self, monitor_config):
+        self.monitor_config = monitor_config
+
+    def write_events(self, event_list):
+        raise NotImplementedError
+
+
+class MonitorMaster(Monitor):
+    """Every backend `monitor_config` enables (TensorBoard, CSV files)."""
+
+    def __init__(self, monitor_config):
+        super().__init__(monitor_config)
+        from .csv_monitor import csvMonitor
+        from .tensorboard import TensorBoardMonitor
+        self.enabled = bool(monitor_config.enabled)
+        self.tb_monitor = TensorBoardMonitor(monitor_config.tensorboard) if monitor_config.tensorboard.enabled \
+            else None
+        self.csv_monitor = csvMonitor(monitor_config.csv_monitor) if monitor_config.csv_monitor.enabled else None
+        self.wandb_monitor = None  # refused by the config parser
+        self.comet_monitor = None
+
+    def write_events(self, event_list):
+        for backend in (self.tb_monitor, self.csv_monitor):
+            if backend is not None:
+                backend.write_events(event_list)

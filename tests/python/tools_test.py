@@ -1,0 +1,270 @@
+"""DeepSpeed's tools around the engine, on 2 ranks (zero-run -n 2 -- python
+tools_test.py TMPDIR, one directory both
+ranks see): the monitor (TensorBoard read back through
+tensorboard's own reader, CSV files), DeepSpeedConfig, the activation
+checkpointing settings, the engine's timers, dtypes and flops profile. Every
+check prints "ok" or "FAIL" (rank 0); the exit status is the number of
+failures."""
+import glob
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import zero_cpp as deepspeed
+from zero_cpp.monitor.monitor import MonitorMaster
+from zero_cpp.runtime.config import DeepSpeedConfig
+
+TMP = sys.argv[1]
+failures = []
+
+
+def check(ok, what):
+    if dist.get_rank() == 0:
+        print(("ok   " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def raises(fn, kind, text):
+    try:
+        fn()
+    except kind as e:
+        return text in str(e), str(e)
+    except Exception as e:  # noqa: BLE001 -- the wrong kind is what the check reports
+        return False, f"{type(e).__name__}: {e}"
+    return False, "nothing raised"
+
+
+class Mlp(nn.Module):
+    def __init__(self, width=32):
+        super().__init__()
+        self.inp = nn.Linear(8, width)
+        self.hidden = nn.Linear(width, width)
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, x, y):
+        h = torch.tanh(self.inp(x.to(self.inp.weight.dtype)))
+        h = torch.tanh(self.hidden(h))
+        return F.mse_loss(self.out(h).float(), y)
+
+
+def config(stage=1, **extra):
+    return dict({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000,
+                 "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+                 "zero_optimization": {"stage": stage}}, **extra)
+
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(8, 8, generator=g)
+    y = x.sum(1, keepdim=True).sin()
+    return x[4 * rank:4 * rank + 4], y[4 * rank:4 * rank + 4]
+
+
+def make(cfg, seed=0):
+    torch.manual_seed(seed)
+    engine, _, _, _ = deepspeed.initialize(model=Mlp(), model_parameters=None, config=cfg)
+    return engine
+
+
+def test_monitor_tensorboard():
+    """The engine's events and a script's own, read back from the event
+    file by tensorboard's reader; only rank 0 writes one."""
+    out = os.path.join(TMP, "tb")
+    engine = make(config(tensorboard={"enabled": True, "output_path": out, "job_name": "run"},
+                         wall_clock_breakdown=True,
+                         scheduler={"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2,
+                                                                   "warmup_num_steps": 4}}))
+    lrs, losses = [], []
+    for step in range(3):
+        loss = engine(*batch(step, engine.global_rank))
+        engine.backward(loss)
+        engine.step()
+        lrs.append((engine.global_samples, engine.get_lr()[0]))
+        losses.append((engine.global_samples, loss.item()))
+        engine.monitor.write_events([("Train/loss", loss, engine.global_samples)])
+    dist.barrier()
+    files = glob.glob(os.path.join(out, "run", "events.out.tfevents.*"))
+    check(len(files) == 1, f"tensorboard: one event file, rank 0's ({len(files)})")
+    if engine.global_rank != 0 or len(files) != 1:
+        return
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(files[0])
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+
+    def series(tag):
+        return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in tags else []
+
+    def close(a, b):
+        return len(a) == len(b) and all(s == t and abs(u - v) <= 1e-6 * max(1.0, abs(v))
+                                        for (s, u), (t, v) in zip(a, b))
+
+    check(close(series("Train/Samples/lr"), lrs), f"tensorboard: Train/Samples/lr at each step's global_samples "
+          f"is engine.get_lr() ({series('Train/Samples/lr')} vs {lrs})")
+    check(close(series("Train/loss"), losses), "tensorboard: the script's own events (engine.monitor.write_events)")
+    phases = {t for t in tags if t.startswith("Train/Samples/elapsed_time_ms_")}
+    check({"Train/Samples/elapsed_time_ms_forward", "Train/Samples/elapsed_time_ms_backward",
+           "Train/Samples/elapsed_time_ms_step"} <= phases and
+          all(v >= 0 and s in (8, 16, 24) for t in phases for s, v in series(t)),
+          f"tensorboard: wall_clock_breakdown's phases per step ({sorted(phases)})")
+    check("Train/Samples/loss_scale" not in tags, "tensorboard: no loss scale without fp16")
+
+
+def test_monitor_csv():
+    """A script's MonitorMaster from DeepSpeedConfig (the Monitor tutorial)
+    writes the same layout as the C++ engine's csv_monitor, beside it."""
+    out = os.path.join(TMP, "csv")
+    cfg = config(csv_monitor={"enabled": True, "output_path": out, "job_name": "job"})
+    path = os.path.join(TMP, f"ds_config_{dist.get_rank()}.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    monitor = MonitorMaster(DeepSpeedConfig(path).monitor_config)
+    check(monitor.enabled and monitor.tb_monitor is None, "monitor: MonitorMaster enabled, CSV alone")
+    engine = make(cfg)
+    for step in range(2):
+        loss = engine(*batch(step, engine.global_rank))
+        engine.backward(loss)
+        engine.step()
+        monitor.write_events([("Time per step", 0.5 + step, engine.global_samples),
+                              ("Train/loss", loss.detach(), engine.global_samples)])
+    dist.barrier()
+    if engine.global_rank != 0:
+        return
+    with open(os.path.join(out, "job", "Time_per_step.csv")) as f:
+        text = f.read()
+    check(text == "step,Time per step\n8,0.5\n16,1.5\n", f"csv: a script's event, DeepSpeed's layout ({text!r})")
+    with open(os.path.join(out, "job", "Train_loss.csv")) as f:
+        rows = f.read().splitlines()
+    check(rows[0] == "step,loss" and all(not r.split(",")[1].startswith("tensor") for r in rows[1:]),
+          f"csv: a tensor's value written as its number ({rows})")
+    with open(os.path.join(out, "job", "Train_Samples_lr.csv")) as f:
+        engine_rows = f.read().splitlines()
+    check(engine_rows[0] == "step,lr" and [r.split(",")[0] for r in engine_rows[1:]] == ["8", "16"],
+          f"csv: the C++ engine's own events in the same directory and layout ({engine_rows})")
+
+
+def test_deepspeed_config():
+    """DeepSpeedConfig reads a config as the engine does: the batch sizes
+    for this world, the stage, the precision."""
+    cfg = config(stage=2, train_batch_size=16, bf16={"enabled": True})
+    ds = DeepSpeedConfig(cfg)
+    engine = make(cfg)
+    check((ds.train_batch_size, ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps) ==
+          (engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
+           engine.gradient_accumulation_steps()) == (16, 4, 2),
+          "DeepSpeedConfig: the batch triad resolved for 2 ranks, as the engine's")
+    check(ds.zero_optimization_stage == 2 and ds.zero_enabled and ds.bfloat16_enabled and not ds.fp16_enabled
+          and ds.gradient_clipping == engine.gradient_clipping() and not ds.monitor_config.enabled,
+          "DeepSpeedConfig: stage, precision, clipping, monitor off")
+    check(engine.get_data_types() == (torch.bfloat16, torch.bfloat16), "engine.get_data_types() in bf16")
+    fp32 = make(config(data_types={"grad_accum_dtype": "fp32"}))
+    check(fp32.get_data_types() == (torch.float32, torch.float32), "engine.get_data_types() with grad_accum_dtype")
+
+
+def test_config_errors():
+    for cfg, text in ((config(tensorboard={"enabled": True, "output": "x"}), "tensorboard.output"),
+                      (config(wandb={"enabled": True}), "wandb"),
+                      (config(activation_checkpointing={"profile": True}), "activation_checkpointing.profile"),
+                      (config(activation_checkpointing={"contiguous_memory_optimization": True}),
+                       "partition_activations")):
+        ok, msg = raises(lambda: make(cfg), Exception, text)
+        check(ok, f"config error names {text} ({msg[:120]})")
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x, scale=1.0):
+        return self.b(self.drop(torch.relu(self.a(x)))) * scale
+
+
+def test_activation_checkpointing():
+    """deepspeed.checkpointing with DeepSpeed's settings: the same grads as
+    no checkpointing, bit for bit (dropout replayed), through the engine's
+    stage 3 too."""
+    torch.manual_seed(1)
+    block = Block()
+    x = torch.randn(4, 16, requires_grad=True)
+
+    def grads(use_checkpoint):
+        block.zero_grad()
+        x.grad = None
+        torch.manual_seed(5)
+        out = deepspeed.checkpointing.checkpoint(block, x, scale=2.0) if use_checkpoint else block(x, scale=2.0)
+        out.square().sum().backward()
+        return [p.grad.clone() for p in block.parameters()] + [x.grad.clone()]
+
+    plain = grads(False)
+    check(not deepspeed.checkpointing.is_configured(), "checkpointing: not configured before configure()")
+    path = os.path.join(TMP, f"ac_{dist.get_rank()}.json")
+    with open(path, "w") as f:
+        json.dump(config(activation_checkpointing={
+            "partition_activations": True, "contiguous_memory_optimization": True, "number_checkpoints": 4,
+            "cpu_checkpointing": True, "synchronize_checkpoint_boundary": True}), f)
+    deepspeed.checkpointing.configure(None, deepspeed_config=path)
+    check(deepspeed.checkpointing.is_configured(), "checkpointing: configured from the ds_config's block")
+    recomputed = grads(True)
+    check(all(torch.equal(a, b) for a, b in zip(plain, recomputed)),
+          "checkpointing: grads equal to no checkpointing, keyword arguments and dropout included")
+    ok, msg = raises(lambda: deepspeed.checkpointing.configure(None, profile=True), Exception, "profile")
+    check(ok, f"checkpointing: profile refused by name ({msg[:80]})")
+    deepspeed.checkpointing.configure(None, deepspeed_config=path)
+
+    class Net(nn.Module):
+        def __init__(self, use_checkpoint):
+            super().__init__()
+            self.use_checkpoint = use_checkpoint
+            self.blocks = nn.ModuleList([Block() for _ in range(2)])
+            self.head = nn.Linear(16, 1)
+
+        def forward(self, x, y):
+            for blk in self.blocks:
+                x = deepspeed.checkpointing.checkpoint(blk, x) if self.use_checkpoint else blk(x)
+            return F.mse_loss(self.head(x), y)
+
+    losses = {}
+    for use in (False, True):
+        torch.manual_seed(3)
+        engine, _, _, _ = deepspeed.initialize(model=Net(use), config=config(
+            stage=3, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0},
+            activation_checkpointing={"partition_activations": True, "cpu_checkpointing": True}))
+        seen = []
+        for step in range(3):
+            g = torch.Generator().manual_seed(step)
+            xs, ys = torch.randn(8, 16, generator=g), torch.randn(8, 1, generator=g)
+            r = engine.global_rank
+            torch.manual_seed(100 + step)
+            loss = engine(xs[4 * r:4 * r + 4], ys[4 * r:4 * r + 4])
+            engine.backward(loss)
+            engine.step()
+            seen.append(loss.item())
+        losses[use] = seen
+    check(losses[True] == losses[False], f"checkpointing at stage 3: the same losses ({losses})")
+
+
+def main():
+    deepspeed.init_distributed()
+    for test in (test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_config_errors,
+                 test_activation_checkpointing):
+        try:
+            test()
+        except Exception:  # noqa: BLE001 -- a test that dies is a failure; the others still run
+            traceback.print_exc()
+            check(False, f"{test.__name__} raised")
+        dist.barrier()
+    sys.exit(len(failures))
+
+
+if __name__ == "__main__":
+    main()
