@@ -1,7 +1,7 @@
 """DeepSpeed's `deepspeed.utils`: the checkpoint readers (zero_to_fp32),
-one param's full state (param_access), the logger, RepeatingLoader, z3
-leaf modules."""
-from . import zero_to_fp32  # noqa: F401
+one param's full state (param_access), the logger, the timers, RepeatingLoader,
+z3 leaf modules."""
+from . import timer, zero_to_fp32  # noqa: F401
 from .zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # noqa: F401
 from .param_access import (  # noqa: F401
     safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state, safe_get_local_fp32_param,
