@@ -27,6 +27,8 @@ from . import distributed
 from . import optimizer as optimizers
 from .mirror import EXTERNAL_PREFIX, Mirror, UnitHooks, mark_partitioned, tensors_in
 from .monitor import MonitorMaster
+from .profiling.flops_profiler import FlopsProfiler
+from .utils.timer import ThroughputTimer
 from .runtime.config import monitor_config
 
 _ENGINES = []  # weak references to the live engines (zero.GatheredParameters finds a param's engine)
@@ -103,6 +105,13 @@ class ZeroEngine(torch.nn.Module):
         # Rank 0's TensorBoard and CSV writers, for the script's events and
         # (TensorBoard) the engine's; the C++ engine writes its own CSV files.
         self.monitor = MonitorMaster(monitor_config(self._config, self._resolved))
+        # Samples per second for scripts that read it; the engine's own
+        # progress line (steps_per_print) already reports the rate.
+        self.tput_timer = ThroughputTimer(None, batch_size=self.train_batch_size(),
+                                          steps_per_output=self.steps_per_print())
+        self._flops = configs.python_block(self._config, "flops_profiler")
+        self.flops_profiler = FlopsProfiler(model, self, self._flops["recompute_fwd_factor"]) \
+            if self._flops["enabled"] else None
         if self._stage == 3:
             mark_partitioned(model.parameters())
         self._in_forward = 0  # engine forwards running now (the model's forward inside them)
@@ -239,7 +248,22 @@ class ZeroEngine(torch.nn.Module):
 
     # ---- training ----
     def forward(self, *inputs, **kwargs):
-        return self._forward_through_engine(lambda: self.module(*inputs, **kwargs))
+        profiling = self._profiling_flops()
+        if profiling:
+            self.flops_profiler.start_profile()
+        if self.module.training:
+            self.tput_timer.start()
+        try:
+            return self._forward_through_engine(lambda: self.module(*inputs, **kwargs))
+        finally:
+            if profiling:
+                self.flops_profiler.stop_profile()
+
+    def _profiling_flops(self):
+        """Whether this forward is the one the flops profiler measures: rank
+        0's at the config's profile_step, as DeepSpeed's."""
+        return (self.flops_profiler is not None and self.global_rank == 0
+                and self.global_steps == self._flops["profile_step"])
 
     def _forward_through_engine(self, call):
         """`call()` (the model's forward) inside the C++ engine's forward: the
@@ -302,7 +326,9 @@ class ZeroEngine(torch.nn.Module):
         self._step_applied = False
         if not self._engine.is_gradient_accumulation_boundary():
             self._engine.step()
+            self.tput_timer.stop(global_step=False, report_speed=False)
             return
+        profiled = self._profiling_flops()
         self._push_group_settings()
         self.optimizer._stepping = True
         try:
@@ -319,7 +345,14 @@ class ZeroEngine(torch.nn.Module):
                 if lr_kwargs:
                     raise
                 self.lr_scheduler.step()
+        self.tput_timer.stop(global_step=True, report_speed=False)
         self._write_monitor_events()
+        if profiled:
+            f = self._flops
+            self.flops_profiler.print_model_profile(profile_step=self.global_steps, module_depth=f["module_depth"],
+                                                    top_modules=f["top_modules"], detailed=f["detailed"],
+                                                    output_file=f["output_file"])
+            self.flops_profiler.end_profile()
 
     def _write_monitor_events(self):
         """The events DeepSpeed's engine writes at each boundary (the lr, the

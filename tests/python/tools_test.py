@@ -253,10 +253,45 @@ def test_activation_checkpointing():
     check(losses[True] == losses[False], f"checkpointing at stage 3: the same losses ({losses})")
 
 
+def test_flops_profiler_in_the_engine():
+    """The ds_config's flops_profiler: rank 0 profiles the forward of step
+    profile_step and writes it to output_file, with the flops the
+    standalone profiler counts on the same model and batch; nothing else
+    writes. At stage 3 too (params released between units)."""
+    from zero_cpp.profiling.flops_profiler import get_model_profile, number_to_string, params_to_string
+    x, y = batch(0, 0)
+    expected_flops, _, expected_params = get_model_profile(Mlp(), args=[x, y], print_profile=False,
+                                                           as_string=False)
+    for stage in (1, 3):
+        out = os.path.join(TMP, f"flops_{stage}.txt")
+        engine = make(config(stage=stage, flops_profiler={"enabled": True, "profile_step": 2, "module_depth": -1,
+                                                          "top_modules": 1, "detailed": True,
+                                                          "output_file": out}))
+        for step in range(4):
+            loss = engine(*batch(step, engine.global_rank))
+            engine.backward(loss)
+            engine.step()
+            if step == 1:
+                check(not os.path.exists(out), f"stage {stage} flops profiler: nothing written before its step")
+        dist.barrier()
+        if engine.global_rank != 0:
+            continue
+        with open(out) as f:
+            text = f.read()
+        flops_line = [ln for ln in text.splitlines() if ln.startswith("fwd flops per GPU:")]
+        check(len(flops_line) == 1 and flops_line[0].endswith(" " + number_to_string(expected_flops)) and
+              text.count("Profile at step 3") == 1,
+              f"stage {stage} flops profiler: step 2's forward, once, with the standalone count "
+              f"{number_to_string(expected_flops)} ({flops_line})")
+        params_line = [ln for ln in text.splitlines() if ln.startswith("params per GPU:")]
+        check(len(params_line) == 1 and params_line[0].endswith(" " + params_to_string(expected_params)),
+              f"stage {stage} flops profiler: the model's {expected_params} params, full size")
+
+
 def main():
     deepspeed.init_distributed()
     for test in (test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_config_errors,
-                 test_activation_checkpointing):
+                 test_activation_checkpointing, test_flops_profiler_in_the_engine):
         try:
             test()
         except Exception:  # noqa: BLE001 -- a test that dies is a failure; the others still run
