@@ -9,6 +9,7 @@ and stage 3's hooks (mirror.py), the optimizer and scheduler objects
 (optimizer.py), the data loader and the client state of checkpoints.
 """
 import base64
+import collections
 import contextlib
 import copy
 import functools
@@ -469,16 +470,39 @@ class ZeroEngine(torch.nn.Module):
 
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
         """DeepSpeed's: the whole model in its training dtype, torch.save'd by
-        rank 0 (every rank calls it)."""
-        sd = self.consolidated_fp32_state_dict(rank0_only=True)
-        if self.global_rank == 0:
-            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self._precision)
-            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
-            out = {n: (t.to(dtype) if dtype is not None and t.is_floating_point() else t) for n, t in sd.items()
-                   if not (exclude_frozen_parameters and n in frozen)}
+        rank 0 (every rank calls it). Unlike DeepSpeed's, at stage 3 it saves
+        whether or not stage3_gather_16bit_weights_on_model_save is set."""
+        sd = self._training_dtype_state_dict(exclude_frozen_parameters)
+        if sd is not None:
             os.makedirs(save_dir, exist_ok=True)
-            torch.save(out, os.path.join(save_dir, save_filename))
+            torch.save(sd, os.path.join(save_dir, save_filename))
         return True
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
+        """DeepSpeed's (what Hugging Face's Trainer and accelerate save at
+        stage 3): the whole model in its training dtype on rank 0, None on
+        the other ranks; every rank calls it."""
+        if self._stage != 3:
+            raise ValueError("this function requires ZeRO-3 mode")
+        return self._training_dtype_state_dict(exclude_frozen_parameters)
+
+    def zero_gather_16bit_weights_on_model_save(self):
+        zero = self._config.get("zero_optimization", {})
+        return bool(next((zero[k] for k in ("stage3_gather_16bit_weights_on_model_save",
+                                             "stage3_gather_fp16_weights_on_model_save",
+                                             "gather_16bit_weights_on_model_save") if k in zero), False))
+
+    def _training_dtype_state_dict(self, exclude_frozen_parameters):
+        """consolidated_fp32_state_dict() on rank 0 with the trainable and
+        frozen params in the training dtype (None elsewhere)."""
+        sd = self.consolidated_fp32_state_dict(rank0_only=True)
+        if self.global_rank != 0:
+            return None
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self._precision)
+        frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+        return collections.OrderedDict(
+            (n, t.to(dtype) if dtype is not None and t.is_floating_point() else t) for n, t in sd.items()
+            if not (exclude_frozen_parameters and n in frozen))
 
     # ---- checkpoints ----
     def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):

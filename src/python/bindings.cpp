@@ -212,7 +212,7 @@ PYBIND11_MODULE(_C, m) {
   // API after the C++ engine's advice.
   memory::set_released_access_note(
       "From Python (zero_cpp): read or change full params inside deepspeed.zero.GatheredParameters(params), "
-      "and .clone() what you keep from it (a view, and on the host p.data.cpu(), is released with the param); "
+      "and .clone() what you keep from it (a view such as p.data is released with the param); "
       "take the whole model with engine.consolidated_fp32_state_dict() or engine.save_16bit_model(dir); call "
       "the model as engine(x) or engine.module(x).");
   m.doc() = "zero-cpp's C++ engine, for the zero_cpp package (DeepSpeed's API over it)";

@@ -351,6 +351,32 @@ def test_stage3_params_say_they_are_partitioned():
     check(not any(hasattr(p, "ds_id") for p in make(2).module.parameters()), "below stage 3 no param has ds_id")
 
 
+def test_host_copies_of_gathered_params_outlive_the_block():
+    # DeepSpeed-Chat's save_zero_three_model: `v.data.cpu()` inside the
+    # block, the result read after it. On a GPU `.cpu()` copies; on the host
+    # torch returns the tensor itself, a view of pages the block releases.
+    engine = make(3)
+    train(engine, 2)
+    sd = engine.consolidated_fp32_state_dict()
+    exported = {}
+    for k, v in engine.module.named_parameters():
+        with deepspeed.zero.GatheredParameters([v]):
+            exported[k] = v.data.cpu() if "hidden" not in k else v.detach().to("cpu")
+    check(all(torch.equal(exported[k], sd[k]) for k in sd),
+          "stage 3: `v.data.cpu()` / `.to(\"cpu\")` inside GatheredParameters, read after it (DeepSpeed-Chat's export)")
+    w = engine.module.inp.weight
+    plain = torch.zeros(3)
+    with deepspeed.zero.GatheredParameters([w], modifier_rank=0):
+        same = plain.cpu() is plain and plain.to("cpu") is plain and w.data.to(torch.float32).data_ptr() == w.data_ptr()
+        if dist.get_rank() == 0:
+            w.data.fill_(0.25)  # writes through the param itself still reach it
+    check(same and torch.Tensor.cpu.__qualname__ == "TensorBase.cpu",
+          "only a gathered param moved to the host is copied; other tensors and dtype casts are torch's own, "
+          "and torch's methods are back after the block")
+    check(torch.equal(engine.consolidated_fp32_state_dict()["inp.weight"], torch.full_like(sd["inp.weight"], 0.25)),
+          "modifier_rank's in-place write inside the block reaches the param")
+
+
 def test_z3_leaf_modules():
     # A mixture-of-experts block whose experts each rank runs in its own
     # data-dependent order: per-expert units would gather apart on the
@@ -589,6 +615,24 @@ def test_weights_only_load_and_16bit_model():
         e, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         runs.append(train(e, 3))
     check(runs[0] == runs[1], f"a bf16-loaded model trains as its fp32 twin ({runs[0][-1]:.6f} vs {runs[1][-1]:.6f})")
+    # Hugging Face's Trainer and accelerate save a stage-3 model through
+    # _zero3_consolidated_16bit_state_dict(): rank 0's whole model in bf16.
+    cfg3 = config(3)
+    cfg3["bf16"] = {"enabled": True}
+    cfg3["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+    torch.manual_seed(0)
+    model = Mlp()
+    e, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg3)
+    train(e, 2)
+    sd16 = e._zero3_consolidated_16bit_state_dict()
+    fp32 = e.consolidated_fp32_state_dict()
+    check(e.zero_gather_16bit_weights_on_model_save() and
+          ((sd16 is None) if dist.get_rank() else
+           (list(sd16) == list(fp32) and all(sd16[k].dtype == torch.bfloat16 and torch.equal(sd16[k], fp32[k].to(
+               torch.bfloat16)) for k in fp32))),
+          "_zero3_consolidated_16bit_state_dict(): the whole model in bf16 on rank 0, None elsewhere")
+    ok, msg = raises(lambda: engine._zero3_consolidated_16bit_state_dict(), ValueError, "ZeRO-3")
+    check(ok, f"_zero3_consolidated_16bit_state_dict() below stage 3 is an error ({msg})")
 
 
 def test_group_settings_and_step_flags():
@@ -827,7 +871,8 @@ def main():
     check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")
     for test in (test_zero_init, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_init_of_children_by_their_parents,
                  test_module_zero_grad_clears_the_engines_grads, test_module_called_directly_at_stage3,
-                 test_stage3_params_say_they_are_partitioned, test_z3_leaf_modules,
+                 test_stage3_params_say_they_are_partitioned, test_host_copies_of_gathered_params_outlive_the_block,
+                 test_z3_leaf_modules,
                  test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
                  test_interrupted_forward, test_loader_and_contexts, test_errors, test_divergent_unit_order):

@@ -26,6 +26,7 @@ import torch
 from .. import _C
 from .. import config as configs
 from .. import distributed
+from . import host_copies
 from ..mirror import (_EXTERNAL_ATTR, _UNIT_ATTR, ZeroParamStatus, modules_built_under_init,  # noqa: F401
                       owns_trainable_params, set_status, unit_mirror_for_init)
 
@@ -255,6 +256,7 @@ class GatheredParameters:
         self._enabled = enabled and bool(self._params)
         self._scope = None
         self._init_units = []
+        self._held = set()  # host buffers whose moves to the host copy inside the block
 
     def __enter__(self):
         if not self._enabled:
@@ -263,7 +265,7 @@ class GatheredParameters:
         engine = engine_of(self._params[0])
         if engine is not None:
             self._scope = _C.GatheredParameters(engine._engine, self._params, self._modifier_rank)
-            set_status(self._params, ZeroParamStatus.AVAILABLE)
+            self._gathered()
             return self
         # Built under zero.Init, before initialize(): gathered from the units
         # zero.Init sharded, re-sharded (with modifier_rank's values) after.
@@ -271,14 +273,23 @@ class GatheredParameters:
         world = distributed.world() if (self._init_units or self._modifier_rank is not None) else None
         for unit in self._init_units:
             _C.gather_init_unit(unit, world)
-        set_status(self._params, ZeroParamStatus.AVAILABLE)
+        self._gathered()
         return self
+
+    def _gathered(self):
+        set_status(self._params, ZeroParamStatus.AVAILABLE)
+        # Sharded params (ds_id) are released at the block's end: a host copy
+        # taken inside it must not be a view of them.
+        self._held = host_copies.buffers_of(p for p in self._params if hasattr(p, "ds_id"))
+        host_copies.hold(self._held)
 
     def __exit__(self, exc_type, exc, tb):
         if not self._enabled:
             return False
         ok = exc_type is None
         set_status(self._params, ZeroParamStatus.NOT_AVAILABLE)
+        host_copies.release(self._held)
+        self._held = set()
         if self._scope is not None:
             self._scope.end(ok)
             self._scope = None
