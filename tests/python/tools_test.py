@@ -168,6 +168,30 @@ def test_deepspeed_config():
     check(fp32.get_data_types() == (torch.float32, torch.float32), "engine.get_data_types() with grad_accum_dtype")
 
 
+def test_throughput_timer():
+    """engine.tput_timer counts the micro steps and optimizer steps the
+    engine ran (2 micro steps each) and, past its warm-up, a rate no larger
+    than the samples over the wall time measured around the steps it timed."""
+    import time
+    engine = make(config(train_batch_size=16))
+    timer = engine.tput_timer
+    timed_from = None
+    for step in range(6):
+        if step == timer.start_step:
+            timed_from = time.perf_counter()
+        for micro in range(2):
+            loss = engine(*batch(2 * step + micro, engine.global_rank))
+            engine.backward(loss)
+            engine.step()
+    wall = time.perf_counter() - timed_from
+    check((timer.global_step_count, timer.micro_step_count, timer.batch_size) == (6, 12, 16),
+          f"tput_timer: 6 steps of 2 micro steps, batch 16 ({timer.global_step_count}, {timer.micro_step_count}, "
+          f"{timer.batch_size})")
+    rate = timer.avg_samples_per_sec()
+    check(16 * (6 - timer.start_step) / wall <= rate < float("inf"),
+          f"tput_timer: {rate:.0f} samples/s, at least the {16 * (6 - timer.start_step) / wall:.0f} of the wall time")
+
+
 def test_config_errors():
     for cfg, text in ((config(tensorboard={"enabled": True, "output": "x"}), "tensorboard.output"),
                       (config(wandb={"enabled": True}), "wandb"),
@@ -290,7 +314,7 @@ def test_flops_profiler_in_the_engine():
 
 def main():
     deepspeed.init_distributed()
-    for test in (test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_config_errors,
+    for test in (test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_throughput_timer, test_config_errors,
                  test_activation_checkpointing, test_flops_profiler_in_the_engine):
         try:
             test()
