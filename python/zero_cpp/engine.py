@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from . import _C
+from . import comm
 from . import config as configs
 from . import distributed
 from . import optimizer as optimizers
@@ -110,6 +111,8 @@ class ZeroEngine(torch.nn.Module):
         # progress line (steps_per_print) already reports the rate.
         self.tput_timer = ThroughputTimer(None, batch_size=self.train_batch_size(),
                                           steps_per_output=self.steps_per_print())
+        # As DeepSpeed's initialize: the process's comms logger takes the config's settings.
+        comm.comms_logger.configure(**configs.python_block(self._config, "comms_logger"))
         self._flops = configs.python_block(self._config, "flops_profiler")
         self.flops_profiler = FlopsProfiler(model, self, self._flops["recompute_fwd_factor"]) \
             if self._flops["enabled"] else None
@@ -347,6 +350,8 @@ class ZeroEngine(torch.nn.Module):
                     raise
                 self.lr_scheduler.step()
         self.tput_timer.stop(global_step=True, report_speed=False)
+        if comm.comms_logger.enabled:
+            comm.comms_logger.collect_engine_records()  # verbose prints each as it is collected
         self._write_monitor_events()
         if profiled:
             f = self._flops

@@ -7,6 +7,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include "comm/comm_log.h"
 #include "comm/group_impl.h"
 #include "comm/work.h"
 #include "zero/comm.h"
@@ -279,8 +280,11 @@ WorkHandle Comm::all_gather(const Group& g, at::Tensor out_flat, at::Tensor in_s
   Transport& t = route(g, op, in_shard);
   // Counted and signed in the dtype that travels (the input's).
   const auto sent = std::make_pair(in_shard.scalar_type(), out_flat.numel());
-  return count(g, op, t, sent.first, sent.second,
-               t.all_gather(g, host_view(out_flat).view(-1), host_view(in_shard).view(-1), signature(g, op, sent, label)));
+  const auto issued = comm_log::Clock::now();
+  return comm_log::timed(
+      op, in_shard.numel() * static_cast<int64_t>(in_shard.element_size()), g.size(), issued,
+      count(g, op, t, sent.first, sent.second,
+            t.all_gather(g, host_view(out_flat).view(-1), host_view(in_shard).view(-1), signature(g, op, sent, label))));
 }
 
 WorkHandle Comm::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor in_flat, ReduceOp rop,
@@ -299,18 +303,23 @@ WorkHandle Comm::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor
   Transport& t = route(g, op, in_flat);
   const std::string extra = std::string(rop == ReduceOp::Avg ? " (avg)" : " (sum)") +
                             (widening ? std::string(" into ") + c10::toString(out_shard.scalar_type()) : "");
-  return count(g, op, t, in_flat,
-               t.reduce_scatter(g, host_view(out_shard).view(-1), host_view(in_flat).view(-1), rop,
-                                signature(g, op, in_flat, label, extra)));
+  const auto issued = comm_log::Clock::now();
+  return comm_log::timed(
+      op, out_shard.numel() * static_cast<int64_t>(in_flat.element_size()), g.size(), issued,
+      count(g, op, t, in_flat,
+            t.reduce_scatter(g, host_view(out_shard).view(-1), host_view(in_flat).view(-1), rop,
+                             signature(g, op, in_flat, label, extra))));
 }
 
 WorkHandle Comm::all_reduce(const Group& g, at::Tensor tensor, ReduceOp rop, std::string_view label) {
   const auto op = CollectiveOp::AllReduce;
   check_dense(op, g, tensor, "tensor");
   Transport& t = route(g, op, tensor);
-  return count(g, op, t, tensor,
-               t.all_reduce(g, host_view(tensor), rop,
-                            signature(g, op, tensor, label, rop == ReduceOp::Avg ? " (avg)" : " (sum)")));
+  const auto issued = comm_log::Clock::now();
+  return comm_log::timed(op, tensor.nbytes(), g.size(), issued,
+                         count(g, op, t, tensor,
+                               t.all_reduce(g, host_view(tensor), rop,
+                                            signature(g, op, tensor, label, rop == ReduceOp::Avg ? " (avg)" : " (sum)"))));
 }
 
 WorkHandle Comm::broadcast(const Group& g, at::Tensor tensor, int root, std::string_view label) {
@@ -320,16 +329,21 @@ WorkHandle Comm::broadcast(const Group& g, at::Tensor tensor, int root, std::str
     bad_args(op, g, "root " + std::to_string(root) + " is not a rank of the group (0.." +
                         std::to_string(g.size() - 1) + ")");
   Transport& t = route(g, op, tensor);
-  return count(g, op, t, tensor,
-               t.broadcast(g, host_view(tensor), root,
-                           signature(g, op, tensor, label, " from rank " + std::to_string(root))));
+  const auto issued = comm_log::Clock::now();
+  return comm_log::timed(op, tensor.nbytes(), g.size(), issued,
+                         count(g, op, t, tensor,
+                               t.broadcast(g, host_view(tensor), root,
+                                           signature(g, op, tensor, label, " from rank " + std::to_string(root)))));
 }
 
 WorkHandle Comm::barrier(const Group& g) {
   if (g.shut_down())
     bad_args(CollectiveOp::Barrier, g, "the world was shut down (World::shutdown(), or the program is exiting)");
   Transport& t = *backend_;
-  return count(g, CollectiveOp::Barrier, t, at::Tensor(), t.barrier(g, signature(g, CollectiveOp::Barrier, std::nullopt, {})));
+  const auto issued = comm_log::Clock::now();
+  return comm_log::timed(CollectiveOp::Barrier, 0, g.size(), issued,
+                         count(g, CollectiveOp::Barrier, t, at::Tensor(),
+                               t.barrier(g, signature(g, CollectiveOp::Barrier, std::nullopt, {}))));
 }
 
 void Comm::broadcast_coalesced(const Group& g, const std::vector<at::Tensor>& tensors, int root,

@@ -22,6 +22,7 @@
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/safetensors.h"
+#include "comm/comm_log.h"
 #include "common/libstdcxx_binding.h"
 #include "memory/release_guard.h"
 #include "optim/lr_schedule.h"
@@ -253,6 +254,13 @@ PYBIND11_MODULE(_C, m) {
   // ---- config ----
   // The parsed config back as JSON (every key resolved), or a ValueError
   // naming what is wrong.
+  // DeepSpeed's comms_logger: the dispatcher's log of each collective (comm/comm_log.h).
+  m.def("comms_log_enable", [](bool on) { comm::comm_log::set_enabled(on); });
+  m.def("comms_log_drain", [] {
+    std::vector<std::tuple<std::string, int64_t, int, double>> out;
+    for (auto& r : comm::comm_log::drain()) out.emplace_back(std::move(r.op), r.message_bytes, r.group_size, r.ms);
+    return out;
+  });
   m.def("parse_config", [](const std::string& text) { return Config::from_string(text).to_json().dump(); });
   // A config scheduler's lr at `iteration` for a group whose own lr is
   // `base_lr` (DeepSpeed's schedulers act per group: WarmupLR without

@@ -192,6 +192,61 @@ def test_throughput_timer():
           f"tput_timer: {rate:.0f} samples/s, at least the {16 * (6 - timer.start_step) / wall:.0f} of the wall time")
 
 
+def test_comms_logger():
+    """The ds_config's comms_logger: every collective the engine runs while
+    it is on, by op, as many and as large as the engine's own counters say;
+    a script's calls through deepspeed.comm; prof_ops; log_summary's dict."""
+    import time
+    names = {"allgather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
+             "all_reduce": "all_reduce", "broadcast": "broadcast", "barrier": "barrier"}
+    engine = make(config(stage=2, comms_logger={"enabled": True, "prof_all": True}))
+    logger = deepspeed.comm.comms_logger
+    before = engine.comm_counts()
+    logger.reset_data()
+    start = time.perf_counter()
+    for step in range(3):
+        loss = engine(*batch(step, engine.global_rank))
+        engine.backward(loss)
+        engine.step()
+    wall_ms = (time.perf_counter() - start) * 1e3
+    after = engine.comm_counts()
+    logged = logger.get_raw_data()
+    expected = {names[op]: (c["calls"] - before.get(op, {}).get("calls", 0),
+                            c["bytes"] - before.get(op, {}).get("bytes", 0)) for op, c in after.items()}
+    expected = {op: v for op, v in expected.items() if v[0] > 0}
+    got = {op: (sum(v[0] for v in sizes.values()),
+                # A gather's or reduce-scatter's message is one rank's shard; the counters count the whole.
+                sum(v[0] * size * (engine.world_size if op in ("all_gather_into_tensor", "reduce_scatter_tensor")
+                                   else 1) for size, v in sizes.items())) for op, sizes in logged.items()}
+    check(got == expected and "reduce_scatter_tensor" in got,
+          f"comms logger: the engine's collectives, calls and bytes as its counters ({got} vs {expected})")
+    latencies = [ms for sizes in logged.values() for v in sizes.values() for ms in v[1]]
+    check(all(ms > 0 for ms in latencies) and sum(latencies) <= wall_ms,
+          f"comms logger: each latency positive, all within the loop's {wall_ms:.1f} ms ({sum(latencies):.2f})")
+    t = torch.ones(1000)
+    deepspeed.comm.all_reduce(t)
+    check(logger.get_raw_data()["all_reduce"][4000][0] >= 1 and t[0].item() == 2.0,
+          "comms logger: a script's deepspeed.comm.all_reduce, logged at its 4000 bytes")
+    deepspeed.comm.configure(prof_all=False, prof_ops=["all_reduce"])
+
+    def calls():
+        return {op: sum(v[0] for v in sizes.values()) for op, sizes in logger.get_raw_data().items()}
+
+    was = calls()
+    loss = engine(*batch(3, engine.global_rank))
+    engine.backward(loss)
+    engine.step()
+    now = calls()
+    check(now["reduce_scatter_tensor"] == was["reduce_scatter_tensor"] and now["all_reduce"] > was["all_reduce"],
+          f"comms logger: prof_ops=['all_reduce'] logs only the engine's all-reduces ({was} -> {now})")
+    summary = deepspeed.comm.log_summary(show_straggler=True, return_dict=True)
+    rs = summary["summary"]["reduce_scatter_tensor"]
+    check(all(s["count"] == 3 and s["total_latency_ms"] > 0 and s["busbw_avg_gbps"] > 0 for s in rs.values()) and
+          all(e["total_straggler_ms"] >= 0 for e in summary["straggler_analysis"]["reduce_scatter_tensor"].values()),
+          f"comms logger: log_summary's dict, DeepSpeed's fields, straggler analysis ({rs})")
+    deepspeed.comm.configure(enabled=False)
+
+
 def test_config_errors():
     for cfg, text in ((config(tensorboard={"enabled": True, "output": "x"}), "tensorboard.output"),
                       (config(wandb={"enabled": True}), "wandb"),
@@ -314,7 +369,7 @@ def test_flops_profiler_in_the_engine():
 
 def main():
     deepspeed.init_distributed()
-    for test in (test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_throughput_timer, test_config_errors,
+    for test in (test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_throughput_timer, test_comms_logger, test_config_errors,
                  test_activation_checkpointing, test_flops_profiler_in_the_engine):
         try:
             test()
