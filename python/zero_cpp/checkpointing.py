@@ -1,6 +1,9 @@
 """DeepSpeed's `deepspeed.checkpointing` (activation checkpointing): torch's
-own non-reentrant checkpoint, which the engine's stage-3 hooks follow as any
+own reentrant checkpoint, DeepSpeed's semantics (outputs need grad only if an
+input does, so a checkpointed layer fed by no input that needs grad gets no
+grads, as under DeepSpeed), which the engine's stage-3 hooks follow as any
 recompute (a unit's forward runs again in backward and is gathered again).
+`non_reentrant_checkpoint` is torch's non-reentrant one.
 
 Its settings (`configure()`, or the ds_config's activation_checkpointing
 block) act as DeepSpeed's do without model parallelism, the only kind
@@ -29,22 +32,35 @@ _settings = None  # None until configure(): DeepSpeed's is_configured()
 
 def checkpoint(function, *args, **kwargs):
     """`function(*args, **kwargs)`, its activations recomputed in backward
-    rather than kept."""
+    rather than kept (reentrant, as DeepSpeed's)."""
+    if kwargs:  # the reentrant checkpoint takes positional arguments only
+        keys, positional = tuple(kwargs), len(args)
+        call = function
+
+        def function(*all_args):
+            return call(*all_args[:positional], **dict(zip(keys, all_args[positional:])))
+        args = args + tuple(kwargs.values())
+    return _run(function, args, reentrant=True)
+
+
+def non_reentrant_checkpoint(function, *args, **kwargs):
+    """As checkpoint(), torch's non-reentrant recomputation."""
+    return _run(lambda *a: function(*a, **kwargs), args, reentrant=False, kwargs=kwargs)
+
+
+def _run(function, args, reentrant, kwargs=None):
     settings = _settings or _DEFAULTS
     keep_on_host = settings["cpu_checkpointing"] and any(
-        isinstance(a, torch.Tensor) and not a.is_cpu for a in args + tuple(kwargs.values()))
+        isinstance(a, torch.Tensor) and not a.is_cpu for a in args + tuple((kwargs or {}).values()))
     saving = torch.autograd.graph.save_on_cpu(pin_memory=True) if keep_on_host else contextlib.nullcontext()
     sync = settings["synchronize_checkpoint_boundary"]
     if sync:
         get_accelerator().synchronize()
     with saving:
-        out = _torch_checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
+        out = _torch_checkpoint.checkpoint(function, *args, use_reentrant=reentrant)
     if sync:
         get_accelerator().synchronize()
     return out
-
-
-non_reentrant_checkpoint = checkpoint
 
 
 def configure(mpu_, deepspeed_config=None, partition_activations=None, contiguous_checkpointing=None,

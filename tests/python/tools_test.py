@@ -296,6 +296,13 @@ def test_activation_checkpointing():
     recomputed = grads(True)
     check(all(torch.equal(a, b) for a, b in zip(plain, recomputed)),
           "checkpointing: grads equal to no checkpointing, keyword arguments and dropout included")
+    # DeepSpeed's is reentrant: a layer fed by no input that needs grad gets no grads (its loss differs
+    # from a plain forward's); torch's non-reentrant one gives them.
+    frozen_input = torch.randn(4, 16)
+    check(not deepspeed.checkpointing.checkpoint(block, frozen_input).requires_grad and
+          deepspeed.checkpointing.non_reentrant_checkpoint(block, frozen_input).requires_grad,
+          "checkpointing: reentrant as DeepSpeed's (no grads through an input that needs none); "
+          "non_reentrant_checkpoint not")
     ok, msg = raises(lambda: deepspeed.checkpointing.configure(None, profile=True), Exception, "profile")
     check(ok, f"checkpointing: profile refused by name ({msg[:80]})")
     deepspeed.checkpointing.configure(None, deepspeed_config=path)
@@ -304,10 +311,12 @@ def test_activation_checkpointing():
         def __init__(self, use_checkpoint):
             super().__init__()
             self.use_checkpoint = use_checkpoint
+            self.inp = nn.Linear(16, 16)  # the checkpointed blocks' input needs grad, as an embedding's does
             self.blocks = nn.ModuleList([Block() for _ in range(2)])
             self.head = nn.Linear(16, 1)
 
         def forward(self, x, y):
+            x = self.inp(x)
             for blk in self.blocks:
                 x = deepspeed.checkpointing.checkpoint(blk, x) if self.use_checkpoint else blk(x)
             return F.mse_loss(self.head(x), y)
