@@ -216,9 +216,13 @@ class ZeroEngine(torch.nn.Module):
     def global_samples(self):
         return self.global_steps * self.train_batch_size()
 
-    @property
     def loss_scale(self):
-        return self._engine.loss_scale
+        """DeepSpeed's: the config's static fp16 loss scale, 0.0 when dynamic
+        (the scale now is optimizer.cur_scale)."""
+        return float(self._resolved["fp16"]["loss_scale"])
+
+    def dynamic_loss_scale(self):
+        return self.loss_scale() == 0
 
     def get_lr(self):
         return [g["lr"] for g in self.optimizer.param_groups]
@@ -244,6 +248,8 @@ class ZeroEngine(torch.nn.Module):
         return model_dtype, dtypes[accum] if accum is not None else model_dtype
 
     def get_global_grad_norm(self):
+        if self.optimizer.overflow:
+            return float("inf")  # as DeepSpeed's after an fp16 overflow skipped the step
         norm = self._engine.last_grad_norm
         return None if norm != norm else norm  # NaN: not computed
 
@@ -369,7 +375,7 @@ class ZeroEngine(torch.nn.Module):
         samples = self.global_samples
         events = [("Train/Samples/lr", self.get_lr()[0], samples)]
         if self.fp16_enabled():
-            events.append(("Train/Samples/loss_scale", self.loss_scale, samples))
+            events.append(("Train/Samples/loss_scale", self._engine.loss_scale, samples))
         events += [(f"Train/Samples/elapsed_time_ms_{phase}", ms, samples)
                    for phase, ms in self._engine.last_step_times().items()]
         self.monitor.tb_monitor.write_events(events)

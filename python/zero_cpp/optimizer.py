@@ -193,7 +193,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     @property
     def loss_scale(self):
-        return self._engine.loss_scale
+        """The fp16 loss scale now (dynamic, or the config's static one)."""
+        return self._engine._engine.loss_scale
 
     cur_scale = loss_scale
 

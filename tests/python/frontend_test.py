@@ -683,8 +683,14 @@ def test_group_settings_and_step_flags():
         before = e.skipped_steps
         e.backward(e(*data(0, e)) * scale)
         e.step()
-        seen.append((opt.overflow, e.skipped_steps - before))
-    check(seen == [(False, 0), (True, 1), (False, 0)], f"optimizer.overflow says the step was skipped ({seen})")
+        seen.append((opt.overflow, e.skipped_steps - before, e.get_global_grad_norm() == float("inf")))
+    check(seen == [(False, 0, False), (True, 1, True), (False, 0, False)],
+          f"optimizer.overflow says the step was skipped, and get_global_grad_norm() is inf then, as DeepSpeed's "
+          f"({seen})")
+    check(e.loss_scale() == 0.0 and e.dynamic_loss_scale() and opt.cur_scale == opt.loss_scale == 256.0,
+          f"engine.loss_scale() is the config's (0: dynamic), optimizer.cur_scale the scale now (2^8, kept "
+          f"through one overflow by hysteresis 2) "
+          f"({e.loss_scale()}, {opt.cur_scale})")
 
 
 def test_interrupted_forward():
