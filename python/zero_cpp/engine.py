@@ -549,6 +549,12 @@ class ZeroEngine(torch.nn.Module):
         if tag is None and not os.path.isfile(os.path.join(load_dir, "latest")):
             warnings.warn(f"zero_cpp: no checkpoint in {load_dir} (no 'latest' file); nothing loaded")
             return None, None
+        from .deepspeed_checkpoint import is_deepspeed_checkpoint  # here: that package imports this module
+        shown = None  # the path returned, where the one loaded is a conversion of it
+        if is_deepspeed_checkpoint(load_dir, tag):
+            tag = str(tag) if tag is not None else _read_latest(load_dir).strip()
+            shown = os.path.join(load_dir, tag)
+            load_dir = self._convert_deepspeed_checkpoint(load_dir, tag)
         tag = "" if tag is None else str(tag)
         optimizer_state = load_optimizer_states and not load_module_only
         client, own = _unpack_client_state(self._engine.load_checkpoint(
@@ -559,7 +565,31 @@ class ZeroEngine(torch.nn.Module):
                     g.update(saved)
             if load_lr_scheduler_states and self.lr_scheduler is not None and own["lr_scheduler"] is not None:
                 self.lr_scheduler.load_state_dict(own["lr_scheduler"])
-        return os.path.join(load_dir, tag or _C.resolve_tag(load_dir, "")), client
+        return shown or os.path.join(load_dir, tag or _C.resolve_tag(load_dir, "")), client
+
+    def _convert_deepspeed_checkpoint(self, load_dir, tag):
+        """DeepSpeed's load_dir/tag, converted by rank 0 into
+        load_dir/zero_cpp_converted/tag (every rank sees it, as it sees
+        load_dir), given this model and its param groups (a stage-0
+        checkpoint numbers its optimizer state by their positions); every
+        rank learns of a failure, so none waits on a conversion that died."""
+        from .deepspeed_checkpoint import convert_deepspeed_checkpoint
+        out = os.path.join(load_dir, "zero_cpp_converted")
+        failure = None
+        if self.global_rank == 0:
+            try:
+                convert_deepspeed_checkpoint(load_dir, tag, out, tag, model=self.module,
+                                             param_groups=self.optimizer.param_groups)
+            except Exception as e:  # noqa: BLE001 -- raised below, once every rank knows
+                failure = e
+        said = [None if failure is None else f"{type(failure).__name__}: {failure}"]
+        torch.distributed.broadcast_object_list(said, src=0, device=torch.device("cpu"))
+        if failure is not None:
+            raise failure
+        if said[0] is not None:
+            raise RuntimeError(f"zero_cpp: converting DeepSpeed's checkpoint {os.path.join(load_dir, tag)} failed "
+                               f"on rank 0: {said[0]}")
+        return out
 
     def destroy(self):
         if self._hooks is not None:

@@ -46,12 +46,14 @@ CheckpointReader::CheckpointReader(const std::string& dir, const std::string& ta
   std::ifstream f(mpath);
   if (!f) {
     std::error_code ec;
-    if (std::filesystem::exists(path_ + "/mp_rank_00_model_states.pt", ec))
-      throw std::runtime_error(
-          "checkpoint " + path_ + " was written by DeepSpeed (mp_rank_00_model_states.pt), not by zero-cpp, whose "
-          "format it cannot read: consolidate it with DeepSpeed's zero_to_fp32 (get_fp32_state_dict_from_zero_"
-          "checkpoint, or the zero_to_fp32.py it saved beside it) and load that state dict into the model before "
-          "initialize (or with the C++ engine's load_weights)");
+    // DeepSpeed's model states: one file below stage 3, one per rank at stage 3.
+    for (const char* file : {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"})
+      if (std::filesystem::exists(path_ + "/" + file, ec))
+        throw std::runtime_error(
+            "checkpoint " + path_ + " was written by DeepSpeed (" + file + "), not by zero-cpp: convert it "
+            "first (python -m zero_cpp.deepspeed_checkpoint DIR OUT_DIR, which writes a zero-cpp checkpoint "
+            "with the weights, Adam's moments, counters and scheduler; the Python front end's "
+            "load_checkpoint converts it itself)");
     throw std::runtime_error("checkpoint " + path_ + " has no manifest.json (not a finished save?)");
   }
   json j;

@@ -712,7 +712,9 @@ void FlatOptimizer::restore_counters(const nlohmann::json& j) {
   global_steps_ = j.at("global_steps");
   skipped_steps_ = j.at("skipped_steps");
   scheduler_iter_ = j.at("scheduler_iter");
-  last_grad_norm_ = j.at("last_grad_norm");
+  // NaN (no norm computed: compute_grad_norm false) is saved as null.
+  const auto& norm = j.at("last_grad_norm");
+  last_grad_norm_ = norm.is_null() ? std::numeric_limits<double>::quiet_NaN() : norm.get<double>();
 }
 
 void FlatOptimizer::restore_update_state(const nlohmann::json& j) {

@@ -21,6 +21,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "ckpt/checkpoint_dir.h"
+#include "ckpt/manifest.h"
 #include "ckpt/safetensors.h"
 #include "comm/comm_log.h"
 #include "common/libstdcxx_binding.h"
@@ -254,6 +255,17 @@ PYBIND11_MODULE(_C, m) {
   // ---- config ----
   // The parsed config back as JSON (every key resolved), or a ValueError
   // naming what is wrong.
+  // For checkpoints written from Python (zero_cpp.deepspeed_checkpoint): the
+  // loader's own hashes, so writer and reader cannot drift apart.
+  m.def("checkpoint_manifest_hash",
+        [](const std::string& text) { return std::to_string(ckpt::manifest_hash(nlohmann::json::parse(text))); });
+  m.def(
+      "checkpoint_file_digest",
+      [](const std::string& path) {
+        ckpt::SafetensorsFile f(path);
+        return std::make_pair(f.file_bytes(), std::to_string(f.hash()));
+      },
+      Release());
   // DeepSpeed's comms_logger: the dispatcher's log of each collective (comm/comm_log.h).
   m.def("comms_log_enable", [](bool on) { comm::comm_log::set_enabled(on); });
   m.def("comms_log_drain", [] {

@@ -597,6 +597,19 @@ def test_weights_only_load_and_16bit_model():
           and fresh.get_lr() == want_lr,
           f"load_optimizer_states=False: client state {client}, step {fresh.global_steps}, scheduler at "
           f"{fresh_sched.last_batch_iteration}, lr {fresh.get_lr()} (saved: step 3, {want_iter}, {want_lr})")
+    # Without a grad norm (compute_grad_norm false, no clipping) the saved norm is NaN: it loads back as none.
+    cfg = config(1, compute_grad_norm=False)
+    cfg["gradient_clipping"] = 0.0
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = Mlp()
+        runs.append(deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0])
+    train(runs[0], 1)
+    runs[0].save_checkpoint(path, tag="no_norm")
+    ok, msg = raises(lambda: runs[1].load_checkpoint(path, tag="no_norm"), Exception, "")
+    check(not ok and msg == "did not raise" and runs[1].get_global_grad_norm() is None and runs[1].global_steps == 1,
+          f"a checkpoint saved with no grad norm computed loads, its norm none ({msg})")
     missing = engine.load_checkpoint(os.path.join(TMP, "nowhere"))
     check(missing == (None, None), "a directory without a checkpoint gives (None, None), as DeepSpeed")
     # A model loaded in bf16 (a checkpoint's torch_dtype) under a bf16 config
@@ -804,14 +817,18 @@ def test_errors():
               and "consolidated_fp32_state_dict" in run.stderr,
               f"a released param read from Python stops the process naming it and the Python API to use "
               f"({run.returncode}: {run.stderr.strip()[-400:]})")
-    ds_dir = os.path.join(TMP, f"deepspeed-ckpt-{dist.get_rank()}")  # DeepSpeed's layout, one per rank
-    os.makedirs(os.path.join(ds_dir, "global_step6"), exist_ok=True)
-    with open(os.path.join(ds_dir, "latest"), "w") as f:
-        f.write("global_step6")
-    torch.save({"module": {}}, os.path.join(ds_dir, "global_step6", "mp_rank_00_model_states.pt"))
+    # DeepSpeed's layout but not a checkpoint it could have written: the conversion (rank 0's) fails on
+    # every rank, naming it. (Real ones convert and load: ctest python_deepspeed_checkpoint.)
+    ds_dir = os.path.join(TMP, "deepspeed-ckpt")
+    if dist.get_rank() == 0:
+        os.makedirs(os.path.join(ds_dir, "global_step6"), exist_ok=True)
+        with open(os.path.join(ds_dir, "latest"), "w") as f:
+            f.write("global_step6")
+        torch.save({"module": {}}, os.path.join(ds_dir, "global_step6", "mp_rank_00_model_states.pt"))
+    dist.barrier()
     engine = make(1)
-    ok, said = raises(lambda: engine.load_checkpoint(ds_dir), RuntimeError, "written by DeepSpeed")
-    check(ok, f"a checkpoint DeepSpeed wrote is named as such, with what to do ({said})")
+    ok, said = raises(lambda: engine.load_checkpoint(ds_dir), Exception, "global_step6")
+    check(ok, f"a broken DeepSpeed checkpoint is an error on every rank, naming it ({said})")
     bad = config(2)
     bad["zero_optimization"]["stage3_prefetch_bucket_sizes"] = 5
     ok, said = raises(lambda: deepspeed.initialize(model=model, model_parameters=model.parameters(), config=bad),
