@@ -523,7 +523,7 @@ class ZeroEngine(torch.nn.Module):
         if exclude_frozen_parameters:
             raise NotImplementedError("zero_cpp: save_checkpoint(exclude_frozen_parameters=True) is not "
                                       "supported; frozen params are saved with the checkpoint")
-        tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
+        tag = self._agreed_tag(str(tag) if tag is not None else f"global_step{self.global_steps}")
         previous = _read_latest(save_dir) if not save_latest else None
         self._engine.save_checkpoint(os.fspath(save_dir), tag, _pack_client_state(client_state, {
             "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
@@ -534,6 +534,28 @@ class ZeroEngine(torch.nn.Module):
         if self.global_rank == 0:
             _write_zero_to_fp32_script(save_dir)
         return True
+
+    def _agreed_tag(self, tag):
+        """The tag every rank saves under: rank 0's. DeepSpeed's tutorial names
+        a checkpoint by the rank's own loss (`ckpt_id = loss.item()`), which
+        differs by rank; as DeepSpeed, the config's checkpoint.tag_validation
+        says what then happens: "Warn" (the default) warns, "Fail" raises on
+        every rank, "Ignore" does neither -- and the ranks save one checkpoint
+        under rank 0's tag (DeepSpeed's would each write their own)."""
+        if self.world_size == 1:
+            return tag
+        tags = [None] * self.world_size
+        torch.distributed.all_gather_object(tags, tag)
+        if len(set(tags)) == 1:
+            return tag
+        mode = str(self._config.get("checkpoint", {}).get("tag_validation", "Warn")).upper()
+        said = (f"zero_cpp: save_checkpoint's tag differs between ranks ({', '.join(repr(t) for t in tags[:4])}"
+                f"{', ...' if len(tags) > 4 else ''})")
+        if mode == "FAIL":
+            raise ValueError(said + "; checkpoint.tag_validation is Fail")
+        if mode != "IGNORE":
+            warnings.warn(said + f"; every rank saves under rank 0's, {tags[0]!r}")
+        return tags[0]
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):

@@ -10,6 +10,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -597,6 +598,21 @@ def test_weights_only_load_and_16bit_model():
           and fresh.get_lr() == want_lr,
           f"load_optimizer_states=False: client state {client}, step {fresh.global_steps}, scheduler at "
           f"{fresh_sched.last_batch_iteration}, lr {fresh.get_lr()} (saved: step 3, {want_iter}, {want_lr})")
+    # The getting-started tutorial's tag, the rank's own loss: one checkpoint under rank 0's, with a
+    # warning (DeepSpeed's tag_validation default), or an error on every rank with "Fail".
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.save_checkpoint(path, tag=f"loss{dist.get_rank()}")
+    check(os.path.isfile(os.path.join(path, "loss0", "manifest.json")) and not os.path.exists(
+          os.path.join(path, "loss1")) and any("differs between ranks" in str(w.message) for w in caught),
+          "a tag that differs by rank: one checkpoint under rank 0's, and a warning")
+    strict = config(2)
+    strict["checkpoint"] = {"tag_validation": "Fail"}
+    torch.manual_seed(0)
+    model = Mlp()
+    e, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=strict)
+    ok, said = raises(lambda: e.save_checkpoint(path, tag=f"loss{dist.get_rank()}"), ValueError, "differs between")
+    check(ok, f"with tag_validation Fail, an error on every rank ({said})")
     # Without a grad norm (compute_grad_norm false, no clipping) the saved norm is NaN: it loads back as none.
     cfg = config(1, compute_grad_norm=False)
     cfg["gradient_clipping"] = 0.0
