@@ -251,6 +251,9 @@ struct Config {
   SchedulerConfig scheduler;  ///< the `scheduler` block
   std::optional<DType> communication_data_type;  ///< default: the params' dtype
   std::optional<DType> grad_accum_dtype;         ///< data_types.grad_accum_dtype
+  /// data_types.buffer_dtype: the dtype floating-point buffers are cast to
+  /// (DeepSpeed 0.19.8's key). Unset, they follow keep_buffer_dtype.
+  std::optional<DType> buffer_dtype;
   ZeroConfig zero;  ///< the `zero_optimization` block
   /// "zero_cpp": {"comm_fast_path": false} routes every collective to the
   /// backend (Gloo) instead of the shared-memory transport between ranks on
@@ -260,6 +263,13 @@ struct Config {
   /// rank 0's module buffers (BatchNorm running statistics) to every rank at
   /// each step boundary (DDP's broadcast_buffers; on by default, as there).
   bool broadcast_buffers = true;
+  /// "zero_cpp": {"keep_buffer_dtype": true} leaves floating-point buffers in
+  /// the dtype the model holds them in under 16-bit compute, as DeepSpeed
+  /// 0.19.8 does (the Python front end's default: a rotary table kept in
+  /// fp32). Off, as the C++ API's default, they move to the compute dtype
+  /// with the frozen params, as torch's CPU batch_norm wants its running
+  /// statistics in its weight's dtype.
+  bool keep_buffer_dtype = false;
   /// "zero_cpp": {"malloc_mmap_threshold": bytes}: the engine fixes glibc's
   /// mmap threshold there, so freed activations and scratch go back to the OS
   /// instead of holding the heap at its high-water mark (src/memory/malloc_policy.h);

@@ -132,7 +132,10 @@ def for_engine(config):
     which would make a Python model see fp32 params where DeepSpeed's sees
     16-bit ones. Buffers (BatchNorm's running stats) stay each rank's own, as
     DeepSpeed leaves them; the C++ API's default copies rank 0's to every
-    rank at each step, as DDP does. What the user set under `zero_cpp` is
+    rank at each step, as DDP does. And they keep their dtype under 16-bit
+    compute (a rotary table stays fp32) unless data_types.buffer_dtype says
+    otherwise, as DeepSpeed 0.19.8 casts only params; the C++ API's default
+    casts them with the frozen params. What the user set under `zero_cpp` is
     kept."""
     config = copy.deepcopy(config)
     p = precision(config)
@@ -140,6 +143,7 @@ def for_engine(config):
     if p != "fp32" and "compute_dtype" not in own:
         own["compute_dtype"] = p
     own.setdefault("broadcast_buffers", False)
+    own.setdefault("keep_buffer_dtype", True)  # DeepSpeed 0.19.8 casts params only, unless data_types.buffer_dtype
     if not own:
         del config["zero_cpp"]
     for name in PYTHON_BLOCKS:

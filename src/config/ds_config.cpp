@@ -510,6 +510,7 @@ Config Config::from_json(const json& j) {
   {
     ObjectReader dt = top.child("data_types");
     c.grad_accum_dtype = read_dtype(dt, "grad_accum_dtype");
+    c.buffer_dtype = read_dtype(dt, "buffer_dtype");
     dt.finish();
   }
   c.zero = read_zero(top);
@@ -518,6 +519,7 @@ Config Config::from_json(const json& j) {
     ObjectReader own = top.child("zero_cpp");
     c.comm_fast_path = own.get_bool("comm_fast_path", c.comm_fast_path);
     c.broadcast_buffers = own.get_bool("broadcast_buffers", c.broadcast_buffers);
+    c.keep_buffer_dtype = own.get_bool("keep_buffer_dtype", c.keep_buffer_dtype);
     // glibc caps its threshold at 32 MiB on 64-bit (HEAP_MAX / 2).
     c.malloc_mmap_threshold = own.get_int("malloc_mmap_threshold", c.malloc_mmap_threshold, 0, int64_t{32} << 20);
     c.cpu_allocator = own.get_choice("cpu_allocator", "caching", {"caching", "torch"}) == "torch"
@@ -806,6 +808,7 @@ json Config::to_json() const {
   j["bf16"] = {{"enabled", bf16.enabled}};
   j["zero_cpp"] = {{"comm_fast_path", comm_fast_path},
                    {"broadcast_buffers", broadcast_buffers},
+                   {"keep_buffer_dtype", keep_buffer_dtype},
                    {"malloc_mmap_threshold", malloc_mmap_threshold},
                    {"cpu_allocator", to_string(cpu_allocator)},
                    {"compute_dtype", compute_dtype ? to_string(*compute_dtype) : "auto"},
@@ -875,7 +878,8 @@ json Config::to_json() const {
     j["scheduler"] = {{"type", to_string(scheduler.type)}, {"params", p}};
   }
   if (communication_data_type) j["communication_data_type"] = to_string(*communication_data_type);
-  if (grad_accum_dtype) j["data_types"] = {{"grad_accum_dtype", to_string(*grad_accum_dtype)}};
+  if (grad_accum_dtype) j["data_types"]["grad_accum_dtype"] = to_string(*grad_accum_dtype);
+  if (buffer_dtype) j["data_types"]["buffer_dtype"] = to_string(*buffer_dtype);
   const auto& z = zero;
   json zj = {{"stage", z.stage},
              {"contiguous_gradients", z.contiguous_gradients},

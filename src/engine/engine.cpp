@@ -55,16 +55,23 @@ void sync_replicated_at_construction(torch::nn::Module& model, const std::vector
   comm.broadcast_coalesced(dp, tensors, 0, "frozen params and buffers");
 }
 
-// With 16-bit compute the frozen params and floating-point buffers move to
-// that dtype too, as DeepSpeed's module.bfloat16()/half() casts them (CPU
-// kernels such as batch_norm want the weight and running statistics in one
-// dtype); integer buffers (a step counter) keep theirs.
-void cast_replicated_to_compute(const std::vector<ReplicatedTensor>& replicated, const Precision& precision) {
-  if (precision.compute == at::kFloat) return;
+// With 16-bit compute the frozen params move to that dtype, as DeepSpeed
+// casts every param. Floating-point buffers go to data_types.buffer_dtype
+// where set; else they keep theirs with zero_cpp.keep_buffer_dtype (DeepSpeed
+// 0.19.8's way), or follow the frozen params (CPU kernels such as batch_norm
+// want the weight and running statistics in one dtype). Integer buffers (a
+// step counter) keep theirs.
+void cast_replicated(const std::vector<ReplicatedTensor>& replicated, const Precision& precision,
+                     const Config& config) {
+  const std::optional<at::ScalarType> compute =
+      precision.compute == at::kFloat ? std::nullopt : std::optional<at::ScalarType>(precision.compute);
+  std::optional<at::ScalarType> buffers = config.keep_buffer_dtype ? std::nullopt : compute;
+  if (config.buffer_dtype) buffers = to_scalar_type(*config.buffer_dtype);
   at::NoGradGuard no_grad;
-  for (const auto& r : replicated)
-    if (r.tensor.is_floating_point() && r.tensor.scalar_type() != precision.compute)
-      r.tensor.set_data(r.tensor.to(precision.compute));
+  for (const auto& r : replicated) {
+    const auto& to = r.buffer ? buffers : compute;
+    if (to && r.tensor.is_floating_point() && r.tensor.scalar_type() != *to) r.tensor.set_data(r.tensor.to(*to));
+  }
 }
 
 // The user's param groups as the flat optimizer's hypers; a tensor that is
@@ -149,7 +156,7 @@ Engine::Impl::Impl(torch::nn::Module& m, const Config& c, comm::Comm& cm, std::s
   check_same_model_on_all_ranks(m, comm, dp);
   replicated = replicated_tensors(m);
   sync_replicated_at_construction(m, replicated, comm, dp);
-  cast_replicated_to_compute(replicated, precision);
+  cast_replicated(replicated, precision, config);
   if (!device.is_cpu()) {
     const c10::DeviceIndex index = device.index();
     training_log.set_device_sync([index] { at::accelerator::synchronizeDevice(index); });

@@ -10,8 +10,6 @@
 
 namespace zero {
 
-namespace {
-
 at::ScalarType to_scalar_type(DType d) {
   switch (d) {
     case DType::bf16: return at::kBFloat16;
@@ -19,6 +17,8 @@ at::ScalarType to_scalar_type(DType d) {
     default: return at::kFloat;
   }
 }
+
+namespace {
 
 // Big enough that the GEMM kernel, not dispatch, is timed (~1 ms in fp32 on
 // one core); small enough to cost a few tens of ms even where 16-bit is slow.

@@ -41,4 +41,7 @@ Precision resolve_precision(const Config& config, comm::Comm& comm, const comm::
 // (the best of a few runs, after a warm-up).
 double time_gemm_ms(at::ScalarType dtype, int64_t n);
 
+// The tensor dtype of a config dtype.
+at::ScalarType to_scalar_type(DType d);
+
 }  // namespace zero

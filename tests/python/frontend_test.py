@@ -483,9 +483,10 @@ def test_accelerator_logging_and_loaders():
     check(torch.device(acc.current_device_name()) == engine.device and acc.device_name() == engine.device.type
           and acc.on_accelerator(next(engine.module.parameters())),
           f"the accelerator names the engine's device ({acc.current_device_name()} vs {engine.device})")
+    now = acc.memory_allocated()  # first: memory can only grow before the peak is read
     check(acc.communication_backend_name() == ("nccl" if engine.device.type == "cuda" else "gloo")
           and acc.is_available() and acc.total_memory() >= acc.available_memory() > 0
-          and acc.max_memory_allocated() >= acc.memory_allocated() > 0,
+          and acc.max_memory_allocated() >= now > 0,
           "the accelerator's backend name, and its memory figures ordered as they must be")
     lines = io.StringIO()
     handler = logging.StreamHandler(lines)
@@ -644,6 +645,22 @@ def test_weights_only_load_and_16bit_model():
         e, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         runs.append(train(e, 3))
     check(runs[0] == runs[1], f"a bf16-loaded model trains as its fp32 twin ({runs[0][-1]:.6f} vs {runs[1][-1]:.6f})")
+    # DeepSpeed 0.19.8 casts params, not buffers, to bf16 (a rotary table stays fp32) unless
+    # data_types.buffer_dtype says so; integer buffers keep theirs either way.
+    for buffer_dtype, want in ((None, torch.float32), ("bf16", torch.bfloat16)):
+        torch.manual_seed(0)
+        model = Mlp()
+        model.register_buffer("table", torch.linspace(0.3, 0.7, 8))
+        model.register_buffer("count", torch.zeros(1, dtype=torch.int64))
+        cfg = config(2)
+        cfg["bf16"] = {"enabled": True}
+        if buffer_dtype is not None:
+            cfg["data_types"] = {"buffer_dtype": buffer_dtype}
+        e, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        check(model.table.dtype == want and model.count.dtype == torch.int64 and
+              model.inp.weight.dtype == torch.bfloat16,
+              f"bf16 with data_types.buffer_dtype {buffer_dtype}: a float buffer in {model.table.dtype} "
+              f"(DeepSpeed's: {want}), params in bf16")
     # Hugging Face's Trainer and accelerate save a stage-3 model through
     # _zero3_consolidated_16bit_state_dict(): rank 0's whole model in bf16.
     cfg3 = config(3)

@@ -56,11 +56,12 @@ class Net(nn.Module):
         self.ln_f = nn.LayerNorm(D)
         self.head = nn.Linear(D, VOCAB, bias=False)
         self.head.weight = self.emb.weight  # tied
-        self.register_buffer("scale", torch.full((D,), 0.5))
+        # Values bf16 cannot hold, used in fp32 as a rotary table is: DeepSpeed leaves buffers in their dtype.
+        self.register_buffer("scale", torch.linspace(0.3, 0.7, D))
 
     def forward(self, idx, targets):
         x = self.emb(idx) + self.pos[: idx.shape[1]]
-        x = x + self.frozen(x) * self.scale.to(x.dtype)  # DeepSpeed leaves buffers in fp32 under bf16
+        x = x + (self.frozen(x).float() * self.scale).to(x.dtype)
         for b in self.blocks:
             if self.recompute is None:
                 x = b(x)
