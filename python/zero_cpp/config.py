@@ -93,10 +93,12 @@ def stage(config):
 
 # The blocks the Python front end carries out itself, with DeepSpeed 0.19.8's
 # keys and defaults: the C++ engine refuses them (a C++ program has no
-# TensorBoard writer, flops profiler, comms logger or deepspeed.checkpointing),
-# so they are read here and taken out of what it gets.
+# TensorBoard writer, flops profiler, comms logger or deepspeed.checkpointing;
+# its CSV monitor writes its own events, the front end DeepSpeed's), so they
+# are read here and taken out of what it gets.
 PYTHON_BLOCKS = {
     "tensorboard": {"enabled": False, "output_path": "", "job_name": "DeepSpeedJobName"},
+    "csv_monitor": {"enabled": False, "output_path": "", "job_name": "DeepSpeedJobName"},
     "flops_profiler": {"enabled": False, "recompute_fwd_factor": 0.0, "profile_step": 1, "module_depth": -1,
                        "top_modules": 1, "detailed": True, "output_file": None},
     "comms_logger": {"enabled": False, "verbose": False, "prof_all": True, "prof_ops": [], "debug": False},

@@ -104,9 +104,8 @@ class ZeroEngine(torch.nn.Module):
         self._mirror = Mirror(model, stage3=self._stage == 3, world=self._world)
         self._engine = _C.Engine(self._world, self._mirror.root, configs.for_cxx(self._config), cxx_groups)
         self._hooks = UnitHooks(self._mirror.units) if self._stage == 3 else None
-        # Rank 0's TensorBoard and CSV writers, for the script's events and
-        # (TensorBoard) the engine's; the C++ engine writes its own CSV files.
-        self.monitor = MonitorMaster(monitor_config(self._config, self._resolved))
+        # Rank 0's TensorBoard and CSV writers, for the engine's events and the script's.
+        self.monitor = MonitorMaster(monitor_config(self._config))
         # Samples per second for scripts that read it; the engine's own
         # progress line (steps_per_print) already reports the rate.
         self.tput_timer = ThroughputTimer(None, batch_size=self.train_batch_size(),
@@ -367,18 +366,24 @@ class ZeroEngine(torch.nn.Module):
             self.flops_profiler.end_profile()
 
     def _write_monitor_events(self):
-        """The events DeepSpeed's engine writes at each boundary (the lr, the
-        fp16 loss scale, wall_clock_breakdown's phases), to TensorBoard; the
-        C++ engine has written them to the CSV files."""
-        if self.monitor.tb_monitor is None:
+        """The events DeepSpeed's engine writes at each boundary, at the
+        samples trained so far: the lr the next step takes (the scheduler has
+        stepped), the fp16 loss scale, and with wall_clock_breakdown each
+        phase under DeepSpeed's name (backward_inner: the backward without
+        the wait for its reductions)."""
+        if not self.monitor.enabled:
             return
         samples = self.global_samples
         events = [("Train/Samples/lr", self.get_lr()[0], samples)]
         if self.fp16_enabled():
             events.append(("Train/Samples/loss_scale", self._engine.loss_scale, samples))
-        events += [(f"Train/Samples/elapsed_time_ms_{phase}", ms, samples)
-                   for phase, ms in self._engine.last_step_times().items()]
-        self.monitor.tb_monitor.write_events(events)
+        ms = self._engine.last_step_times()
+        if ms:
+            phases = {"forward": ms["forward"], "backward": ms["backward"],
+                      "backward_inner": ms["backward"] - ms["backward_allreduce"],
+                      "backward_allreduce": ms["backward_allreduce"], "step": ms["step"]}
+            events += [(f"Train/Samples/elapsed_time_ms_{phase}", t, samples) for phase, t in phases.items()]
+        self.monitor.write_events(events)
 
     def _update(self):
         return self._engine.step()

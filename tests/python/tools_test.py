@@ -118,36 +118,48 @@ def test_monitor_tensorboard():
 
 
 def test_monitor_csv():
-    """A script's MonitorMaster from DeepSpeedConfig (the Monitor tutorial)
-    writes the same layout as the C++ engine's csv_monitor, beside it."""
+    """The ds_config's csv_monitor: DeepSpeed's events in DeepSpeed's layout
+    (the lr the next step takes, after the scheduler stepped; no train_loss,
+    which DeepSpeed does not write; its phase names), and a script's
+    MonitorMaster from DeepSpeedConfig (the Monitor tutorial) beside them."""
     out = os.path.join(TMP, "csv")
-    cfg = config(csv_monitor={"enabled": True, "output_path": out, "job_name": "job"})
+    cfg = config(csv_monitor={"enabled": True, "output_path": out, "job_name": "job"}, wall_clock_breakdown=True,
+                 scheduler={"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2,
+                                                           "warmup_num_steps": 4}})
     path = os.path.join(TMP, f"ds_config_{dist.get_rank()}.json")
     with open(path, "w") as f:
         json.dump(cfg, f)
     monitor = MonitorMaster(DeepSpeedConfig(path).monitor_config)
     check(monitor.enabled and monitor.tb_monitor is None, "monitor: MonitorMaster enabled, CSV alone")
     engine = make(cfg)
+    lrs = []
     for step in range(2):
         loss = engine(*batch(step, engine.global_rank))
         engine.backward(loss)
         engine.step()
+        lrs.append(f"{engine.global_samples},{engine.get_lr()[0]!r}")
         monitor.write_events([("Time per step", 0.5 + step, engine.global_samples),
                               ("Train/loss", loss.detach(), engine.global_samples)])
     dist.barrier()
     if engine.global_rank != 0:
         return
-    with open(os.path.join(out, "job", "Time_per_step.csv")) as f:
+    job = os.path.join(out, "job")
+    with open(os.path.join(job, "Time_per_step.csv")) as f:
         text = f.read()
     check(text == "step,Time per step\n8,0.5\n16,1.5\n", f"csv: a script's event, DeepSpeed's layout ({text!r})")
-    with open(os.path.join(out, "job", "Train_loss.csv")) as f:
+    with open(os.path.join(job, "Train_loss.csv")) as f:
         rows = f.read().splitlines()
     check(rows[0] == "step,loss" and all(not r.split(",")[1].startswith("tensor") for r in rows[1:]),
           f"csv: a tensor's value written as its number ({rows})")
-    with open(os.path.join(out, "job", "Train_Samples_lr.csv")) as f:
+    with open(os.path.join(job, "Train_Samples_lr.csv")) as f:
         engine_rows = f.read().splitlines()
-    check(engine_rows[0] == "step,lr" and [r.split(",")[0] for r in engine_rows[1:]] == ["8", "16"],
-          f"csv: the C++ engine's own events in the same directory and layout ({engine_rows})")
+    check(engine_rows == ["step,lr"] + lrs, f"csv: the engine's lr at each step is the one the next step takes, "
+          f"as DeepSpeed writes it ({engine_rows} vs {lrs})")
+    files = sorted(os.listdir(job))
+    phases = ["forward", "backward", "backward_inner", "backward_allreduce", "step"]
+    check(files == sorted(["Time_per_step.csv", "Train_loss.csv", "Train_Samples_lr.csv"] +
+                          [f"Train_Samples_elapsed_time_ms_{p}.csv" for p in phases]),
+          f"csv: DeepSpeed's events and phase names, no others ({files})")
 
 
 def test_deepspeed_config():

@@ -51,17 +51,17 @@ class DeepSpeedConfig:
         self.scheduler_name = scheduler.get("type")
         self.scheduler_params = scheduler.get("params")
         self.dataloader_drop_last = bool(given.get("dataloader_drop_last", False))
-        self.monitor_config = monitor_config(engine_config, resolved)
+        self.monitor_config = monitor_config(engine_config)
         self.flops_profiler_config = _namespace(configs.python_block(engine_config, "flops_profiler"))
         self.activation_checkpointing_config = _namespace(
             configs.python_block(engine_config, "activation_checkpointing"))
 
 
-def monitor_config(config, resolved):
+def monitor_config(config):
     """DeepSpeed's monitor_config: `enabled` when any backend is, and each
     backend's block. WandB and Comet are refused by the parser unless off."""
     tensorboard = _namespace(configs.python_block(config, "tensorboard"))
-    csv = _namespace(resolved["csv_monitor"])
+    csv = _namespace(configs.python_block(config, "csv_monitor"))
     off = SimpleNamespace(enabled=False)
     return SimpleNamespace(enabled=tensorboard.enabled or csv.enabled, tensorboard=tensorboard, csv_monitor=csv,
                            wandb=off, comet=off)
