@@ -224,14 +224,15 @@ class UnitHooks:
         for module, unit in units:
             running = [0]  # this unit's forwards entered and not yet left (recursion nests)
             self._running.append((unit, running))
-            pre, post = _pre_hook(unit, running), _post_hook(unit, running)
-            if self.times is not None:
-                timed_unit = self.times.wrap(unit)
-                pre, post = self.times.timed(_pre_hook(timed_unit, running)), self.times.timed(_post_hook(timed_unit, running))
-            self._handles.append(module.register_forward_pre_hook(pre))
-            self._handles.append(module.register_forward_hook(post, always_call=True))
             params = _UnitParameters(module._parameters)
             params._unit, params._running, params._scope, params._held = unit, running, self.scope, [False]
+            pre, post = _pre_hook(unit, running), _post_hook(unit, running, params)
+            if self.times is not None:
+                timed_unit = self.times.wrap(unit)
+                pre = self.times.timed(_pre_hook(timed_unit, running))
+                post = self.times.timed(_post_hook(timed_unit, running, params))
+            self._handles.append(module.register_forward_pre_hook(pre))
+            self._handles.append(module.register_forward_hook(post, always_call=True))
             self._dicts.append((module, module._parameters))
             module._parameters = params
 
@@ -263,13 +264,28 @@ def _pre_hook(unit, running):
     return hook
 
 
-def _post_hook(unit, running):
+def _post_hook(unit, running, params):
     def hook(module, args, output):
         if running[0] == 0:
             return
         running[0] -= 1
-        unit.leave(tensors_in(output))
+        outputs = tensors_in(output)
+        if running[0] == 0 and params._scope.active and not params._held[0] and _returns_own_param(outputs, params):
+            # A forward that returns one of its own params (zero3.rst's
+            # CustomLinear returning its bias): the caller reads it after this
+            # forward, so the unit stays gathered to the end of the engine
+            # forward, as a param read from outside is (DeepSpeed registers
+            # such a param as its caller's, found the same way).
+            params._held[0] = True
+            params._scope.entered.append(_Held(unit, params._held))
+            return
+        unit.leave(outputs)
     return hook
+
+
+def _returns_own_param(outputs, params):
+    own = [p for p in dict.values(params) if p is not None]
+    return any(t is p for t in outputs for p in own)
 
 
 class HookTimes:

@@ -378,6 +378,33 @@ def test_host_copies_of_gathered_params_outlive_the_block():
           "modifier_rank's in-place write inside the block reaches the param")
 
 
+def test_forward_returning_its_own_param():
+    # zero3.rst's CustomLinear returns its bias beside its output; the caller
+    # adds it after that forward ended. DeepSpeed finds such a param itself.
+    class CustomLinear(nn.Linear):
+        def forward(self, x):
+            return super().forward(x), self.bias
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = CustomLinear(8, 16)
+            self.b = nn.Linear(16, 1)
+
+        def forward(self, x, y):
+            h, bias = self.a(x)
+            return F.mse_loss(self.b(torch.tanh(h + bias)), y)
+
+    losses = {}
+    for stage in (0, 3):
+        torch.manual_seed(0)
+        model = Net()
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(stage))
+        losses[stage] = train(engine, 3)
+    check(all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(losses[3], losses[0])),
+          f"stage 3: a forward returning its own param, used by the caller after it, trains as stage 0 ({losses})")
+
+
 def test_z3_leaf_modules():
     # A mixture-of-experts block whose experts each rank runs in its own
     # data-dependent order: per-expert units would gather apart on the
@@ -928,6 +955,7 @@ def main():
     for test in (test_zero_init, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_init_of_children_by_their_parents,
                  test_module_zero_grad_clears_the_engines_grads, test_module_called_directly_at_stage3,
                  test_stage3_params_say_they_are_partitioned, test_host_copies_of_gathered_params_outlive_the_block,
+                 test_forward_returning_its_own_param,
                  test_z3_leaf_modules,
                  test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
