@@ -394,8 +394,11 @@ class ZeroEngine(torch.nn.Module):
         them); the settings the fused update takes once (betas, eps,
         momentum) must not have moved."""
         groups = self.optimizer.param_groups
+        moving = {"betas"} if getattr(self.lr_scheduler, "moves_betas", False) else set()  # the config's OneCycle
         for k, (g, fixed) in enumerate(zip(groups, self._fixed_settings)):
             for key, value in fixed.items():
+                if key in moving:
+                    continue
                 if optimizers._differs(g.get(key, value), value):
                     raise RuntimeError(f"zero_cpp: param group {k}'s {key} changed to {g[key]!r} (from {value!r}); "
                                        f"the fused update takes it once for all groups and steps -- a scheduler that "

@@ -227,6 +227,8 @@ class ConfigScheduler:
         configs.parse(self._config_json)  # a scheduler's bad argument named now
         self.base_lrs = [g["lr"] for g in optimizer.param_groups]
         self.last_batch_iteration = -1
+        # OneCycle's momentum cycle: the fused update moves Adam's beta1 itself; the groups show it.
+        self.moves_betas = _C.scheduled_betas(self._config_json, 0) is not None
         self._last_lr = self._write()
 
     def get_lr(self):
@@ -237,8 +239,11 @@ class ConfigScheduler:
 
     def _write(self):
         lrs = self.get_lr()
+        betas = _C.scheduled_betas(self._config_json, self.last_batch_iteration) if self.moves_betas else None
         for g, lr in zip(self.optimizer.param_groups, lrs):
             g["lr"] = lr
+            if betas is not None:
+                g["betas"] = tuple(betas)
         return lrs
 
     def step(self, last_batch_iteration=None, **kwargs):
@@ -346,5 +351,13 @@ def scheduler(lr_scheduler, basic, config):
             return lr_scheduler(basic)
         return lr_scheduler
     if "scheduler" in config:
-        return ConfigScheduler(basic, config)
+        # An instance of DeepSpeed's class of that name (isinstance(s, WarmupDecayLR) holds, as there),
+        # built from the config's block rather than from the class's arguments.
+        from .runtime import lr_schedules
+        cls = getattr(lr_schedules, str(config["scheduler"].get("type")), ConfigScheduler)
+        if not (isinstance(cls, type) and issubclass(cls, ConfigScheduler)):
+            cls = ConfigScheduler
+        sched = cls.__new__(cls)
+        ConfigScheduler.__init__(sched, basic, config)
+        return sched
     return None

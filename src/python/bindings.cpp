@@ -282,6 +282,10 @@ PYBIND11_MODULE(_C, m) {
     if (s.warmup_max_lr_follows_optimizer) s.warmup_max_lr = base_lr;
     return optim::scheduled_lr(s, base_lr, iteration);
   });
+  // OneCycle with cycle_momentum: Adam's (beta1, beta2) at `iteration`; None for any other schedule.
+  m.def("scheduled_betas", [](const std::string& text, int64_t iteration) {
+    return optim::scheduled_betas(Config::from_string(text).scheduler, iteration);
+  });
   m.def("resolve_batch", [](const std::string& text, int dp_size) {
     const BatchConfig b = Config::from_string(text).resolve_batch(dp_size);
     return std::make_tuple(b.train_batch_size, b.micro_batch_per_gpu, b.gradient_accumulation_steps);

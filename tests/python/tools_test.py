@@ -259,6 +259,33 @@ def test_comms_logger():
     deepspeed.comm.configure(enabled=False)
 
 
+def test_config_scheduler():
+    """The config's scheduler is an instance of DeepSpeed's class of that
+    name, and OneCycle's momentum cycle shows in the param groups
+    (engine.get_mom()) as DeepSpeed's OneCycle writes it, lr and betas
+    step by step against DeepSpeed's own on a torch optimizer."""
+    from deepspeed.runtime import lr_schedules as theirs
+    from zero_cpp.runtime import lr_schedules as ours
+    params = {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-2, "cycle_first_step_size": 2, "cycle_momentum": True,
+              "cycle_min_mom": 0.85, "cycle_max_mom": 0.95}
+    engine = make(config(scheduler={"type": "OneCycle", "params": params}))
+    check(isinstance(engine.lr_scheduler, ours.OneCycle), f"the config's OneCycle is a OneCycle "
+          f"({type(engine.lr_scheduler).__name__})")
+    reference = torch.optim.AdamW([nn.Parameter(torch.zeros(1))], lr=1e-2)
+    oracle = theirs.OneCycle(reference, **params)
+    seen, want = [], []
+    for step in range(5):
+        loss = engine(*batch(step, engine.global_rank))
+        engine.backward(loss)
+        engine.step()
+        oracle.step()
+        seen.append((engine.get_lr()[0], tuple(engine.get_mom()[0])))
+        want.append((reference.param_groups[0]["lr"], tuple(reference.param_groups[0]["betas"])))
+    check(all(abs(a - b) <= 1e-12 and all(abs(x - y) <= 1e-12 for x, y in zip(m, n))
+              for (a, m), (b, n) in zip(seen, want)),
+          f"OneCycle: lr and betas at each step are DeepSpeed's ({seen} vs {want})")
+
+
 def test_config_errors():
     for cfg, text in ((config(tensorboard={"enabled": True, "output": "x"}), "tensorboard.output"),
                       (config(wandb={"enabled": True}), "wandb"),
@@ -390,7 +417,7 @@ def test_flops_profiler_in_the_engine():
 
 def main():
     deepspeed.init_distributed()
-    for test in (test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_throughput_timer, test_comms_logger, test_config_errors,
+    for test in (test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_throughput_timer, test_comms_logger, test_config_scheduler, test_config_errors,
                  test_activation_checkpointing, test_flops_profiler_in_the_engine):
         try:
             test()
