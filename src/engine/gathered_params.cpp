@@ -159,6 +159,40 @@ std::map<std::string, at::Tensor> Engine::state_dict(bool rank0_only) {
   return out;
 }
 
+std::map<std::string, at::Tensor> Engine::full_state(const std::string& kind) {
+  const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
+  auto& m = *impl_;
+  m.check_usable();
+  if (m.optimizer.pages_state())
+    throw std::invalid_argument("full_state(\"" + kind + "\"): not with offload to NVMe, which keeps it on disk");
+  std::map<std::string, at::Tensor> out;
+  for (const auto& g : m.groups) {
+    // Sharded alike: the master, its moments and (stages 1-3) the reduced
+    // fp32 grads cover this rank's shard; at stage 0 the all-reduced grads
+    // are the whole flat buffer, in the grads' dtype.
+    const bool grad = kind == "grad";
+    at::Tensor local = kind == "master"       ? g.master
+                       : kind == "exp_avg"    ? g.exp_avg
+                       : kind == "exp_avg_sq" ? g.exp_avg_sq
+                       : grad                 ? (m.policy.shard_optimizer_state ? g.grad_shard : g.grad_flat)
+                                              : at::Tensor();
+    if (!local.defined())
+      throw std::invalid_argument("full_state(\"" + kind + "\"): this engine's optimizer keeps no such state (its "
+                                  "kinds: master, grad" + std::string(g.exp_avg.defined() ? ", exp_avg" : "") +
+                                  (g.exp_avg_sq.defined() ? ", exp_avg_sq" : "") + ")");
+    at::Tensor full = local.to(at::kFloat);
+    if (m.policy.shard_optimizer_state) {
+      full = at::empty({g.layout.padded_numel}, local.options().dtype(at::kFloat));
+      m.comm.all_gather(m.dp, full, local.to(at::kFloat), "full_state")->wait();
+    }
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      const auto& s = g.layout.params[i];
+      out[g.names[i]] = full.narrow(0, s.offset, s.numel).view(g.params[i].sizes()).clone();
+    }
+  }
+  return out;
+}
+
 void Engine::save_weights(const std::string& path) {
   const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;

@@ -45,6 +45,17 @@ def main():
                         continue
                     check(zv is not None and zv[0] == dv[0] and abs(zv[1] - dv[1]) <= tol * abs(dv[1]),
                           f"base stage {stage}: safe_get_full_fp32_param({pname}): {zv} vs DeepSpeed's {dv}")
+                for kind, params in d["full_state"].items():  # safe_get_full_grad, safe_get_full_optimizer_state
+                    bad = [(pname, z["full_state"][kind].get(pname), dv) for pname, dv in params.items()
+                           if dv is not None and not (z["full_state"][kind].get(pname) is not None and
+                                                      z["full_state"][kind][pname][0] == dv[0] and
+                                                      abs(z["full_state"][kind][pname][1] - dv[1]) <=
+                                                      max(tol * abs(dv[1]), 1e-12))]
+                    compared = sum(dv is not None for dv in params.values())
+                    if compared == 0 and int(stage) == 0 and kind != "grad":
+                        continue  # DeepSpeed's stage 0 in fp32 has no optimizer wrapper to ask: None
+                    check(compared > 0 and not bad, f"base stage {stage}: safe_get_full {kind} of {compared} params "
+                          f"as DeepSpeed's{'' if not bad else f' -- differ: {bad[:2]}'}")
             if name == "features":
                 check(z["global_steps"] == d["global_steps"], f"features stage {stage}: global_steps "
                       f"{z['global_steps']} vs {d['global_steps']}")

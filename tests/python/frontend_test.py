@@ -906,9 +906,12 @@ def test_errors():
     ok, said = raises(lambda: engine.no_sync().__enter__(), RuntimeError, "stages 0 and 1")
     check(ok, f"no_sync at stage 2 names the stages it is for ({said})")
     p = next(engine.module.parameters())
-    ok, said = raises(lambda: deepspeed.utils.safe_get_full_grad(p), NotImplementedError, "safe_get_full_grad")
-    check(ok and "safe_get_full_fp32_param" in said,
-          f"DeepSpeed's grad accessor is refused by name, with what to use instead ({said[:90]})")
+    ok, said = raises(lambda: deepspeed.utils.safe_get_local_grad(p), NotImplementedError, "safe_get_local_grad")
+    check(ok and "safe_get_full_grad" in said,
+          f"DeepSpeed's local-shard accessor is refused by name, with what to use instead ({said[:90]})")
+    ok, said = raises(lambda: deepspeed.utils.safe_get_full_optimizer_state(p, "momentum_buffer"), ValueError,
+                      "exp_avg")
+    check(ok, f"an optimizer state the engine does not keep is named, with the ones it does ({said[:120]})")
     ok, said = raises(lambda: deepspeed.utils.safe_set_full_fp32_param(p, p), NotImplementedError, "GatheredParameters")
     check(ok, f"DeepSpeed's param setter is refused, naming GatheredParameters ({said[:90]})")
 

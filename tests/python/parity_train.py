@@ -135,7 +135,20 @@ def scenario_base(stage, out, ckpt):
     for name, p in engine.module.named_parameters():
         full = deepspeed.utils.safe_get_full_fp32_param(p)
         norms[name] = None if full is None else [list(full.shape), full.double().norm().item()]
-    return {"losses": losses, "fp32_params": norms}
+    # One more step: safe_get_full_grad between its backward and its step,
+    # safe_get_full_optimizer_state after it -- each trainable param's norm.
+    x, y = batch(6, 0, engine.global_rank, engine.world_size)
+    engine.backward(engine(x, y))
+    trainable = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
+    state = {"grad": {n: _norm(deepspeed.utils.safe_get_full_grad(p)) for n, p in trainable}}
+    engine.step()
+    for key in ("exp_avg", "exp_avg_sq"):
+        state[key] = {n: _norm(deepspeed.utils.safe_get_full_optimizer_state(p, key)) for n, p in trainable}
+    return {"losses": losses, "fp32_params": norms, "full_state": state}
+
+
+def _norm(t):
+    return None if t is None else [list(t.shape), t.double().norm().item()]
 
 
 def scenario_features(stage, out, ckpt):

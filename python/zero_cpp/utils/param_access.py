@@ -1,6 +1,6 @@
 """DeepSpeed's debugging accessors for one param's full state
-(`deepspeed.utils.safe_get_full_fp32_param` and its family), as far as
-zero_cpp builds them. Like DeepSpeed's, each is a collective at the stages
+(`deepspeed.utils.safe_get_full_fp32_param`, `safe_get_full_grad`,
+`safe_get_full_optimizer_state`), as far as zero_cpp builds them. Like DeepSpeed's, each is a collective at the stages
 that shard the state: every rank calls it, for the same param."""
 
 
@@ -28,6 +28,30 @@ def safe_get_full_fp32_param(param):
     return engine._engine.state_dict(False)[name]
 
 
+def safe_get_full_grad(param):
+    """The full fp32 grad of a trainable `param` as the next step will take
+    it (reduced over the ranks), between a boundary's backward and its step;
+    None for a param no live engine trains. A collective, as
+    safe_get_full_fp32_param."""
+    engine, name = _engine_and_name(param)
+    if engine is None or not param.requires_grad:
+        return None
+    return engine._engine.full_state("grad")[name]
+
+
+def safe_get_full_optimizer_state(param, optim_state_key):
+    """The full fp32 optimizer state `optim_state_key` ("exp_avg",
+    "exp_avg_sq") of a trainable `param`; None for a param no live engine
+    trains. A collective, as safe_get_full_fp32_param."""
+    engine, name = _engine_and_name(param)
+    if engine is None or not param.requires_grad:
+        return None
+    try:
+        return engine._engine.full_state(str(optim_state_key))[name]
+    except ValueError as e:  # std::invalid_argument
+        raise ValueError(f"zero_cpp: safe_get_full_optimizer_state: {e}") from None
+
+
 def _not_built(name, instead):
     def refuse(*args, **kwargs):
         raise NotImplementedError(f"zero_cpp: deepspeed.utils.{name} is not supported; {instead}")
@@ -36,14 +60,11 @@ def _not_built(name, instead):
     return refuse
 
 
-_READ_INSTEAD = ("read full values with safe_get_full_fp32_param or engine.consolidated_fp32_state_dict(); "
-                 "grads and optimizer state are not exposed per param (engine.get_global_grad_norm() gives "
-                 "the grad norm of the last step)")
+_READ_INSTEAD = ("read full values with safe_get_full_fp32_param, safe_get_full_grad and "
+                 "safe_get_full_optimizer_state (this rank's shard alone is not exposed)")
 _WRITE_INSTEAD = ("change params inside zero_cpp.zero.GatheredParameters(params, modifier_rank=0): the "
                   "modifier rank's values become every rank's, the fp32 master included")
 
-safe_get_full_grad = _not_built("safe_get_full_grad", _READ_INSTEAD)
-safe_get_full_optimizer_state = _not_built("safe_get_full_optimizer_state", _READ_INSTEAD)
 safe_get_local_fp32_param = _not_built("safe_get_local_fp32_param", _READ_INSTEAD)
 safe_get_local_grad = _not_built("safe_get_local_grad", _READ_INSTEAD)
 safe_get_local_optimizer_state = _not_built("safe_get_local_optimizer_state", _READ_INSTEAD)
