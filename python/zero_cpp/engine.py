@@ -480,7 +480,7 @@ class ZeroEngine(torch.nn.Module):
         """The whole model by name, fp32 trainable params and the frozen
         params and buffers as they are (every rank calls it; zero_to_fp32's
         job without a checkpoint)."""
-        return _drop_external(self._engine.state_dict(rank0_only))
+        return _in_module_order(self.module, _drop_external(self._engine.state_dict(rank0_only)))
 
     def save_fp32_model(self, path):
         """consolidated_fp32_state_dict() as one safetensors file (rank 0
@@ -723,6 +723,28 @@ def _aliases(model):
 
 def _drop_external(sd):
     return {n: t for n, t in sd.items() if EXTERNAL_PREFIX not in n}
+
+
+def _in_module_order(model, sd):
+    """`sd` in the order model.state_dict() gives its names (each module's
+    params, its persistent buffers, then its children's), as DeepSpeed's
+    saves are ordered; found from the names alone, no tensor read (a
+    stage-3 param is released here)."""
+    order = {}
+
+    def visit(module, prefix):
+        for name, p in dict.items(module._parameters):
+            if p is not None:
+                order.setdefault(prefix + name, len(order))
+        for name, b in module._buffers.items():
+            if b is not None and name not in module._non_persistent_buffers_set:
+                order.setdefault(prefix + name, len(order))
+        for name, child in module._modules.items():
+            if child is not None:
+                visit(child, prefix + name + ".")
+
+    visit(model, "")
+    return dict(sorted(sd.items(), key=lambda item: order.get(item[0], len(order))))
 
 
 _OWN_KEY = "zero_cpp_python"  # the Python engine's own state in a checkpoint's client state

@@ -349,7 +349,9 @@ def test_stage3_params_say_they_are_partitioned():
     sd = engine.consolidated_fp32_state_dict()
     check(all(torch.equal(maybe_zero_3(p), sd[n]) for n, p in params),
           "a maybe_zero_3 helper reads every full param (fp32)")
-    check(not any(hasattr(p, "ds_id") for p in make(2).module.parameters()), "below stage 3 no param has ds_id")
+    from zero_cpp.runtime.zero.utils import is_zero_param
+    check(not any(hasattr(p, "ds_id") or is_zero_param(p) for p in make(2).module.parameters()) and
+          all(is_zero_param(p) for _, p in params), "below stage 3 no param has ds_id (is_zero_param), at 3 all do")
 
 
 def test_host_copies_of_gathered_params_outlive_the_block():
@@ -704,6 +706,8 @@ def test_weights_only_load_and_16bit_model():
            (list(sd16) == list(fp32) and all(sd16[k].dtype == torch.bfloat16 and torch.equal(sd16[k], fp32[k].to(
                torch.bfloat16)) for k in fp32))),
           "_zero3_consolidated_16bit_state_dict(): the whole model in bf16 on rank 0, None elsewhere")
+    check(sd16 is None or list(sd16) == list(Mlp().state_dict()),
+          f"the consolidated state dicts are in the model's state_dict() order ({list(sd16 or {})[:4]})")
     ok, msg = raises(lambda: engine._zero3_consolidated_16bit_state_dict(), ValueError, "ZeRO-3")
     check(ok, f"_zero3_consolidated_16bit_state_dict() below stage 3 is an error ({msg})")
 
