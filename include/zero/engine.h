@@ -350,14 +350,16 @@ class Engine {
   /// evaluation. Every rank must call it; with rank0_only the other ranks
   /// get an empty map (and hold no full copy).
   std::map<std::string, at::Tensor> state_dict(bool rank0_only = false);
-  /// One kind of every trainable param's full state by name, in fp32:
-  /// "master" (the fp32 weights), "exp_avg" and "exp_avg_sq" (the
-  /// optimizer's moments), or "grad" (the reduced grads, as the step will
-  /// take them: valid between a boundary's backward and its step) --
-  /// DeepSpeed's safe_get_full_* debugging accessors. Every rank must call
-  /// it (it gathers where the state is sharded). Throws std::invalid_argument
-  /// for a kind the optimizer does not keep, or with state on NVMe.
-  std::map<std::string, at::Tensor> full_state(const std::string& kind);
+  /// One kind of the full state of the trainable param `name`, in fp32:
+  /// "master" (its fp32 weights), "exp_avg" and "exp_avg_sq" (the
+  /// optimizer's moments), or "grad" (the reduced grad the step will take:
+  /// between a boundary's backward and its step) -- DeepSpeed's
+  /// safe_get_full_* debugging accessors. Every rank must call it for the
+  /// same param (where the state is sharded, one all-reduce of that param's
+  /// size assembles it). Throws std::invalid_argument for an unknown param,
+  /// a kind the optimizer does not keep or grads on NVMe, and
+  /// std::logic_error for grads not reduced yet.
+  at::Tensor full_state(const std::string& kind, const std::string& name);
   /// Writes state_dict() as one safetensors file (rank 0 writes, every rank
   /// calls): the same file zero-ckpt consolidate makes from a checkpoint,
   /// readable by load_weights() and any safetensors reader.

@@ -72,9 +72,10 @@ def log_summary(show_straggler=False, return_dict=False):
 
 # The collectives a script calls through this module that the logger times
 # (torch.distributed's names), and where each takes the tensor whose bytes are
-# the message: a gather's or reduce-scatter's is one rank's shard.
+# the message, as DeepSpeed's: a gather's input shard, a reduce-scatter's
+# whole input.
 _MESSAGE_ARG = {"all_reduce": 0, "broadcast": 0, "reduce": 0, "all_gather": 1, "all_gather_into_tensor": 1,
-                "reduce_scatter": 0, "reduce_scatter_tensor": 0, "all_to_all": 1, "all_to_all_single": 1,
+                "reduce_scatter": 1, "reduce_scatter_tensor": 1, "all_to_all": 1, "all_to_all_single": 1,
                 "gather": 0, "scatter": 0, "send": 0, "recv": 0, "isend": 0, "irecv": 0, "barrier": None}
 _KEYWORD = {0: ("tensor", "output", "output_tensor"), 1: ("input_tensor", "input", "input_tensor_list")}
 

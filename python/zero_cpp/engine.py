@@ -99,6 +99,7 @@ class ZeroEngine(torch.nn.Module):
         self._stage = configs.stage(self._config)
         self._precision = configs.precision(self._config)
         self._optimizer_type = self._config["optimizer"]["type"]
+        _warn_of_fp32_norm_statistics(model, self._config, self._precision, self.device)
         # Every key as the C++ engine resolved it (its defaults filled in): what the config accessors report.
         self._resolved = json.loads(_C.parse_config(configs.for_cxx(self._config)))
         self._mirror = Mirror(model, stage3=self._stage == 3, world=self._world)
@@ -581,7 +582,11 @@ class ZeroEngine(torch.nn.Module):
             return None, None
         from .deepspeed_checkpoint import is_deepspeed_checkpoint  # here: that package imports this module
         shown = None  # the path returned, where the one loaded is a conversion of it
-        if is_deepspeed_checkpoint(load_dir, tag):
+        # Rank 0's reading decides for all (a rank seeing another directory must not take the other branch).
+        deepspeeds = [is_deepspeed_checkpoint(load_dir, tag) if self.global_rank == 0 else None]
+        if self.world_size > 1:
+            torch.distributed.broadcast_object_list(deepspeeds, src=0, device=torch.device("cpu"))
+        if deepspeeds[0]:
             tag = str(tag) if tag is not None else _read_latest(load_dir).strip()
             shown = os.path.join(load_dir, tag)
             load_dir = self._convert_deepspeed_checkpoint(load_dir, tag)
@@ -625,6 +630,24 @@ class ZeroEngine(torch.nn.Module):
         if self._hooks is not None:
             self._hooks.remove()
             self._hooks = None
+
+
+def _warn_of_fp32_norm_statistics(model, config, precision, device):
+    """Under bf16/fp16 buffers keep their dtype (DeepSpeed 0.19.8's way), so a
+    BatchNorm's fp32 running statistics meet its 16-bit weight, which torch's
+    CPU batch_norm refuses at the first forward with a bare dtype error (as
+    under DeepSpeed): said here, with the key that casts them."""
+    if precision == "fp32" or device.type != "cpu" or "buffer_dtype" in (config.get("data_types") or {}):
+        return
+    if not config.get("zero_cpp", {}).get("keep_buffer_dtype", False):
+        return
+    norms = [name for name, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._NormBase)
+             and m.affine and m.running_mean is not None and m.running_mean.dtype == torch.float32]
+    if norms:
+        warnings.warn(f"zero_cpp: {len(norms)} BatchNorm module(s) ({', '.join(norms[:3])}) keep fp32 running "
+                      f"statistics under {precision}, as DeepSpeed 0.19.8 leaves buffers; torch's CPU batch_norm "
+                      f"refuses them beside {precision} weights: set \"data_types\": {{\"buffer_dtype\": "
+                      f"\"{precision}\"}} to cast them")
 
 
 def _widen_16bit_params(model):

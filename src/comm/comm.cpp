@@ -305,7 +305,7 @@ WorkHandle Comm::reduce_scatter(const Group& g, at::Tensor out_shard, at::Tensor
                             (widening ? std::string(" into ") + c10::toString(out_shard.scalar_type()) : "");
   const auto issued = comm_log::Clock::now();
   return comm_log::timed(
-      op, out_shard.numel() * static_cast<int64_t>(in_flat.element_size()), g.size(), issued,
+      op, in_flat.nbytes(), g.size(), issued,
       count(g, op, t, in_flat,
             t.reduce_scatter(g, host_view(out_shard).view(-1), host_view(in_flat).view(-1), rop,
                              signature(g, op, in_flat, label, extra))));

@@ -34,7 +34,13 @@ class TimedWork : public Work {
 
   void wait() override {
     const auto start = Clock::now();
-    inner_->wait();
+    try {
+      inner_->wait();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      logged_ = true;  // it failed: nothing to log
+      throw;
+    }
     log(ms_since(start));
   }
   bool is_completed() override {

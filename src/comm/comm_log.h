@@ -1,7 +1,8 @@
 // The comms log (DeepSpeed's comms_logger): each collective the dispatcher
-// runs while it is on, with its op, message size, group size and the time
-// this rank spent on it -- inside the call, plus inside the wait of its
-// handle (or until a poll found it done). Time the rank spent computing
+// runs while it is on and that completes, with its op, message size, group
+// size and the time this rank spent on it -- inside the call, plus inside
+// the wait of its handle (a poll that finds it done adds none; a handle
+// dropped unwaited counts its call alone). Time the rank spent computing
 // between issuing a prefetched gather and waiting for it is not counted:
 // what is logged is the collective's exposed time. Process-wide, off by
 // default, thread-safe; the Python front end drains it into its logger.
@@ -18,7 +19,8 @@ namespace zero::comm::comm_log {
 
 struct Record {
   std::string op;           // DeepSpeed's name: all_gather_into_tensor, reduce_scatter_tensor, all_reduce, ...
-  int64_t message_bytes;    // DeepSpeed's message size: a gather's or reduce-scatter's shard, else the tensor
+  int64_t message_bytes;    // DeepSpeed's message size: a gather's input shard, a reduce-scatter's whole
+                            // input, else the tensor
   int group_size;
   double ms;
 };

@@ -404,7 +404,10 @@ PYBIND11_MODULE(_C, m) {
       .def("state_dict", [](PyEngine& e, bool rank0_only) { return e.engine().state_dict(rank0_only); },
            py::arg("rank0_only") = false, Release())
       .def("full_parameters", [](PyEngine& e) { return e.engine().full_parameters(); }, Release())
-      .def("full_state", [](PyEngine& e, const std::string& kind) { return e.engine().full_state(kind); }, Release())
+      .def(
+          "full_state",
+          [](PyEngine& e, const std::string& kind, const std::string& name) { return e.engine().full_state(kind, name); },
+          Release())
       .def("save_weights", [](PyEngine& e, const std::string& path) { e.engine().save_weights(path); }, Release())
       .def("load_weights", [](PyEngine& e, const std::string& path) { e.engine().load_weights(path); }, Release())
       .def(

@@ -690,6 +690,25 @@ def test_weights_only_load_and_16bit_model():
               model.inp.weight.dtype == torch.bfloat16,
               f"bf16 with data_types.buffer_dtype {buffer_dtype}: a float buffer in {model.table.dtype} "
               f"(DeepSpeed's: {want}), params in bf16")
+    # A BatchNorm model under bf16 on the CPU: its fp32 statistics would meet bf16 weights in torch's
+    # batch_norm; the warning names the key that casts them, and with it the model trains.
+    for buffer_dtype in (None, "bf16"):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+        cfg = config(2)
+        cfg["bf16"] = {"enabled": True}
+        if buffer_dtype is not None:
+            cfg["data_types"] = {"buffer_dtype": buffer_dtype}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            e, _, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
+        warned = any("buffer_dtype" in str(w.message) for w in caught)
+        check(warned == (buffer_dtype is None), f"BatchNorm under bf16, buffer_dtype {buffer_dtype}: "
+              f"{'a warning naming data_types.buffer_dtype' if buffer_dtype is None else 'no warning'}")
+        if buffer_dtype is not None:
+            x, y = data(0, e)
+            e.backward(F.mse_loss(e(x.to(torch.bfloat16)).float(), y))
+            e.step()
     # Hugging Face's Trainer and accelerate save a stage-3 model through
     # _zero3_consolidated_16bit_state_dict(): rank 0's whole model in bf16.
     cfg3 = config(3)
@@ -913,6 +932,16 @@ def test_errors():
     ok, said = raises(lambda: deepspeed.utils.safe_get_local_grad(p), NotImplementedError, "safe_get_local_grad")
     check(ok and "safe_get_full_grad" in said,
           f"DeepSpeed's local-shard accessor is refused by name, with what to use instead ({said[:90]})")
+    accumulating = config(2)
+    accumulating["gradient_accumulation_steps"] = 2
+    torch.manual_seed(0)
+    model = Mlp()
+    e, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=accumulating)
+    e.backward(e(*data(0, e)))  # the first of 2 micro-steps: nothing reduced yet
+    ok, said = raises(lambda: deepspeed.utils.safe_get_full_grad(next(model.parameters())), RuntimeError,
+                      "between a boundary's backward and its step")
+    check(ok, f"safe_get_full_grad off the accumulation boundary is an error, not stale grads ({said[:120]})")
+    e.step()
     ok, said = raises(lambda: deepspeed.utils.safe_get_full_optimizer_state(p, "momentum_buffer"), ValueError,
                       "exp_avg")
     check(ok, f"an optimizer state the engine does not keep is named, with the ones it does ({said[:120]})")

@@ -227,9 +227,9 @@ def test_comms_logger():
                             c["bytes"] - before.get(op, {}).get("bytes", 0)) for op, c in after.items()}
     expected = {op: v for op, v in expected.items() if v[0] > 0}
     got = {op: (sum(v[0] for v in sizes.values()),
-                # A gather's or reduce-scatter's message is one rank's shard; the counters count the whole.
-                sum(v[0] * size * (engine.world_size if op in ("all_gather_into_tensor", "reduce_scatter_tensor")
-                                   else 1) for size, v in sizes.items())) for op, sizes in logged.items()}
+                # A gather's message is one rank's shard (DeepSpeed's sizes); the counters count the whole.
+                sum(v[0] * size * (engine.world_size if op == "all_gather_into_tensor" else 1)
+                    for size, v in sizes.items())) for op, sizes in logged.items()}
     check(got == expected and "reduce_scatter_tensor" in got,
           f"comms logger: the engine's collectives, calls and bytes as its counters ({got} vs {expected})")
     latencies = [ms for sizes in logged.values() for v in sizes.values() for ms in v[1]]
@@ -425,7 +425,7 @@ def main():
             traceback.print_exc()
             check(False, f"{test.__name__} raised")
         dist.barrier()
-    sys.exit(len(failures))
+    sys.exit(min(len(failures), 100))  # an exit status is taken mod 256
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ Two sources feed it: the C++ engine's collectives (the dispatcher's log,
 comm/comm_log.h: the time this rank spent in each, its call and its wait,
 so a prefetched gather's overlap with compute is not counted), drained here
 at each step and at each summary; and the calls a script makes through
-zero_cpp.comm, timed around the call as DeepSpeed times them. Bandwidth
-uses the group's size (DeepSpeed's uses the world's)."""
+zero_cpp.comm, timed around the call as DeepSpeed times them. Message
+sizes and bandwidths are DeepSpeed's (a reduce-scatter's message is its
+whole input, as there), except that bandwidth uses the group's size where
+DeepSpeed's uses the world's."""
 import math
 import sys
 from datetime import datetime
@@ -32,8 +34,9 @@ def convert_size(size_bytes):
 
 def calc_bw_log(comm_op, size, duration_ms, n=None):
     """(algbw, busbw) in Gbps of `comm_op` moving a `size`-byte message in
-    `duration_ms` over a group of `n` ranks (the world's by default). A
-    gather's or reduce-scatter's message is one rank's shard."""
+    `duration_ms` over a group of `n` ranks (the world's by default), by
+    DeepSpeed's formulas: a gather's message is one rank's shard, and a
+    reduce-scatter's (its whole input) is scaled by n as a gather's is."""
     if n is None:
         n = dist.get_world_size() if dist.is_initialized() else 1
     duration_ms = max(duration_ms, 1e-9)
@@ -56,18 +59,29 @@ class CommsLogger:
 
     def __init__(self):
         self.comms_dict = {}
-        self.enabled = False
+        self._enabled = False
         self.verbose = False
         self.debug = False
         self.prof_all = True
         self.prof_ops = []
+
+    @property
+    def enabled(self):
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, on):
+        """Also the C++ dispatcher's log: on and off together (a script may set it directly)."""
+        if self._enabled and not on:
+            self.collect_engine_records()  # what ran while it was on
+        self._enabled = bool(on)
+        _C.comms_log_enable(self._enabled)
 
     def configure(self, enabled=None, verbose=None, prof_all=None, prof_ops=None, debug=None):
         for name, value in (("enabled", enabled), ("verbose", verbose), ("prof_all", prof_all),
                             ("prof_ops", prof_ops), ("debug", debug)):
             if value is not None:
                 setattr(self, name, list(value) if name == "prof_ops" else bool(value))
-        _C.comms_log_enable(self.enabled)
 
     def start_profiling_comms(self):
         self.prof_all = True
@@ -166,16 +180,31 @@ class CommsLogger:
             print("-------------------------------")
             print("".join(f"{c: <20}" for c in ("Comm. Op", "Message Size", "Count", "Total comm lat(ms)",
                                                "Total straggler(ms)", "Avg comm lat(ms)", "Avg straggler(ms)")))
-        for name, sizes in records.items():
+        # Engine collectives are logged as their handles complete, so a rank may
+        # hold a record the others have not logged yet: compare only the (op,
+        # size) pairs every rank holds as many of, or ranks would reduce apart.
+        counts = {(name, size): v[0] for name, sizes in records.items() for size, v in sizes.items()}
+        everyone = [counts]
+        if dist.is_initialized():
+            everyone = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, counts)
+        shared = {k for k in counts if all(c.get(k) == counts[k] for c in everyone)}
+        device = _backend_device()
+        for name in sorted(records):  # one order on every rank: each pair is a collective
+            sizes = records[name]
             out[name] = {}
             if print_log:
                 print(name)
-            for size, v in sizes.items():
-                mine = torch.tensor(v[1], dtype=torch.float64)
+            for size in sorted(sizes):
+                v = sizes[size]
+                if (name, size) not in shared:
+                    continue
+                mine = torch.tensor(v[1], dtype=torch.float64, device=device)
                 fastest = mine.clone()
                 if dist.is_initialized():
                     dist.all_reduce(fastest, op=dist.ReduceOp.MIN)
                 straggler = mine - fastest
+                fastest, straggler = fastest.cpu(), straggler.cpu()
                 entry = {"count": v[0], "total_comm_lat_ms": fastest.sum().item(),
                          "total_straggler_ms": straggler.sum().item(),
                          "avg_comm_lat_ms": trim_mean(fastest.tolist(), 0.1),
@@ -188,6 +217,13 @@ class CommsLogger:
                         f"{entry['total_straggler_ms']:.2f}", f"{entry['avg_comm_lat_ms']:.2f}",
                         f"{entry['avg_straggler_ms']:.2f}")))
         return out
+
+
+def _backend_device():
+    """Where the default group reduces: the GPU for NCCL, the host otherwise."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _summary(size, v):

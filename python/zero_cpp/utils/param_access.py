@@ -19,13 +19,13 @@ def _engine_and_name(param):
 def safe_get_full_fp32_param(param):
     """The full fp32 master value of a trainable `param` (a copy), or None
     for a param no live engine trains, as DeepSpeed returns for one without
-    an fp32 master. Gathers the masters of every group (every rank calls
-    it): a debugging aid, not for each param of a large model in a loop --
-    `engine.consolidated_fp32_state_dict()` gives all of them at once."""
+    an fp32 master. A collective of the param's size (every rank calls it,
+    for the same param); `engine.consolidated_fp32_state_dict()` gives
+    every param at once."""
     engine, name = _engine_and_name(param)
     if engine is None or not param.requires_grad:
         return None
-    return engine._engine.state_dict(False)[name]
+    return engine._engine.full_state("master", name)
 
 
 def safe_get_full_grad(param):
@@ -36,7 +36,7 @@ def safe_get_full_grad(param):
     engine, name = _engine_and_name(param)
     if engine is None or not param.requires_grad:
         return None
-    return engine._engine.full_state("grad")[name]
+    return engine._engine.full_state("grad", name)
 
 
 def safe_get_full_optimizer_state(param, optim_state_key):
@@ -47,7 +47,7 @@ def safe_get_full_optimizer_state(param, optim_state_key):
     if engine is None or not param.requires_grad:
         return None
     try:
-        return engine._engine.full_state(str(optim_state_key))[name]
+        return engine._engine.full_state(str(optim_state_key), name)
     except ValueError as e:  # std::invalid_argument
         raise ValueError(f"zero_cpp: safe_get_full_optimizer_state: {e}") from None
 

@@ -52,7 +52,11 @@ def release(buffers):
             if _gathered[b] == 0:
                 del _gathered[b]
         if not _gathered and _torch_methods is not None:
-            torch.Tensor.cpu, torch.Tensor.to = _torch_methods
+            # Put torch's back unless another library patched over ours meanwhile (then it keeps its own).
+            if getattr(torch.Tensor.cpu, "_zero_cpp_host_copy", False):
+                torch.Tensor.cpu = _torch_methods[0]
+            if getattr(torch.Tensor.to, "_zero_cpp_host_copy", False):
+                torch.Tensor.to = _torch_methods[1]
             _torch_methods = None
 
 
@@ -70,6 +74,7 @@ def _copying(method, moves_to_host):
             return self.clone()
         return out
     move.__doc__ = method.__doc__
+    move._zero_cpp_host_copy = True
     return move
 
 
