@@ -19,7 +19,6 @@ import math
 import re
 import sys
 import time
-import traceback
 import types
 
 import torch
@@ -31,6 +30,8 @@ import zero_cpp as deepspeed
 import zero_cpp.utils.timer as timer
 from zero_cpp.runtime.zero import stage3, stage_1_and_2
 
+from checks import check, finish
+
 try:
     import deepspeed as upstream  # the oracle (CI installs it)
     import deepspeed.runtime.zero.stage3 as upstream_stage3
@@ -40,14 +41,8 @@ try:
 except Exception as e:  # noqa: BLE001
     UPSTREAM_ERROR = f"{type(e).__name__}: {e}"
 
-failures = []
 
 
-def check(ok, what):
-    if dist.get_rank() == 0:
-        print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
 
 
 class Mlp(nn.Module):
@@ -409,14 +404,7 @@ def main():
     tests = [test_engine_state_within_estimate]
     if UPSTREAM_ERROR is None:
         tests += [test_estimates_match_deepspeed, test_wall_clock_timers, test_throughput_timer]
-    for test in tests:
-        try:
-            test()
-        except Exception:  # noqa: BLE001
-            check(False, f"{test.__name__} raised:\n{traceback.format_exc()}")
-    if dist.get_rank() == 0:
-        print(f"{len(failures)} failure(s)" if failures else "all checks passed", flush=True)
-    sys.exit(min(len(failures), 100))
+    sys.exit(finish(tests))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ import atexit
 import os
 import sys
 import time
-import traceback
 import warnings
 
 import torch
@@ -20,15 +19,11 @@ import torch.nn.functional as F
 import zero_cpp as deepspeed
 from zero_cpp.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
+from checks import check, finish, raises
+
 TMP = sys.argv[1]
-failures = []
 
 
-def check(ok, what):
-    if dist.get_rank() == 0:
-        print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
 
 
 def config(stage, **zero):
@@ -80,14 +75,6 @@ def make(stage, model=None, **zero):
     return engine
 
 
-def raises(fn, kind, text):
-    try:
-        fn()
-    except kind as e:
-        return text in str(e), str(e).splitlines()[0][:200]
-    except Exception as e:  # noqa: BLE001
-        return False, f"raised {type(e).__name__}: {str(e)[:200]}"
-    return False, "did not raise"
 
 
 def test_zero_init():
@@ -988,21 +975,14 @@ def main():
     deepspeed.init_distributed()
     torch.set_num_threads(1)
     check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")
-    for test in (test_zero_init, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_init_of_children_by_their_parents,
+    sys.exit(finish((test_zero_init, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_init_of_children_by_their_parents,
                  test_module_zero_grad_clears_the_engines_grads, test_module_called_directly_at_stage3,
                  test_stage3_params_say_they_are_partitioned, test_host_copies_of_gathered_params_outlive_the_block,
                  test_forward_returning_its_own_param,
                  test_z3_leaf_modules,
                  test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
-                 test_interrupted_forward, test_loader_and_contexts, test_errors, test_divergent_unit_order):
-        try:
-            test()
-        except Exception:  # noqa: BLE001
-            check(False, f"{test.__name__} raised:\n{traceback.format_exc()}")
-    if dist.get_rank() == 0:
-        print(f"{len(failures)} failure(s)" if failures else "all checks passed", flush=True)
-    sys.exit(min(len(failures), 100))
+                 test_interrupted_forward, test_loader_and_contexts, test_errors, test_divergent_unit_order)))
 
 
 if __name__ == "__main__":

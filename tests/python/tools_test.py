@@ -9,7 +9,6 @@ import glob
 import json
 import os
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -20,25 +19,13 @@ import zero_cpp as deepspeed
 from zero_cpp.monitor.monitor import MonitorMaster
 from zero_cpp.runtime.config import DeepSpeedConfig
 
+from checks import check, finish, raises
+
 TMP = sys.argv[1]
-failures = []
 
 
-def check(ok, what):
-    if dist.get_rank() == 0:
-        print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
 
 
-def raises(fn, kind, text):
-    try:
-        fn()
-    except kind as e:
-        return text in str(e), str(e)
-    except Exception as e:  # noqa: BLE001 -- the wrong kind is what the check reports
-        return False, f"{type(e).__name__}: {e}"
-    return False, "nothing raised"
 
 
 class Mlp(nn.Module):
@@ -417,15 +404,9 @@ def test_flops_profiler_in_the_engine():
 
 def main():
     deepspeed.init_distributed()
-    for test in (test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_throughput_timer, test_comms_logger, test_config_scheduler, test_config_errors,
-                 test_activation_checkpointing, test_flops_profiler_in_the_engine):
-        try:
-            test()
-        except Exception:  # noqa: BLE001 -- a test that dies is a failure; the others still run
-            traceback.print_exc()
-            check(False, f"{test.__name__} raised")
-        dist.barrier()
-    sys.exit(min(len(failures), 100))  # an exit status is taken mod 256
+    sys.exit(finish((test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_throughput_timer,
+                     test_comms_logger, test_config_scheduler, test_config_errors, test_activation_checkpointing,
+                     test_flops_profiler_in_the_engine), between=dist.barrier))
 
 
 if __name__ == "__main__":
