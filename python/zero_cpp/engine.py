@@ -514,15 +514,18 @@ class ZeroEngine(torch.nn.Module):
 
     def _training_dtype_state_dict(self, exclude_frozen_parameters):
         """consolidated_fp32_state_dict() on rank 0 with the trainable and
-        frozen params in the training dtype (None elsewhere)."""
+        frozen params in the training dtype (None elsewhere). Buffers keep
+        the dtype they train in, as DeepSpeed's (it casts params only)."""
         sd = self.consolidated_fp32_state_dict(rank0_only=True)
         if self.global_rank != 0:
             return None
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self._precision)
-        frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+        named = list(self.module.named_parameters(remove_duplicate=False))  # tied params under each name
+        params = {n for n, _ in named}
+        frozen = {n for n, p in named if not p.requires_grad}
         return collections.OrderedDict(
-            (n, t.to(dtype) if dtype is not None and t.is_floating_point() else t) for n, t in sd.items()
-            if not (exclude_frozen_parameters and n in frozen))
+            (n, t.to(dtype) if dtype is not None and n in params and t.is_floating_point() else t)
+            for n, t in sd.items() if not (exclude_frozen_parameters and n in frozen))
 
     # ---- checkpoints ----
     def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):

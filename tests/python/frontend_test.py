@@ -701,19 +701,32 @@ def test_weights_only_load_and_16bit_model():
     cfg3 = config(3)
     cfg3["bf16"] = {"enabled": True}
     cfg3["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+    class MlpWithTable(Mlp):  # a float buffer (a rotary-style table): DeepSpeed keeps its dtype in the save
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", torch.linspace(0, 1, 16))
+
     torch.manual_seed(0)
-    model = Mlp()
+    model = MlpWithTable()
     e, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg3)
     train(e, 2)
     sd16 = e._zero3_consolidated_16bit_state_dict()
     fp32 = e.consolidated_fp32_state_dict()
+    params = {n for n, _ in model.named_parameters()}
     check(e.zero_gather_16bit_weights_on_model_save() and
           ((sd16 is None) if dist.get_rank() else
-           (list(sd16) == list(fp32) and all(sd16[k].dtype == torch.bfloat16 and torch.equal(sd16[k], fp32[k].to(
-               torch.bfloat16)) for k in fp32))),
-          "_zero3_consolidated_16bit_state_dict(): the whole model in bf16 on rank 0, None elsewhere")
-    check(sd16 is None or list(sd16) == list(Mlp().state_dict()),
+           (list(sd16) == list(fp32) and all(torch.equal(sd16[k], fp32[k].to(torch.bfloat16)) for k in params) and
+            all(sd16[k].dtype == torch.bfloat16 for k in params) and sd16["table"].dtype == torch.float32 and
+            torch.equal(sd16["table"], torch.linspace(0, 1, 16)))),
+          "_zero3_consolidated_16bit_state_dict(): the whole model on rank 0, params in bf16, the float buffer "
+          f"in its own dtype ({None if sd16 is None else sd16['table'].dtype}); None elsewhere")
+    check(sd16 is None or list(sd16) == list(MlpWithTable().state_dict()),
           f"the consolidated state dicts are in the model's state_dict() order ({list(sd16 or {})[:4]})")
+    e.save_16bit_model(os.path.join(TMP, "sixteen_table"))
+    if dist.get_rank() == 0:
+        saved = torch.load(os.path.join(TMP, "sixteen_table", "pytorch_model.bin"))
+        check(saved["table"].dtype == torch.float32 and saved["inp.weight"].dtype == torch.bfloat16,
+              f"save_16bit_model: params in bf16, a float buffer in its own dtype ({saved['table'].dtype})")
     ok, msg = raises(lambda: engine._zero3_consolidated_16bit_state_dict(), ValueError, "ZeRO-3")
     check(ok, f"_zero3_consolidated_16bit_state_dict() below stage 3 is an error ({msg})")
 
