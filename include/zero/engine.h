@@ -29,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -360,6 +361,27 @@ class Engine {
   /// a kind the optimizer does not keep or grads on NVMe, and
   /// std::logic_error for grads not reduced yet.
   at::Tensor full_state(const std::string& kind, const std::string& name);
+  /// The part of param `name` this rank's shard holds: {first element in
+  /// the param (flattened), element count} -- the whole param at stage 0,
+  /// possibly none at stages 1-3 (the layout lays the params end to end and
+  /// shards the whole, so a param's parts differ in size between ranks).
+  std::pair<int64_t, int64_t> local_range(const std::string& name) const;
+  /// Stage 3: this rank's part of param `name` as it rests between uses --
+  /// a view of the shard, in the storage dtype (DeepSpeed's `ds_tensor`);
+  /// undefined below stage 3 or where the shards are paged to NVMe.
+  at::Tensor local_param(const std::string& name) const;
+  /// full_state's `kind` of this rank's part alone (local_range), flat, in
+  /// fp32: no collective (DeepSpeed's safe_get_local_*).
+  at::Tensor local_state(const std::string& kind, const std::string& name);
+  /// Writes `value` into one kind of the state (DeepSpeed's safe_set_*):
+  /// the whole param's value (each rank keeps its part; every rank passes
+  /// the same), or with `local` this rank's part alone. No collective. The
+  /// params take a new master value at the next step, as DeepSpeed's (in
+  /// fp32, where the master is the params' memory, the value waits for that
+  /// step, or a save_checkpoint, and the getters read it); grads as
+  /// full_state reads them. Throws std::invalid_argument for a value of
+  /// another size.
+  void set_state(const std::string& kind, const std::string& name, const at::Tensor& value, bool local);
   /// Writes state_dict() as one safetensors file (rank 0 writes, every rank
   /// calls): the same file zero-ckpt consolidate makes from a checkpoint,
   /// readable by load_weights() and any safetensors reader.

@@ -118,6 +118,7 @@ class ZeroEngine(torch.nn.Module):
             if self._flops["enabled"] else None
         if self._stage == 3:
             mark_partitioned(model.parameters())
+            _attach_local_parts(model, self._engine)
         self._in_forward = 0  # engine forwards running now (the model's forward inside them)
         _clear_engine_grads_with_module(model, self)
         if self._stage == 3:
@@ -851,6 +852,21 @@ def _write_latest(save_dir, previous):
     with open(tmp, "w") as f:
         f.write(previous)
     os.replace(tmp, path)
+
+
+def _attach_local_parts(model, cxx_engine):
+    """DeepSpeed's `param.ds_tensor` at stage 3: this rank's part of the
+    param as it rests between uses, a view of the engine's shard (a frozen
+    param, which every rank holds whole here, is its own part). Where the
+    shards are paged to NVMe it is a tensor on the meta device of that
+    part's size: shape and dtype, no values."""
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            p.ds_tensor = p.data.reshape(-1)
+            continue
+        part = cxx_engine.local_param(name)
+        p.ds_tensor = part if part is not None else torch.empty(cxx_engine.local_range(name)[1], dtype=p.dtype,
+                                                                device="meta")
 
 
 def engine_of(param):

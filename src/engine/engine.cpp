@@ -315,6 +315,7 @@ bool Engine::Impl::step() {
   // without its reduction, or no boundary backward) are reduced now:
   // stepping on local grads would let the ranks drift apart silently.
   if (reducer->has_unreduced()) reducer->flush();
+  apply_pending_masters();
   bool stepped = false;
   {
     TrainingLog::Timer timer(training_log, TrainingLog::Step);
@@ -598,6 +599,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
   if (m.micro_steps % m.batch.gradient_accumulation_steps != 0 || m.reducer->has_unreduced())
     throw std::logic_error("save_checkpoint: call it at an accumulation boundary, after step() (grads in "
                            "flight are not saved)");
+  m.apply_pending_masters();  // the masters saved are the ones set
   auto target = m.checkpoint_target();
   zero::save_checkpoint(target, dir, tag, client_state);
 }
@@ -611,6 +613,7 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string
   auto& m = *impl_;
   if (m.coalescing || m.no_sync)
     throw std::logic_error("load_checkpoint: not inside coalesce_grad_reduction() or no_sync()");
+  m.pending_masters.clear();  // the loaded masters replace them
   auto target = m.checkpoint_target();
   nlohmann::json client_state = zero::load_checkpoint(target, dir, tag, what.optimizer_state, what.step_counters);
   m.attempts = 0;  // the loaded step's start, on every rank
@@ -623,6 +626,7 @@ void Engine::load_weights(const std::string& path) {
   const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;
   if (m.coalescing || m.no_sync) throw std::logic_error("load_weights: not inside coalesce_grad_reduction() or no_sync()");
+  m.pending_masters.clear();
   auto target = m.checkpoint_target();
   zero::load_weights(target, path);
 }

@@ -36,6 +36,15 @@ class ParamSwap;
 class GradSwap;
 }
 
+// A master value set while the master is the params' memory (fp32):
+// `values` for elements [first, first + values.numel()) of param `param` of
+// flat group `group` (Engine::Impl::pending_masters).
+struct PendingMasterWrite {
+  size_t group = 0, param = 0;
+  int64_t first = 0;
+  at::Tensor values;  // fp32, flat
+};
+
 struct Engine::Impl {
   Impl(torch::nn::Module& model, const Config& c, comm::Comm& cm, std::shared_ptr<comm::Group> owner,
        const comm::Group& group, const std::vector<ParamGroup>& param_groups);
@@ -106,6 +115,15 @@ struct Engine::Impl {
   // a guard's destructor failed.
   void check_usable();
   void check_no_gathered_scope(const char* what) const;
+  // The reduced grads are readable (state_access.cpp): at a boundary, after
+  // its backward's reduction, outside no_sync and coalescing, not on NVMe.
+  void check_grads_reduced(const std::string& what);
+  // set_state of a master that is the params themselves (fp32): as
+  // DeepSpeed's, the params take it at the next step, so the value waits
+  // here and the getters read through it. Applied by the next step (before
+  // its update) or save_checkpoint; dropped by a load.
+  std::vector<PendingMasterWrite> pending_masters;
+  void apply_pending_masters();
 
   bool boundary() const;
   // Sharded grads reduce every backward, unless the caller coalesces.

@@ -159,53 +159,6 @@ std::map<std::string, at::Tensor> Engine::state_dict(bool rank0_only) {
   return out;
 }
 
-at::Tensor Engine::full_state(const std::string& kind, const std::string& name) {
-  const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
-  auto& m = *impl_;
-  m.check_usable();
-  const std::string what = "full_state(\"" + kind + "\", \"" + name + "\")";
-  const bool grad = kind == "grad";
-  if (grad && m.optimizer.pages_state())
-    throw std::invalid_argument(what + ": not with offload to NVMe, which keeps the reduced grads on disk");
-  if (grad && (m.coalescing || m.no_sync || m.reducer->has_unreduced() || !m.boundary()))
-    throw std::logic_error(what + ": the reduced grads exist between a boundary's backward and its step (not "
-                           "inside no_sync() or coalesce_grad_reduction(), nor on another micro-step)");
-  for (const auto& g : m.groups)
-    for (size_t i = 0; i < g.params.size(); ++i) {
-      if (g.names[i] != name) continue;
-      auto held = m.optimizer.resident(g, /*write=*/false);  // NVMe offload: the group's state paged in
-      // Sharded alike (stages 1-3): the master, its moments and the reduced
-      // fp32 grads cover this rank's shard; at stage 0 every rank holds all
-      // of them, the all-reduced grads in the grads' dtype.
-      const at::Tensor local = kind == "master"       ? g.master
-                               : kind == "exp_avg"    ? g.exp_avg
-                               : kind == "exp_avg_sq" ? g.exp_avg_sq
-                               : grad ? (m.policy.shard_optimizer_state ? g.grad_shard : g.grad_flat)
-                                      : at::Tensor();
-      if (!local.defined())
-        throw std::invalid_argument(what + ": this engine's optimizer keeps no such state (its kinds: master, "
-                                    "grad" + std::string(g.exp_avg.defined() ? ", exp_avg" : "") +
-                                    (g.exp_avg_sq.defined() ? ", exp_avg_sq" : "") + ")");
-      const auto& s = g.layout.params[i];
-      if (!m.policy.shard_optimizer_state) {
-        at::Tensor out = local.narrow(0, s.offset, s.numel).to(at::kFloat).clone().view(g.params[i].sizes());
-        held.done();
-        return out;
-      }
-      // Each rank writes the part of the param its shard holds into zeros;
-      // the parts are disjoint, so their sum over the ranks is the param,
-      // exactly (x + 0 is x).
-      const int64_t shard = g.layout.shard_numel, begin = m.dp.rank() * shard;
-      const int64_t lo = std::max(s.offset, begin), hi = std::min(s.offset + s.numel, begin + shard);
-      at::Tensor out = at::zeros({s.numel}, local.options().dtype(at::kFloat));
-      if (lo < hi) out.narrow(0, lo - s.offset, hi - lo).copy_(local.narrow(0, lo - begin, hi - lo));
-      held.done();
-      m.comm.all_reduce(m.dp, out, comm::ReduceOp::Sum, "full_state")->wait();
-      return out.view(g.params[i].sizes());
-    }
-  throw std::invalid_argument(what + ": no trainable param of that name");
-}
-
 void Engine::save_weights(const std::string& path) {
   const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;

@@ -408,6 +408,23 @@ PYBIND11_MODULE(_C, m) {
           "full_state",
           [](PyEngine& e, const std::string& kind, const std::string& name) { return e.engine().full_state(kind, name); },
           Release())
+      .def("local_range", [](PyEngine& e, const std::string& name) { return e.engine().local_range(name); })
+      .def("local_param",
+           [](PyEngine& e, const std::string& name) -> std::optional<at::Tensor> {
+             at::Tensor t = e.engine().local_param(name);
+             if (!t.defined()) return std::nullopt;
+             return t;
+           })
+      .def(
+          "local_state",
+          [](PyEngine& e, const std::string& kind, const std::string& name) { return e.engine().local_state(kind, name); },
+          Release())
+      .def(
+          "set_state",
+          [](PyEngine& e, const std::string& kind, const std::string& name, const at::Tensor& value, bool local) {
+            e.engine().set_state(kind, name, value, local);
+          },
+          Release())
       .def("save_weights", [](PyEngine& e, const std::string& path) { e.engine().save_weights(path); }, Release())
       .def("load_weights", [](PyEngine& e, const std::string& path) { e.engine().load_weights(path); }, Release())
       .def(

@@ -362,6 +362,50 @@ def scenario_gradcache(stage, out, ckpt):
             "uncoalesced_reduce_scatters": separate_calls, "steps": steps, "backwards_per_step": n}
 
 
+def scenario_surgery(stage, out, ckpt):
+    """DeepSpeed's state setters (zero3.rst, "Modifying Partitioned States")
+    between steps: every grad halved and one replaced before a step,
+    Adam's first moment zeroed and a param's master scaled after it; at
+    stage 3 each rank's own part too (its grads doubled, its exp_avg_sq
+    doubled, its masters scaled), whatever size that part is."""
+    if stage == 0:
+        return None  # DeepSpeed's stage 0 in fp32 keeps no fp32 state to set
+    utils = deepspeed.utils
+    engine = build(stage)
+    rank, world = engine.global_rank, engine.world_size
+    model = engine.module
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    losses = train(engine, 2)
+    read_back = {}
+    for step in range(2, 7):
+        x, y = batch(step, 0, rank, world)
+        loss = engine(x, y)
+        engine.backward(loss)
+        if step == 2:
+            utils.safe_update_full_grad_vectorized(trainable, lambda g, p: g * 0.5)
+            utils.safe_set_full_grad(model.blocks[0].gain, torch.full(tuple(model.blocks[0].gain.ds_shape) if stage == 3
+                                                                      else model.blocks[0].gain.shape, 0.01))
+            read_back["grad"] = _norm(utils.safe_get_full_grad(model.blocks[0].gain))
+        if step == 3 and stage == 3:
+            for p in trainable:
+                utils.safe_set_local_grad(p, utils.safe_get_local_grad(p) * 2.0)
+        engine.step()
+        if step == 2:
+            for p in trainable:
+                utils.safe_set_full_optimizer_state(p, torch.zeros(p.ds_shape if stage == 3 else p.shape), "exp_avg")
+            utils.safe_set_full_fp32_param(model.pos, utils.safe_get_full_fp32_param(model.pos) * 0.9)
+            read_back["exp_avg"] = _norm(utils.safe_get_full_optimizer_state(model.pos, "exp_avg"))
+        if step == 3 and stage == 3:
+            for p in trainable:
+                utils.safe_set_local_optimizer_state(
+                    p, utils.safe_get_local_optimizer_state(p, "exp_avg_sq") * 2.0, "exp_avg_sq")
+                utils.safe_set_local_fp32_param(p, utils.safe_get_local_fp32_param(p) * 0.99)
+                assert p.ds_tensor.numel() == utils.safe_get_local_fp32_param(p).numel()
+        losses.append(mean_over_ranks(loss))
+    read_back["pos"] = _norm(utils.safe_get_full_fp32_param(model.pos))
+    return {"losses": losses, "read_back": read_back}
+
+
 class StockNet(nn.Module):
     """Only torch.nn's own layers, as users build models: MultiheadAttention
     (inside TransformerEncoderLayer) reads its out_proj's weight without
@@ -409,7 +453,7 @@ def scenario_stock(stage, out, ckpt):
 SCENARIOS = {"base": scenario_base, "features": scenario_features, "bf16": scenario_bf16,
              "resume": scenario_resume, "coalesce": scenario_coalesce, "gradcache": scenario_gradcache,
              "client": scenario_client, "groups": scenario_groups, "knobs": scenario_knobs, "eval": scenario_eval,
-             "recompute": scenario_recompute, "stock": scenario_stock}
+             "recompute": scenario_recompute, "stock": scenario_stock, "surgery": scenario_surgery}
 
 
 def main():

@@ -1,12 +1,13 @@
 """DeepSpeed's `deepspeed.utils`: the checkpoint readers (zero_to_fp32),
-one param's full state (param_access), the logger, the timers, RepeatingLoader,
+one param's training state, whole or this rank's part (param_access), the logger, the timers, RepeatingLoader,
 z3 leaf modules."""
 from . import timer, zero_to_fp32  # noqa: F401
 from .zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # noqa: F401
 from .param_access import (  # noqa: F401
     safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state, safe_get_local_fp32_param,
-    safe_get_local_grad, safe_get_local_optimizer_state, safe_set_full_fp32_param, safe_set_full_optimizer_state,
-    safe_set_local_fp32_param, safe_set_local_optimizer_state)
+    safe_get_local_grad, safe_get_local_optimizer_state, safe_set_full_fp32_param, safe_set_full_grad,
+    safe_set_full_optimizer_state, safe_set_local_fp32_param, safe_set_local_grad, safe_set_local_optimizer_state,
+    safe_update_full_grad_vectorized)
 from .logging import log_dist, log_dist_once, logger, set_log_level_from_string  # noqa: F401
 from ..runtime.dataloader import RepeatingLoader  # noqa: F401
 from .z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_module, set_z3_leaf_modules,  # noqa: F401
