@@ -23,6 +23,9 @@ if _build_info is not None and _build_info.torch_version != torch.__version__:
                       f"{torch.__version__} is installed: reinstall zero-cpp (pip install .) against it")
 
 from . import _C  # noqa: F401,E402
+from . import deepspeed_alias  # noqa: E402
+
+deepspeed_alias.install()  # `from deepspeed.X import Y` finds zero_cpp.X where DeepSpeed is not installed
 from .version import __version__, __version_major__, __version_minor__, __version_patch__  # noqa: F401
 from .distributed import init_distributed  # noqa: F401
 from .config import DeepSpeedConfigError, add_config_arguments  # noqa: F401

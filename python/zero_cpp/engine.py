@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from . import _C
 from . import comm
 from . import config as configs
+from . import deepspeed_alias
 from . import distributed
 from . import optimizer as optimizers
 from .mirror import EXTERNAL_PREFIX, Mirror, UnitHooks, mark_partitioned, tensors_in
@@ -895,6 +896,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                                   "data parallel (ZeRO) only")
     if mesh_param is not None:
         raise NotImplementedError("zero_cpp.initialize: mesh_param (sequence/data parallel meshes) is not supported")
+    if deepspeed_alias.deepspeed_itself_imported():
+        warnings.warn("zero_cpp.initialize: DeepSpeed's own package is imported in this process, so what a script "
+                      "imports from `deepspeed.*` (an optimizer class, safe_get_full_fp32_param, zero_to_fp32) is "
+                      "DeepSpeed's, which zero_cpp's engine does not know: import it from `zero_cpp.*` "
+                      "(docs/from-deepspeed.md)", stacklevel=2)
     from . import zero
     with zero.paused():
         engine = ZeroEngine(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,

@@ -8,6 +8,7 @@ failures."""
 import glob
 import json
 import os
+import subprocess
 import sys
 
 import torch
@@ -22,10 +23,6 @@ from zero_cpp.runtime.config import DeepSpeedConfig
 from checks import check, finish, raises
 
 TMP = sys.argv[1]
-
-
-
-
 
 
 class Mlp(nn.Module):
@@ -402,9 +399,70 @@ def test_flops_profiler_in_the_engine():
               f"stage {stage} flops profiler: the model's {expected_params} params, full size")
 
 
+# Python's own finders, minus DeepSpeed: a process in which DeepSpeed is not installed.
+_WITHOUT_DEEPSPEED = """
+import importlib.machinery, sys
+class WithoutDeepSpeed(importlib.machinery.PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "deepspeed" or name.startswith("deepspeed."):
+            return None
+        return super().find_spec(name, path, target)
+sys.meta_path[sys.meta_path.index(importlib.machinery.PathFinder)] = WithoutDeepSpeed
+"""
+
+_SUBMODULE_IMPORTS = """
+import sys
+import zero_cpp as deepspeed
+from deepspeed.utils import safe_get_full_fp32_param
+from deepspeed.ops.adam import FusedAdam
+from deepspeed.accelerator import get_accelerator
+import deepspeed.runtime.zero.partition_parameters as pp
+from deepspeed.runtime.engine import DeepSpeedEngine
+from deepspeed.runtime.activation_checkpointing.checkpointing import checkpoint
+import zero_cpp
+assert DeepSpeedEngine is zero_cpp.DeepSpeedEngine and checkpoint is zero_cpp.checkpointing.checkpoint
+assert safe_get_full_fp32_param is zero_cpp.utils.safe_get_full_fp32_param
+assert FusedAdam is zero_cpp.ops.adam.FusedAdam and get_accelerator is zero_cpp.get_accelerator
+assert pp is zero_cpp.runtime.zero.partition_parameters and sys.modules["deepspeed"] is zero_cpp
+assert zero_cpp.utils.__spec__.name == "zero_cpp.utils"
+try:
+    import deepspeed.moe
+except ModuleNotFoundError as e:
+    print("absent:", e)
+print("ALIASED")
+"""
+
+
+def test_deepspeed_submodule_imports():
+    # A script changed to `import zero_cpp as deepspeed` that also imports
+    # from DeepSpeed's submodules: zero_cpp's where DeepSpeed is not
+    # installed; DeepSpeed's own, untouched, where it is.
+    if dist.get_rank() != 0:
+        return
+    # A process of its own, outside this job's launch (its rank variables left out).
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "OMP_NUM_THREADS", "TMPDIR")}
+    run = lambda code: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                                      env=env)
+    absent = run(_WITHOUT_DEEPSPEED + _SUBMODULE_IMPORTS)
+    check(absent.returncode == 0 and "ALIASED" in absent.stdout and "No module named 'deepspeed.moe'" in absent.stdout,
+          "without DeepSpeed installed, `from deepspeed.X import Y` after `import zero_cpp as deepspeed` finds "
+          f"zero_cpp's modules themselves; a module zero_cpp lacks is not found ({(absent.stderr or absent.stdout)[-300:]})")
+    present = run("import warnings, torch, zero_cpp, deepspeed\n"
+                  "with warnings.catch_warnings(record=True) as w:\n"
+                  "    warnings.simplefilter('always')\n"
+                  "    zero_cpp.initialize(model=torch.nn.Linear(2, 2), config={'train_batch_size': 1, 'optimizer': {'type': 'SGD', 'params': {'lr': 0.1}}})\n"
+                  "print(any(\"DeepSpeed's own package\" in str(x.message) for x in w))\n"
+                  "print(deepspeed is zero_cpp, deepspeed.__version__)")
+    said = present.stdout.strip().splitlines()
+    last, err = (said or [""])[-1], (present.stderr or "")[-300:]  # DeepSpeed prints its own lines first
+    check(present.returncode == 0 and last.startswith("False 0.") and said[-2] == "True",
+          f"with DeepSpeed installed, `import deepspeed` beside zero_cpp is DeepSpeed, and initialize warns that names imported from it are DeepSpeed's ({last[-80:]} {err})")
+
+
 def main():
     deepspeed.init_distributed()
-    sys.exit(finish((test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_throughput_timer,
+    sys.exit(finish((test_deepspeed_submodule_imports, test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_throughput_timer,
                      test_comms_logger, test_config_scheduler, test_config_errors, test_activation_checkpointing,
                      test_flops_profiler_in_the_engine), between=dist.barrier))
 
