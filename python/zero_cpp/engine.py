@@ -31,7 +31,8 @@ from . import optimizer as optimizers
 from .mirror import EXTERNAL_PREFIX, Mirror, UnitHooks, mark_partitioned, tensors_in
 from .monitor import MonitorMaster
 from .profiling.flops_profiler import FlopsProfiler
-from .utils.timer import ThroughputTimer
+from .utils.timer import (BACKWARD_INNER_GLOBAL_TIMER, BACKWARD_REDUCE_GLOBAL_TIMER, EngineTimers,
+                          SynchronizedWallClockTimer, ThroughputTimer)
 from .runtime.config import monitor_config
 
 _ENGINES = []  # weak references to the live engines (zero.GatheredParameters finds a param's engine)
@@ -117,6 +118,13 @@ class ZeroEngine(torch.nn.Module):
         self._flops = configs.python_block(self._config, "flops_profiler")
         self.flops_profiler = FlopsProfiler(model, self, self._flops["recompute_fwd_factor"]) \
             if self._flops["enabled"] else None
+        # DeepSpeed's engine.timers: each phase under DeepSpeed's names, per
+        # micro-step with wall_clock_breakdown, per step also for the flops
+        # profile's latency lines; get_wall_clock_timers() reads them.
+        self.timers = SynchronizedWallClockTimer()
+        self.engine_timers = EngineTimers(enable_micro_timers=self.wall_clock_breakdown(),
+                                          enable_global_timers=self.wall_clock_breakdown() or self._flops["enabled"])
+        self.engine_timers_cache = {}
         if self._stage == 3:
             mark_partitioned(model.parameters())
             _attach_local_parts(model, self._engine)
@@ -265,11 +273,45 @@ class ZeroEngine(torch.nn.Module):
             self.flops_profiler.start_profile()
         if self.module.training:
             self.tput_timer.start()
+        self._start_timers(self.engine_timers.forward_timers)
         try:
             return self._forward_through_engine(lambda: self.module(*inputs, **kwargs))
         finally:
+            self._stop_timers(self.engine_timers.forward_timers)
             if profiling:
                 self.flops_profiler.stop_profile()
+
+    def _start_timers(self, names):
+        for name in names:
+            self.timers(name).start()
+
+    def _stop_timers(self, names):
+        for name in names:
+            self.timers(name).stop()
+
+    def get_wall_clock_timers(self):
+        """DeepSpeed's: {timer name: milliseconds} as the last engine.step()
+        left them (with wall_clock_breakdown; {} otherwise)."""
+        return self.engine_timers_cache
+
+    def _after_step_timers(self, boundary):
+        """The step's backward split into its inner part and its reductions
+        (the C++ engine's own split, known at the boundary; not measured per
+        micro-step, so bwd_inner_microstep and bwd_allreduce_microstep read
+        0), then the cache get_wall_clock_timers() returns."""
+        ms = self._engine.last_step_times() if boundary else {}
+        if ms and self.engine_timers.global_timers:
+            self.timers(BACKWARD_INNER_GLOBAL_TIMER).add(ms["backward"] - ms["backward_allreduce"])
+            self.timers(BACKWARD_REDUCE_GLOBAL_TIMER).add(ms["backward_allreduce"])
+        if self.wall_clock_breakdown():
+            self.engine_timers_cache = {name: self.timers(name).elapsed(reset=False)
+                                        for name in self.engine_timers.active_timers()}
+
+    def _reset_timers(self, boundary):
+        """As DeepSpeed's timers.log after each step: the micro-step timers
+        start over every step, the step ones at each boundary."""
+        for name in self.engine_timers.micro_timers + (self.engine_timers.global_timers if boundary else []):
+            self.timers(name).reset()
 
     def _profiling_flops(self):
         """Whether this forward is the one the flops profiler measures: rank
@@ -315,11 +357,15 @@ class ZeroEngine(torch.nn.Module):
                                       "forward for each backward")
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError("zero_cpp: engine.backward expects a scalar loss tensor")
-        if not scale_wrt_gas:
-            # The engine always divides by gradient_accumulation_steps.
-            self._engine.backward(loss * self.gradient_accumulation_steps())
-            return loss.detach()
-        return self._engine.backward(loss)
+        self._start_timers(self.engine_timers.backward_timers)
+        try:
+            if not scale_wrt_gas:
+                # The engine always divides by gradient_accumulation_steps.
+                self._engine.backward(loss * self.gradient_accumulation_steps())
+                return loss.detach()
+            return self._engine.backward(loss)
+        finally:
+            self._stop_timers(self.engine_timers.backward_timers)
 
     def is_gradient_accumulation_boundary(self):
         return self._engine.is_gradient_accumulation_boundary()
@@ -337,10 +383,35 @@ class ZeroEngine(torch.nn.Module):
         Elsewhere it counts the micro-step."""
         self._step_applied = False
         if not self._engine.is_gradient_accumulation_boundary():
-            self._engine.step()
+            self._start_timers(self.engine_timers.step_timers)
+            try:
+                self._engine.step()
+            finally:
+                self._stop_timers(self.engine_timers.step_timers)
+            self._after_step_timers(boundary=False)
+            self._reset_timers(boundary=False)
             self.tput_timer.stop(global_step=False, report_speed=False)
             return
         profiled = self._profiling_flops()
+        self._start_timers(self.engine_timers.step_timers)
+        try:
+            self._optimizer_and_scheduler_step(lr_kwargs)
+        finally:
+            self._stop_timers(self.engine_timers.step_timers)
+        self._after_step_timers(boundary=True)
+        self.tput_timer.stop(global_step=True, report_speed=False)
+        if comm.comms_logger.enabled:
+            comm.comms_logger.collect_engine_records()  # verbose prints each as it is collected
+        self._write_monitor_events()
+        if profiled:
+            f = self._flops
+            self.flops_profiler.print_model_profile(profile_step=self.global_steps, module_depth=f["module_depth"],
+                                                    top_modules=f["top_modules"], detailed=f["detailed"],
+                                                    output_file=f["output_file"])
+            self.flops_profiler.end_profile()
+        self._reset_timers(boundary=True)
+
+    def _optimizer_and_scheduler_step(self, lr_kwargs):
         self._push_group_settings()
         self.optimizer._stepping = True
         try:
@@ -357,16 +428,6 @@ class ZeroEngine(torch.nn.Module):
                 if lr_kwargs:
                     raise
                 self.lr_scheduler.step()
-        self.tput_timer.stop(global_step=True, report_speed=False)
-        if comm.comms_logger.enabled:
-            comm.comms_logger.collect_engine_records()  # verbose prints each as it is collected
-        self._write_monitor_events()
-        if profiled:
-            f = self._flops
-            self.flops_profiler.print_model_profile(profile_step=self.global_steps, module_depth=f["module_depth"],
-                                                    top_modules=f["top_modules"], detailed=f["detailed"],
-                                                    output_file=f["output_file"])
-            self.flops_profiler.end_profile()
 
     def _write_monitor_events(self):
         """The events DeepSpeed's engine writes at each boundary, at the

@@ -377,7 +377,7 @@ def test_flops_profiler_in_the_engine():
         out = os.path.join(TMP, f"flops_{stage}.txt")
         engine = make(config(stage=stage, flops_profiler={"enabled": True, "profile_step": 2, "module_depth": -1,
                                                           "top_modules": 1, "detailed": True,
-                                                          "output_file": out}))
+                                                          "output_file": out}, wall_clock_breakdown=stage == 3))
         for step in range(4):
             loss = engine(*batch(step, engine.global_rank))
             engine.backward(loss)
@@ -397,6 +397,47 @@ def test_flops_profiler_in_the_engine():
         params_line = [ln for ln in text.splitlines() if ln.startswith("params per GPU:")]
         check(len(params_line) == 1 and params_line[0].endswith(" " + params_to_string(expected_params)),
               f"stage {stage} flops profiler: the model's {expected_params} params, full size")
+        latencies = [ln.split(":")[0] for ln in text.splitlines()
+                     if ln.split(":")[0] in ("fwd latency", "bwd latency", "step latency", "iter latency")]
+        check(latencies == (["fwd latency", "bwd latency", "step latency", "iter latency"] if stage == 3
+                            else ["fwd latency"]),
+              f"stage {stage} flops profiler: the backward and step latencies with wall_clock_breakdown, as "
+              f"DeepSpeed's ({latencies})")
+
+
+def test_engine_timers():
+    """DeepSpeed's engine.timers and get_wall_clock_timers(): with
+    wall_clock_breakdown, each phase timed under DeepSpeed's names, per
+    micro-step and per step; a script's own timer beside them; the flops
+    profile then prints the backward and step latencies."""
+    cfg = config(stage=2, wall_clock_breakdown=True, gradient_accumulation_steps=2)
+    engine = make(cfg)
+    check(engine.get_wall_clock_timers() == {}, "get_wall_clock_timers() is empty before a step, as DeepSpeed's")
+    engine.timers("script").start()
+    for step in range(4):
+        loss = engine(*batch(step, engine.global_rank))
+        engine.backward(loss)
+        engine.step()
+        if step == 2:  # a micro-step that is not a boundary
+            micro = dict(engine.get_wall_clock_timers())
+    engine.timers("script").stop()
+    t = engine.get_wall_clock_timers()
+    names = ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
+    check(all(n in t for n in names + tuple(f"{n}_microstep" for n in names)) and
+          all(t[n] > 0 for n in ("fwd", "bwd", "bwd_inner", "step", "fwd_microstep", "bwd_microstep")) and
+          t["bwd_allreduce"] >= 0 and t["bwd_inner"] + t["bwd_allreduce"] <= t["bwd"] * 1.01 + 0.05,
+          f"each phase timed under DeepSpeed's names, the backward split into its inner part and reduction "
+          f"({ {k: round(v, 3) for k, v in t.items()} })")
+    check(micro["fwd"] >= micro["fwd_microstep"] > 0 and micro.get("step", 0) >= 0,
+          f"between boundaries the step timers accumulate the micro-steps' (fwd {micro['fwd']:.3f} >= "
+          f"fwd_microstep {micro['fwd_microstep']:.3f} ms)")
+    check(engine.timers("script").elapsed() > sum(t[n] for n in ("fwd_microstep", "bwd_microstep")),
+          "a script's own timer beside the engine's")
+    plain = make(config(stage=2))
+    plain.backward(plain(*batch(0, plain.global_rank)))
+    plain.step()
+    check(plain.get_wall_clock_timers() == {} and not plain.timers.get_timers().get("fwd"),
+          "without wall_clock_breakdown the engine times nothing")
 
 
 # Python's own finders, minus DeepSpeed: a process in which DeepSpeed is not installed.
@@ -463,7 +504,7 @@ def test_deepspeed_submodule_imports():
 def main():
     deepspeed.init_distributed()
     sys.exit(finish((test_deepspeed_submodule_imports, test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_throughput_timer,
-                     test_comms_logger, test_config_scheduler, test_config_errors, test_activation_checkpointing,
+                     test_engine_timers, test_comms_logger, test_config_scheduler, test_config_errors, test_activation_checkpointing,
                      test_flops_profiler_in_the_engine), between=dist.barrier))
 
 

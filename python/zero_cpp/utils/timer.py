@@ -92,6 +92,10 @@ class SynchronizedWallClockTimer:
             self._intervals_ms.append((time.perf_counter() - self._started_at) * 1e3)
             self.started_ = False
 
+        def add(self, ms):
+            """An interval measured elsewhere (the C++ engine's), in milliseconds."""
+            self._intervals_ms.append(float(ms))
+
         def reset(self):
             """Forget the intervals timed, and stop timing."""
             self.started_ = False
@@ -154,6 +158,38 @@ class SynchronizedWallClockTimer:
         if normalizer <= 0.0:
             raise ValueError(f"timers.get_mean: normalizer must be positive, not {normalizer}")
         return {name: self.timers[name].mean() * 1e3 / normalizer for name in names if name in self.timers}
+
+
+# The engine's phase timers, by DeepSpeed's names: each micro-step's, and
+# each step's (the micro-steps up to its boundary).
+FORWARD_MICRO_TIMER, FORWARD_GLOBAL_TIMER = "fwd_microstep", "fwd"
+BACKWARD_MICRO_TIMER, BACKWARD_GLOBAL_TIMER = "bwd_microstep", "bwd"
+BACKWARD_INNER_MICRO_TIMER, BACKWARD_INNER_GLOBAL_TIMER = "bwd_inner_microstep", "bwd_inner"
+BACKWARD_REDUCE_MICRO_TIMER, BACKWARD_REDUCE_GLOBAL_TIMER = "bwd_allreduce_microstep", "bwd_allreduce"
+STEP_MICRO_TIMER, STEP_GLOBAL_TIMER = "step_microstep", "step"
+
+
+class EngineTimers:
+    """Which phase timers an engine runs, as DeepSpeed's: the micro-step
+    ones with wall_clock_breakdown, the step ones also for the flops
+    profiler (its latency lines)."""
+
+    def __init__(self, enable_micro_timers, enable_global_timers):
+        def pick(micro, whole):
+            return ([micro] if enable_micro_timers else []) + ([whole] if enable_global_timers else [])
+
+        self.forward_timers = pick(FORWARD_MICRO_TIMER, FORWARD_GLOBAL_TIMER)
+        self.backward_timers = pick(BACKWARD_MICRO_TIMER, BACKWARD_GLOBAL_TIMER)
+        self.backward_inner_timers = pick(BACKWARD_INNER_MICRO_TIMER, BACKWARD_INNER_GLOBAL_TIMER)
+        self.backward_reduce_timers = pick(BACKWARD_REDUCE_MICRO_TIMER, BACKWARD_REDUCE_GLOBAL_TIMER)
+        self.step_timers = pick(STEP_MICRO_TIMER, STEP_GLOBAL_TIMER)
+        self.micro_timers = [FORWARD_MICRO_TIMER, BACKWARD_MICRO_TIMER, BACKWARD_INNER_MICRO_TIMER,
+                             BACKWARD_REDUCE_MICRO_TIMER, STEP_MICRO_TIMER] if enable_micro_timers else []
+        self.global_timers = [FORWARD_GLOBAL_TIMER, BACKWARD_GLOBAL_TIMER, BACKWARD_INNER_GLOBAL_TIMER,
+                              BACKWARD_REDUCE_GLOBAL_TIMER, STEP_GLOBAL_TIMER] if enable_global_timers else []
+
+    def active_timers(self):
+        return self.micro_timers + self.global_timers
 
 
 class NoopTimer:
