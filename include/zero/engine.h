@@ -396,6 +396,15 @@ class Engine {
   /// `client_state` is stored as given (e.g. the data position).
   void save_checkpoint(const std::string& dir, const std::string& tag,
                        const nlohmann::json& client_state = nlohmann::json::object());
+  /// What save_checkpoint leaves out.
+  struct SaveOptions {
+    /// The frozen params (DeepSpeed's exclude_frozen_parameters: a
+    /// fine-tuned adapter's checkpoint without its frozen base); loading it
+    /// needs LoadOptions::strict false.
+    bool exclude_frozen_params = false;
+  };
+  void save_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& client_state,
+                       const SaveOptions& how);
   /// Loads DIR/TAG (TAG "" = DIR/latest), whatever world size and stage saved
   /// it: each rank reads the ranges its own shards need. Restores weights,
   /// optimizer state, step counters, loss scale and LR schedule position, and
@@ -411,6 +420,10 @@ class Engine {
     /// The step counters (global and skipped steps, the schedule's
     /// position); false keeps this engine's own.
     bool step_counters = true;
+    /// false: frozen params the checkpoint does not hold (saved with
+    /// SaveOptions::exclude_frozen_params) keep this model's values
+    /// (DeepSpeed's load_module_strict=False); true makes them an error.
+    bool strict = true;
   };
   /// load_checkpoint restoring the weights (and frozen params and buffers)
   /// and what `what` asks for besides.

@@ -594,16 +594,16 @@ class ZeroEngine(torch.nn.Module):
     def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):
         """Every rank's shards and rank 0's manifest into save_dir/tag (tag:
         global_step{N} by default), published atomically; `client_state`
-        (anything picklable) comes back from load_checkpoint."""
-        if exclude_frozen_parameters:
-            raise NotImplementedError("zero_cpp: save_checkpoint(exclude_frozen_parameters=True) is not "
-                                      "supported; frozen params are saved with the checkpoint")
+        (anything picklable) comes back from load_checkpoint.
+        exclude_frozen_parameters leaves the frozen params out (an adapter's
+        checkpoint without its frozen base), as DeepSpeed's: load it with
+        load_module_strict=False."""
         tag = self._agreed_tag(str(tag) if tag is not None else f"global_step{self.global_steps}")
         previous = _read_latest(save_dir) if not save_latest else None
         self._engine.save_checkpoint(os.fspath(save_dir), tag, _pack_client_state(client_state, {
             "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
             "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups],
-            "aliases": self._aliases}))
+            "aliases": self._aliases}), exclude_frozen_parameters)
         if not save_latest and self.global_rank == 0:
             _write_latest(save_dir, previous)
         if self.global_rank == 0:
@@ -639,7 +639,9 @@ class ZeroEngine(torch.nn.Module):
         (None, None) when load_dir holds no checkpoint, as DeepSpeed. As
         DeepSpeed's: load_optimizer_states=False restores the weights, the
         step counters and (load_lr_scheduler_states) the LR scheduler, not
-        the optimizer's state; load_module_only=True the weights alone."""
+        the optimizer's state; load_module_only=True the weights alone;
+        load_module_strict=False keeps the model's frozen params where the
+        checkpoint has none (saved with exclude_frozen_parameters)."""
         if custom_load_fn is not None:
             raise NotImplementedError("zero_cpp: load_checkpoint(custom_load_fn=...) is not supported")
         load_dir = os.fspath(load_dir)
@@ -659,7 +661,7 @@ class ZeroEngine(torch.nn.Module):
         tag = "" if tag is None else str(tag)
         optimizer_state = load_optimizer_states and not load_module_only
         client, own = _unpack_client_state(self._engine.load_checkpoint(
-            load_dir, tag, optimizer_state, not load_module_only))
+            load_dir, tag, optimizer_state, not load_module_only, bool(load_module_strict)))
         if own is not None and not load_module_only:  # saved from Python (the C++ API stores its client state alone)
             if optimizer_state:
                 for g, saved in zip(self.optimizer.param_groups, own["param_groups"]):

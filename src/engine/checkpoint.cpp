@@ -309,7 +309,8 @@ namespace {
 
 }  // namespace
 
-void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::string& tag, const json& client_state) {
+void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::string& tag, const json& client_state,
+                     bool exclude_frozen) {
   if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.' || tag == "latest")
     throw std::invalid_argument("save_checkpoint: tag '" + tag + "' must be a plain name (no '/', not 'latest')");
   const bool lead = m.dp.rank() == 0;
@@ -344,8 +345,12 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
         }
   // Frozen params and buffers: replicated, so rank 0 writes them whole
   // (floating-point ones in at least fp32, whatever the compute dtype).
+  std::vector<const ReplicatedTensor*> kept;
+  for (const auto& r : m.replicated)
+    if (r.buffer || !exclude_frozen) kept.push_back(&r);
   if (lead)
-    for (const auto& r : m.replicated) {
+    for (const auto* rp : kept) {
+      const auto& r = *rp;
       writer.add(ckpt::tensor_name(r.name, "value"), safetensors_dtype(saved_dtype(r.tensor)), r.tensor.sizes().vec(),
                  nullptr);
       any = true;
@@ -366,8 +371,8 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
           state.done();
         }
       if (lead)
-        for (const auto& r : m.replicated)
-          writer.write_next(r.tensor.detach().to(at::kCPU, saved_dtype(r.tensor)).contiguous().data_ptr());
+        for (const auto* r : kept)
+          writer.write_next(r->tensor.detach().to(at::kCPU, saved_dtype(r->tensor)).contiguous().data_ptr());
       digest = writer.finish();
     } catch (const std::exception& e) {
       error = what + ": " + e.what();
@@ -406,9 +411,9 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
             recs[f.param_index].fragments.push_back({q, f.param_offset, f.param_offset + f.numel});
       }
       for (auto& [idx, r] : recs) man.params.push_back(std::move(r));
-      for (const auto& r : m.replicated)
-        man.replicated.push_back({r.name, r.buffer ? "buffer" : "param", safetensors_dtype(saved_dtype(r.tensor)),
-                                  r.tensor.sizes().vec()});
+      for (const auto* r : kept)
+        man.replicated.push_back({r->name, r->buffer ? "buffer" : "param", safetensors_dtype(saved_dtype(r->tensor)),
+                                  r->tensor.sizes().vec()});
       for (int q = 0; q < m.dp.size(); ++q)
         if (all[3 * q].item<int64_t>())
           man.files[q] = {ckpt::rank_file_name(q), all[3 * q + 1].item<int64_t>(),
@@ -424,7 +429,7 @@ void save_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
 }
 
 json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::string& tag, bool optimizer_state,
-                     bool step_counters) {
+                     bool step_counters, bool strict) {
   std::string error;
   bool touched = false;  // this rank has started overwriting its state
   std::unique_ptr<ckpt::CheckpointReader> reader;
@@ -438,12 +443,26 @@ json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
         names, "checkpoint " + reader->path());
     std::vector<std::string> replicated_names;
     for (const auto& r : man.replicated) replicated_names.push_back(r.name);
+    // The frozen params and buffers to load: not strict, a frozen param the
+    // checkpoint left out keeps the model's value.
+    std::vector<const ReplicatedTensor*> loaded;
+    std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
+    for (const auto& r : m.replicated) {
+      if (!r.buffer && !reader->find_replicated(r.name)) {
+        if (!strict) continue;
+        throw std::runtime_error("checkpoint " + reader->path() + " has no frozen param " + r.name +
+                                 " (saved excluding frozen params?): load it non-strict (load_module_strict=False; "
+                                 "LoadOptions::strict false) to keep the model's frozen params");
+      }
+      loaded.push_back(&r);
+      expected.emplace_back(r.name, r.tensor.sizes().vec());
+    }
     check_same_params(
-        model_replicated(m),
+        expected,
         [&](const std::string& n) { return reader->find_replicated(n) ? &reader->find_replicated(n)->shape : nullptr; },
         replicated_names, "checkpoint " + reader->path() + " (frozen params and buffers)");
-    for (const auto& r : m.replicated)
-      check_replicated_dtype(r, reader->find_replicated(r.name)->dtype, "checkpoint " + reader->path());
+    for (const auto* r : loaded)
+      check_replicated_dtype(*r, reader->find_replicated(r->name)->dtype, "checkpoint " + reader->path());
     if (optimizer_state && !same_optimizer_state(saved_optimizer(man), m.config.optimizer.type))
       throw std::runtime_error("checkpoint " + reader->path() + " holds optimizer state of " + saved_optimizer(man) +
                                "; this engine's optimizer is " + to_string(m.config.optimizer.type) +
@@ -458,8 +477,8 @@ json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
       reader->read(n, k, a, b, out);
       fault::point("load");  // test-only (common/fault_injection.h): part of the state read
     }, /*master_only=*/!optimizer_state);
-    for (const auto& r : m.replicated)
-      copy_replicated(r, reader->find_replicated(r.name)->dtype, reader->replicated_data(r.name));
+    for (const auto* r : loaded)
+      copy_replicated(*r, reader->find_replicated(r->name)->dtype, reader->replicated_data(r->name));
   } catch (const std::exception& e) {
     error = std::string("load_checkpoint: ") + e.what();
   }

@@ -46,12 +46,14 @@ struct CheckpointTarget {
 // A save that fails on any rank (a full disk, one rank's write) is undone
 // on every rank -- its files, DIR/.partial-TAG and DIR/latest.tmp removed --
 // and every rank throws naming the cause; the engine's state is untouched.
+// `exclude_frozen`: the frozen params left out (buffers are kept).
 void save_checkpoint(CheckpointTarget& t, const std::string& dir, const std::string& tag,
-                     const nlohmann::json& client_state);
+                     const nlohmann::json& client_state, bool exclude_frozen = false);
 // Returns the client state saved with it. Beside the weights it restores
-// the optimizer's state and the step counters, each where asked.
+// the optimizer's state and the step counters, each where asked. Not
+// `strict`: frozen params the checkpoint lacks keep the model's values.
 nlohmann::json load_checkpoint(CheckpointTarget& t, const std::string& dir, const std::string& tag,
-                               bool optimizer_state = true, bool step_counters = true);
+                               bool optimizer_state = true, bool step_counters = true, bool strict = true);
 void load_weights(CheckpointTarget& t, const std::string& path);
 
 // Every rank learns whether any rank failed, so none goes on into a

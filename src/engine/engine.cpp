@@ -591,6 +591,11 @@ Engine::CoalesceGradReduction::~CoalesceGradReduction() {
 }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& client_state) {
+  save_checkpoint(dir, tag, client_state, SaveOptions{});
+}
+
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& client_state,
+                             const SaveOptions& how) {
   const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;
   m.check_usable();
@@ -601,7 +606,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag, con
                            "flight are not saved)");
   m.apply_pending_masters();  // the masters saved are the ones set
   auto target = m.checkpoint_target();
-  zero::save_checkpoint(target, dir, tag, client_state);
+  zero::save_checkpoint(target, dir, tag, client_state, how.exclude_frozen_params);
 }
 
 nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
@@ -615,7 +620,7 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string
     throw std::logic_error("load_checkpoint: not inside coalesce_grad_reduction() or no_sync()");
   m.pending_masters.clear();  // the loaded masters replace them
   auto target = m.checkpoint_target();
-  nlohmann::json client_state = zero::load_checkpoint(target, dir, tag, what.optimizer_state, what.step_counters);
+  nlohmann::json client_state = zero::load_checkpoint(target, dir, tag, what.optimizer_state, what.step_counters, what.strict);
   m.attempts = 0;  // the loaded step's start, on every rank
   m.forward_open = false;
   m.tag_collectives();

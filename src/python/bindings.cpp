@@ -429,15 +429,19 @@ PYBIND11_MODULE(_C, m) {
       .def("load_weights", [](PyEngine& e, const std::string& path) { e.engine().load_weights(path); }, Release())
       .def(
           "save_checkpoint",
-          [](PyEngine& e, const std::string& dir, const std::string& tag, const std::string& client_json) {
-            e.engine().save_checkpoint(dir, tag, nlohmann::json::parse(client_json));
+          [](PyEngine& e, const std::string& dir, const std::string& tag, const std::string& client_json,
+             bool exclude_frozen_params) {
+            e.engine().save_checkpoint(dir, tag, nlohmann::json::parse(client_json), {exclude_frozen_params});
           },
-          Release())
+          py::arg("dir"), py::arg("tag"), py::arg("client_json"), py::arg("exclude_frozen_params") = false, Release())
       .def(
           "load_checkpoint",
-          [](PyEngine& e, const std::string& dir, const std::string& tag, bool optimizer_state, bool step_counters) {
-            return e.engine().load_checkpoint(dir, tag, {optimizer_state, step_counters}).dump();
+          [](PyEngine& e, const std::string& dir, const std::string& tag, bool optimizer_state, bool step_counters,
+             bool strict) {
+            return e.engine().load_checkpoint(dir, tag, {optimizer_state, step_counters, strict}).dump();
           },
+          py::arg("dir"), py::arg("tag"), py::arg("optimizer_state"), py::arg("step_counters"),
+          py::arg("strict") = true,
           Release());
 
   py::class_<PyGathered>(m, "GatheredParameters")

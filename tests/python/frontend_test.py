@@ -948,6 +948,46 @@ def test_errors():
     check(ok, f"a setter's value of another size is named ({said[:120]})")
 
 
+def test_checkpoint_without_frozen_params():
+    # A fine-tuned adapter over a frozen base (PEFT's LoRA under Hugging Face's
+    # Trainer): saved with exclude_frozen_parameters, loaded non-strict into
+    # a model whose frozen base is its own.
+    class Adapted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.base = nn.Linear(8, 16)
+            self.base.requires_grad_(False)
+            self.adapter = nn.Linear(16, 1)
+
+        def forward(self, x, y):
+            return F.mse_loss(self.adapter(torch.tanh(self.base(x))), y)
+
+    for stage in (1, 3):
+        torch.manual_seed(0)
+        model = Adapted()
+        e, _, _, _ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()
+                                                                         if p.requires_grad], config=config(stage))
+        train(e, 2)
+        path = os.path.join(TMP, f"adapter-{stage}")
+        e.save_checkpoint(path, exclude_frozen_parameters=True)
+        saved = e.consolidated_fp32_state_dict()
+        on_disk = get_fp32_state_dict_from_zero_checkpoint(path)
+        check(set(on_disk) == {"adapter.weight", "adapter.bias"},
+              f"stage {stage}: exclude_frozen_parameters leaves the frozen base out ({sorted(on_disk)})")
+        torch.manual_seed(1)  # another adapter, and another base that must stay
+        fresh_model = Adapted()
+        base = fresh_model.base.weight.detach().clone()
+        fresh, _, _, _ = deepspeed.initialize(model=fresh_model, model_parameters=[
+            p for p in fresh_model.parameters() if p.requires_grad], config=config(stage))
+        ok, said = raises(lambda: fresh.load_checkpoint(path), RuntimeError, "load_module_strict=False")
+        check(ok and "base.weight" in said, f"stage {stage}: a strict load names the frozen param missing and "
+              f"load_module_strict ({said[:160]})")
+        fresh.load_checkpoint(path, load_module_strict=False)
+        got = fresh.consolidated_fp32_state_dict()
+        check(torch.equal(got["adapter.weight"], saved["adapter.weight"]) and torch.equal(got["base.weight"], base),
+              f"stage {stage}: loaded non-strict, the adapter is the saved one and the frozen base the model's own")
+
+
 def test_state_setters():
     # DeepSpeed's setters against the getters, at each stage (their effect on
     # training is held to DeepSpeed's own in python_parity's "surgery").
@@ -1044,6 +1084,7 @@ def main():
                  test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
                  test_interrupted_forward, test_loader_and_contexts, test_errors, test_state_setters,
+                 test_checkpoint_without_frozen_params,
                  test_divergent_unit_order)))
 
 
