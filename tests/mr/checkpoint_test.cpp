@@ -205,6 +205,43 @@ TEST(Resume, AnotherOptimizersStateIsRefused) {
   remove_dir(dir);
 }
 
+// DeepSpeed's exclude_frozen_parameters and load_module_strict=False
+// (Engine::SaveOptions, LoadOptions::strict): an adapter's checkpoint
+// without its frozen base; a strict load names the frozen param missing, a
+// non-strict one keeps the model's own.
+TEST(Checkpoint, FrozenParamsLeftOutAndKeptOnLoad) {
+  const auto dir = ckpt_dir("without-frozen");
+  std::map<std::string, at::Tensor> saved;
+  for (int stage : {1, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    {
+      WithUnused m;
+      m.unused.set_requires_grad(false);
+      zero::Engine e(m, toy_config(stage, 4), world().comm(), dp_group());
+      e.backward(m.loss(at::randn({4, 13})));
+      e.step();
+      e.save_checkpoint(dir, "adapter", nlohmann::json::object(), {/*exclude_frozen_params=*/true});
+      saved = e.state_dict();
+    }
+    WithUnused m;
+    m.unused.set_requires_grad(false);
+    {
+      at::NoGradGuard no_grad;
+      m.unused.fill_(7.0);  // this model's own frozen base
+      m.used.fill_(0.5);
+    }
+    zero::Engine e(m, toy_config(stage, 4), world().comm(), dp_group());
+    expect_error([&] { e.load_checkpoint(dir, "adapter"); }, "has no frozen param unused");
+    zero::Engine::LoadOptions lenient;
+    lenient.strict = false;
+    e.load_checkpoint(dir, "adapter", lenient);
+    const auto now = e.state_dict();
+    EXPECT_TRUE(at::equal(now.at("used"), saved.at("used")));
+    EXPECT_TRUE(at::equal(now.at("unused"), at::full({5}, 7.0)));
+    remove_dir(dir);
+  }
+}
+
 // DeepSpeed's load_optimizer_states=False and load_module_only=True
 // (Engine::LoadOptions): the weights come back either way; the step
 // counters too without the optimizer's state, neither in the module-only
