@@ -133,6 +133,8 @@ class ZeroEngine(torch.nn.Module):
         if self._stage == 3:
             _route_direct_calls_through_engine(model, self)
         self._aliases = _aliases(model)
+        # Each param's name, by identity (the accessors look params up per call).
+        self._param_names = {id(p): (p, n) for n, p in model.named_parameters()}
         self.optimizer = optimizers.ZeroOptimizer(self, basic)
         self._fixed_settings = [{k: g[k] for k in ("betas", "eps", "momentum") if k in g} for g in basic.param_groups]
         self._step_applied = False
@@ -288,6 +290,12 @@ class ZeroEngine(torch.nn.Module):
     def _stop_timers(self, names):
         for name in names:
             self.timers(name).stop()
+
+    def param_name(self, param):
+        """The name this engine's model registers `param` under (its first,
+        for a tied one), or None for a tensor that is not one of its params."""
+        held = self._param_names.get(id(param))
+        return held[1] if held is not None and held[0] is param else None
 
     def get_wall_clock_timers(self):
         """DeepSpeed's: {timer name: milliseconds} as the last engine.step()
@@ -940,7 +948,7 @@ def engine_of(param):
         if e is None:
             _ENGINES.remove(ref)
             continue
-        if any(p is param for p in e.module.parameters()):
+        if e.param_name(param) is not None:
             return e
     return None
 

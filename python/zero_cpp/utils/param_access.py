@@ -26,10 +26,7 @@ def _engine_and_name(param):
     engine = engine_of(param)
     if engine is None:
         return None, None
-    for name, p in engine.module.named_parameters():
-        if p is param:
-            return engine, name
-    return None, None
+    return engine, engine.param_name(param)
 
 
 def _trained(param):
