@@ -682,15 +682,26 @@ class ZeroEngine(torch.nn.Module):
         """DeepSpeed's load_dir/tag, converted by rank 0 into
         load_dir/zero_cpp_converted/tag (every rank sees it, as it sees
         load_dir), given this model and its param groups (a stage-0
-        checkpoint numbers its optimizer state by their positions); every
-        rank learns of a failure, so none waits on a conversion that died."""
+        checkpoint numbers its optimizer state by their positions) -- or
+        that conversion reused, while the checkpoint's files, the model's
+        params and the groups are those it was made from; every rank learns
+        of a failure, so none waits on a conversion that died."""
         from .deepspeed_checkpoint import convert_deepspeed_checkpoint
         out = os.path.join(load_dir, "zero_cpp_converted")
         failure = None
         if self.global_rank == 0:
             try:
-                convert_deepspeed_checkpoint(load_dir, tag, out, tag, model=self.module,
-                                             param_groups=self.optimizer.param_groups)
+                # What the conversion was made from: reused while it is the same.
+                stamp_path = os.path.join(out, f"{tag}.source.json")
+                stamp = self._conversion_source(os.path.join(load_dir, tag))
+                if not (_read_text(stamp_path) == stamp and os.path.isfile(os.path.join(out, tag, "manifest.json"))):
+                    convert_deepspeed_checkpoint(load_dir, tag, out, tag, model=self.module,
+                                                 param_groups=self.optimizer.param_groups)
+                    _write_text_atomically(stamp_path, stamp)
+            except PermissionError as e:
+                failure = PermissionError(f"{e}: the conversion of DeepSpeed's checkpoint goes beside it, into "
+                                          f"{out}; where that is not writable, convert it once with `python -m "
+                                          f"zero_cpp.deepspeed_checkpoint {load_dir} OUT` and load OUT")
             except Exception as e:  # noqa: BLE001 -- raised below, once every rank knows
                 failure = e
         said = [None if failure is None else f"{type(failure).__name__}: {failure}"]
@@ -701,6 +712,16 @@ class ZeroEngine(torch.nn.Module):
             raise RuntimeError(f"zero_cpp: converting DeepSpeed's checkpoint {os.path.join(load_dir, tag)} failed "
                                f"on rank 0: {said[0]}")
         return out
+
+    def _conversion_source(self, ds_tag_dir):
+        """What a conversion of ds_tag_dir for this engine depends on: the
+        checkpoint's files (name, size, modification time), the model's
+        params (names, shapes) and its optimizer's param groups."""
+        files = sorted((f, st.st_size, st.st_mtime_ns) for f in os.listdir(ds_tag_dir)
+                       for st in [os.stat(os.path.join(ds_tag_dir, f))])
+        params = [(n, list(getattr(p, "ds_shape", p.shape))) for n, p in self.module.named_parameters()]
+        groups = [[self.param_name(p) for p in g["params"]] for g in self.optimizer.param_groups]
+        return json.dumps({"files": files, "params": params, "groups": groups})
 
     def destroy(self):
         if self._hooks is not None:
@@ -939,6 +960,20 @@ def _attach_local_parts(model, cxx_engine):
         part = cxx_engine.local_param(name)
         p.ds_tensor = part if part is not None else torch.empty(cxx_engine.local_range(name)[1], dtype=p.dtype,
                                                                 device="meta")
+
+
+def _read_text(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _write_text_atomically(path, text):
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
 
 
 def engine_of(param):

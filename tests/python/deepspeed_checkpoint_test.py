@@ -238,10 +238,30 @@ def check_case(deepspeed, name, stage, precision):
     check(r <= tol, f"{name}: the next {MORE} losses are DeepSpeed's (within {r:.1e} relative, <= {tol:g})")
     if precision == "fp32":
         other = (stage + 2) % 4
+        converted = os.path.join(ds_dir, "zero_cpp_converted", saved_tag, "manifest.json")
+        before = os.stat(converted).st_mtime_ns
         engine, _, _ = load_converted(deepspeed, name, other, precision)
+        check(os.stat(converted).st_mtime_ns == before,
+              f"{name}: loaded again (same files, same model and groups), the conversion is reused")
         r = rel(train(engine, SAVED_AT, MORE), oracle["losses"])
         check(r <= OTHER_STAGE_REL, f"{name} loaded at stage {other}: the next {MORE} losses are DeepSpeed's "
                                     f"(within {r:.1e} relative, <= {OTHER_STAGE_REL:g})")
+
+
+def check_reconversion(deepspeed):
+    """A checkpoint file rewritten since its conversion: converted again
+    (every rank loads)."""
+    ds = os.path.join(TMP, "deepspeed", "fp32_stage0")
+    with open(os.path.join(ds, "latest")) as f:
+        tag = f.read().strip()
+    manifest = os.path.join(ds, "zero_cpp_converted", tag, "manifest.json")
+    before = os.stat(manifest).st_mtime_ns
+    if dist.get_rank() == 0:
+        source = os.path.join(ds, tag, sorted(os.listdir(os.path.join(ds, tag)))[0])
+        os.utime(source, ns=(os.stat(source).st_atime_ns, os.stat(source).st_mtime_ns + 10**9))
+    dist.barrier()
+    load_converted(deepspeed, "fp32_stage0", 0, "fp32")
+    check(os.stat(manifest).st_mtime_ns != before, "a DeepSpeed checkpoint whose files changed is converted again")
 
 
 def check_errors():
@@ -276,6 +296,7 @@ def main():
     if run_deepspeed_phase():
         for name, stage, precision in CASES:
             check_case(deepspeed, name, stage, precision)
+        check_reconversion(deepspeed)
         if dist.get_rank() == 0:
             check_errors()
     else:
