@@ -661,7 +661,7 @@ class ZeroEngine(torch.nn.Module):
         # Rank 0's reading decides for all (a rank seeing another directory must not take the other branch).
         deepspeeds = [is_deepspeed_checkpoint(load_dir, tag) if self.global_rank == 0 else None]
         if self.world_size > 1:
-            torch.distributed.broadcast_object_list(deepspeeds, src=0, device=torch.device("cpu"))
+            torch.distributed.broadcast_object_list(deepspeeds, src=0)  # on the group's own device
         if deepspeeds[0]:
             tag = str(tag) if tag is not None else _read_latest(load_dir).strip()
             shown = os.path.join(load_dir, tag)
@@ -705,7 +705,7 @@ class ZeroEngine(torch.nn.Module):
             except Exception as e:  # noqa: BLE001 -- raised below, once every rank knows
                 failure = e
         said = [None if failure is None else f"{type(failure).__name__}: {failure}"]
-        torch.distributed.broadcast_object_list(said, src=0, device=torch.device("cpu"))
+        torch.distributed.broadcast_object_list(said, src=0)
         if failure is not None:
             raise failure
         if said[0] is not None:
