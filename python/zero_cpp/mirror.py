@@ -98,14 +98,27 @@ def members(module):
     return params, buffers
 
 
+_INIT_PARAMS_ATTR = "_zero_cpp_init_params"  # the params zero.Init sharded through a module's UnitMirror
+
+
+def unsharded_trainable(module):
+    """zero.Init: whether `module` owns a trainable param no unit has
+    sharded yet (a weight tied in a constructor belongs to the module
+    built first; the engine then finds the tie, as for any tied weight)."""
+    return any(p is not None and p.requires_grad and not hasattr(p, "ds_id") for p in module._parameters.values())
+
+
 def unit_mirror_for_init(module):
     """zero.Init: the UnitMirror a just-built module is sharded through,
-    holding its own (direct) members; kept on the module for the engine."""
+    holding its own (direct) members but the params another unit sharded
+    already; kept on the module for the engine, with the params it holds."""
     unit = _C.UnitMirror()
     params, buffers = members(module)
+    params = [(n, p) for n, p in params if not hasattr(p, "ds_id")]
     unit.set_members(params, buffers)
     mark_partitioned(p for _, p in params)
     object.__setattr__(module, _UNIT_ATTR, unit)
+    object.__setattr__(module, _INIT_PARAMS_ATTR, [p for _, p in params])
     global _live_at_last_prune
     if len(_BUILT_UNDER_INIT) > 2 * _live_at_last_prune + 64:  # dead references dropped now and then: amortised O(1)
         _BUILT_UNDER_INIT[:] = [r for r in _BUILT_UNDER_INIT if r() is not None]

@@ -105,6 +105,59 @@ def test_zero_init():
           f"model's {full} (shards; a unit gathered only around its use)")
 
 
+class TiedLm(nn.Module):
+    """An embedding tied to the head in the constructor, as transformers'
+    models tie theirs (post_init), which from_pretrained builds under
+    zero.Init at stage 3."""
+
+    def __init__(self, tie=True):
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.mid = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 20, bias=False)
+        if tie:
+            self.head.weight = self.emb.weight
+
+    def forward(self, ids, targets):
+        return F.cross_entropy(self.head(torch.tanh(self.mid(self.emb(ids)))).reshape(-1, 20), targets.reshape(-1))
+
+
+def test_zero_init_of_tied_weights():
+    # Tied in the constructor, or after zero.Init: trains, and reads under
+    # GatheredParameters, as the same model built whole.
+    def tokens(step):
+        g = torch.Generator().manual_seed(step)
+        ids = torch.randint(0, 20, (4 * dist.get_world_size(), 7), generator=g)
+        mine = ids[4 * dist.get_rank():4 * (dist.get_rank() + 1)]
+        return mine[:, :-1], mine[:, 1:]
+
+    def run(model):
+        e, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(3))
+        losses = []
+        for step in range(3):
+            loss = e(*tokens(step))
+            e.backward(loss)
+            e.step()
+            losses.append(loss.item())
+        return losses
+
+    for tie_after in (False, True):
+        torch.manual_seed(0)
+        whole = TiedLm()
+        torch.manual_seed(0)
+        with deepspeed.zero.Init(config_dict_or_path=config(3)):
+            built = TiedLm(tie=not tie_after)
+        if tie_after:
+            built.head.weight = built.emb.weight
+        with deepspeed.zero.GatheredParameters(list(built.parameters())):
+            read = built.head.weight.detach().clone()
+        how = "tied after zero.Init" if tie_after else "tied in the constructor under zero.Init"
+        check(torch.equal(read, whole.head.weight.detach()),
+              f"{how}: the tied weight reads under GatheredParameters as built whole")
+        a, b = run(built), run(whole)
+        check(a == b, f"{how}: trains as the model built whole ({a} vs {b})")
+
+
 def test_gathered_parameters():
     engine = make(3)
     train(engine, 2)
@@ -1076,7 +1129,7 @@ def main():
     deepspeed.init_distributed()
     torch.set_num_threads(1)
     check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")
-    sys.exit(finish((test_zero_init, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_init_of_children_by_their_parents,
+    sys.exit(finish((test_zero_init, test_zero_init_of_tied_weights, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_init_of_children_by_their_parents,
                  test_module_zero_grad_clears_the_engines_grads, test_module_called_directly_at_stage3,
                  test_stage3_params_say_they_are_partitioned, test_host_copies_of_gathered_params_outlive_the_block,
                  test_forward_returning_its_own_param,

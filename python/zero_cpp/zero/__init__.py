@@ -27,8 +27,8 @@ from .. import _C
 from .. import config as configs
 from .. import distributed
 from . import host_copies
-from ..mirror import (_EXTERNAL_ATTR, _UNIT_ATTR, ZeroParamStatus, modules_built_under_init,  # noqa: F401
-                      owns_trainable_params, set_status, unit_mirror_for_init)
+from ..mirror import (_EXTERNAL_ATTR, _INIT_PARAMS_ATTR, _UNIT_ATTR, ZeroParamStatus,  # noqa: F401
+                      modules_built_under_init, set_status, unit_mirror_for_init, unsharded_trainable)
 
 _active = []  # open Init contexts, innermost last
 
@@ -221,7 +221,7 @@ class Init:
         same on every rank)."""
         pending, self._pending = self._pending, []
         for module in pending:
-            if getattr(module, _UNIT_ATTR, None) is None and owns_trainable_params(module):
+            if getattr(module, _UNIT_ATTR, None) is None and unsharded_trainable(module):
                 self._init.shard(unit_mirror_for_init(module))
 
 
@@ -313,9 +313,10 @@ def _init_units_holding(params):
     for module in modules_built_under_init():
         unit = getattr(module, _UNIT_ATTR)
         if unit.sharded_at_init:
-            for p in module._parameters.values():
-                if p is not None:
-                    unit_of[id(p)] = unit
+            # The params the unit sharded, not the module's now: a tie made
+            # since (head.weight = emb.weight) leaves the unit its own.
+            for p in getattr(module, _INIT_PARAMS_ATTR):
+                unit_of[id(p)] = unit
     found = []
     for p in params:
         unit = unit_of.get(id(p))
