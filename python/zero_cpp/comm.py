@@ -34,6 +34,42 @@ def get_global_rank(group=None, group_rank=0):
     return _dist.get_global_rank(group, group_rank) if group is not None else group_rank
 
 
+def get_world_rank_from_launcher():
+    """This process's rank as its launcher set it (zero-run, torchrun,
+    DeepSpeed's launcher, Slurm, Open MPI), before any process group."""
+    return _torch_launch_env()["rank"]
+
+
+def get_world_size_from_launcher():
+    return _torch_launch_env()["world_size"]
+
+
+def get_local_rank_from_launcher():
+    return _torch_launch_env()["local_rank"]
+
+
+def _torch_launch_env():
+    from . import _C
+    return _C.launch_env()
+
+
+def has_all_gather_into_tensor():
+    return True  # torch.distributed's all_gather_into_tensor, on every backend zero_cpp sets up
+
+
+def has_reduce_scatter_tensor():
+    return True
+
+
+def inference_all_reduce(tensor, op=_dist.ReduceOp.SUM, group=None, async_op=False, prof=False,
+                         log_name="all_reduce", debug=None):
+    """DeepSpeed's all-reduce for inference: the process group's
+    all_reduce, in place; returns the tensor."""
+    if get_world_size(group) > 1:
+        __getattr__("all_reduce")(tensor, op=op, group=group)
+    return tensor
+
+
 def barrier(group=None, async_op=False, device_ids=None):
     return __getattr__("barrier")(group=group, async_op=async_op)
 

@@ -260,10 +260,36 @@ class ZeroEngine(torch.nn.Module):
         return model_dtype, dtypes[accum] if accum is not None else model_dtype
 
     def get_global_grad_norm(self):
-        if self.optimizer.overflow:
-            return float("inf")  # as DeepSpeed's after an fp16 overflow skipped the step
-        norm = self._engine.last_grad_norm
-        return None if norm != norm else norm  # NaN: not computed
+        """The last step's grad norm over all ranks (before clipping), as
+        DeepSpeed's: a 0-dim fp32 tensor on the engine's device at stages 1-3
+        (where DeepSpeed's ZeRO optimizer computes it), a float at stage 0;
+        inf after an fp16 overflow skipped the step; None where none was
+        computed."""
+        norm = float("inf") if self.optimizer.overflow else self._engine.last_grad_norm
+        if norm != norm:  # NaN: not computed
+            return None
+        return torch.tensor(norm, dtype=torch.float32, device=self.device) if self._stage > 0 else norm
+
+    def empty_partition_cache(self):
+        """DeepSpeed's (stage 3): releases the params a stage-3 engine keeps
+        gathered between uses. Nothing is kept gathered here outside a
+        forward or backward, so there is nothing to release."""
+
+    def compile(self, backend=None, compile_kwargs=None, schedule=None, compiled_autograd_enabled=False):
+        """DeepSpeed's: torch.compile of the model's forward (the engine's
+        hooks and collectives stay outside it)."""
+        if schedule is not None or compiled_autograd_enabled:
+            raise NotImplementedError("zero_cpp: engine.compile(schedule=...) and compiled_autograd_enabled (DeepSpeed's "
+                                      "compile-time ZeRO passes) are not supported; compile(backend, compile_kwargs) is")
+        kwargs = dict(compile_kwargs or {})
+        if backend is not None:
+            kwargs["backend"] = backend
+        self.module.compile(**kwargs)
+
+    @property
+    def is_compiled(self):
+        """Whether engine.compile() (torch.compile of the model) has run."""
+        return bool(getattr(self.module, "_compiled_call_impl", None))
 
     def was_step_applied(self):
         return self._step_applied

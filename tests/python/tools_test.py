@@ -440,6 +440,36 @@ def test_engine_timers():
           "without wall_clock_breakdown the engine times nothing")
 
 
+def test_engine_and_comm_odds():
+    """DeepSpeed's smaller names scripts and Hugging Face's Trainer call:
+    get_global_grad_norm()'s type, empty_partition_cache(), compile() and
+    is_compiled, deepspeed.comm's launcher and capability queries."""
+    for stage in (0, 2, 3):
+        engine = make(config(stage=stage, gradient_clipping=1.0))
+        engine.backward(engine(*batch(0, engine.global_rank)))
+        engine.step()
+        norm = engine.get_global_grad_norm()
+        check(isinstance(norm, float) if stage == 0 else (torch.is_tensor(norm) and norm.dim() == 0),
+              f"stage {stage}: get_global_grad_norm() is DeepSpeed's type ({type(norm).__name__}: "
+              f"{float(norm):.4f}), .item() working where DeepSpeed's does")
+        engine.empty_partition_cache()
+        before = engine.is_compiled
+        engine.compile(backend="eager")
+        loss = engine(*batch(1, engine.global_rank))
+        engine.backward(loss)
+        engine.step()
+        check(not before and engine.is_compiled and torch.isfinite(loss),
+              f"stage {stage}: empty_partition_cache(), compile(backend) and is_compiled, and training goes on")
+    comm = deepspeed.comm
+    check(comm.get_world_rank_from_launcher() == dist.get_rank() and
+          comm.get_world_size_from_launcher() == dist.get_world_size() and
+          comm.has_all_gather_into_tensor() and comm.has_reduce_scatter_tensor(),
+          "deepspeed.comm's launcher and capability queries")
+    t = torch.full((2,), float(dist.get_rank() + 1))
+    check(torch.equal(comm.inference_all_reduce(t), torch.full((2,), 3.0)),
+          "deepspeed.comm.inference_all_reduce sums in place over the ranks")
+
+
 # Python's own finders, minus DeepSpeed: a process in which DeepSpeed is not installed.
 _WITHOUT_DEEPSPEED = """
 import importlib.machinery, sys
@@ -504,7 +534,7 @@ def test_deepspeed_submodule_imports():
 def main():
     deepspeed.init_distributed()
     sys.exit(finish((test_deepspeed_submodule_imports, test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_throughput_timer,
-                     test_engine_timers, test_comms_logger, test_config_scheduler, test_config_errors, test_activation_checkpointing,
+                     test_engine_timers, test_engine_and_comm_odds, test_comms_logger, test_config_scheduler, test_config_errors, test_activation_checkpointing,
                      test_flops_profiler_in_the_engine), between=dist.barrier))
 
 
