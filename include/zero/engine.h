@@ -283,6 +283,14 @@ class Engine {
 
   const Config& config() const;  ///< the ds_config it was built with
   const BatchConfig& batch() const;  ///< the batch numbers resolved against the data-parallel size
+  /// Another micro-batch size or accumulation count from now on
+  /// (DeepSpeed's set_train_batch_size / set_train_micro_batch_size: a
+  /// batch-size warm-up). Between steps, as DeepSpeed's: the micro-steps
+  /// counted so far stay, so the next boundary is the next count the new
+  /// accumulation count divides. std::logic_error inside a forward,
+  /// no_sync() or coalesce_grad_reduction(); std::invalid_argument for a
+  /// count under 1.
+  void set_batch(int64_t micro_batch_per_gpu, int64_t gradient_accumulation_steps);
   const comm::Group& dp_group() const;  ///< the data-parallel group
   comm::Comm& comm();  ///< the dispatcher its collectives go through
   int64_t num_params() const;     ///< trainable elements (unpadded)
@@ -420,9 +428,11 @@ class Engine {
     /// The step counters (global and skipped steps, the schedule's
     /// position); false keeps this engine's own.
     bool step_counters = true;
-    /// false: frozen params the checkpoint does not hold (saved with
-    /// SaveOptions::exclude_frozen_params) keep this model's values
-    /// (DeepSpeed's load_module_strict=False); true makes them an error.
+    /// false (DeepSpeed's load_module_strict=False): what only one side has
+    /// -- a frozen param saved with SaveOptions::exclude_frozen_params, a
+    /// param or buffer added to the model or dropped from it -- is left
+    /// alone (the model's keep their values and state); true makes any such
+    /// difference an error naming it. Shapes must match either way.
     bool strict = true;
   };
   /// load_checkpoint restoring the weights (and frozen params and buffers)

@@ -133,6 +133,7 @@ class ZeroEngine(torch.nn.Module):
         if self._stage == 3:
             _route_direct_calls_through_engine(model, self)
         self._aliases = _aliases(model)
+        self._samples_before, self._steps_before = 0, 0  # global_samples across batch-size changes
         # Each param's name, by identity (the accessors look params up per call).
         self._param_names = {id(p): (p, n) for n, p in model.named_parameters()}
         self.optimizer = optimizers.ZeroOptimizer(self, basic)
@@ -186,6 +187,28 @@ class ZeroEngine(torch.nn.Module):
     def gradient_accumulation_steps(self):
         return self._engine.batch[2]
 
+    def set_train_batch_size(self, train_batch_size):
+        """DeepSpeed's: another global batch from now on, by another number
+        of micro-batches per step (the micro-batch stays). As DeepSpeed's,
+        the micro-steps counted so far stay: the next step ends at the next
+        micro-step count the new accumulation count divides."""
+        per_micro = self.train_micro_batch_size_per_gpu() * self.world_size
+        if train_batch_size % per_micro != 0:
+            raise ValueError(f"Train batch size must be divisible by micro-batch data parallelism "
+                             f"({train_batch_size} by {per_micro})")
+        self._set_batch(self.train_micro_batch_size_per_gpu(), train_batch_size // per_micro)
+
+    def set_train_micro_batch_size(self, micro_batch_size):
+        """DeepSpeed's: another micro-batch size from now on, the number of
+        micro-batches per step kept (the global batch follows)."""
+        self._set_batch(int(micro_batch_size), self.gradient_accumulation_steps())
+
+    def _set_batch(self, micro, gas):
+        self._samples_before = self.global_samples  # the samples trained so far keep their count
+        self._steps_before = self.global_steps
+        self._engine.set_batch(micro, gas)
+        self.tput_timer.batch_size = self.train_batch_size()
+
     def zero_optimization_stage(self):
         return self._stage
 
@@ -226,7 +249,8 @@ class ZeroEngine(torch.nn.Module):
 
     @property
     def global_samples(self):
-        return self.global_steps * self.train_batch_size()
+        # Steps since the batch size last changed (set_train_batch_size) at today's size.
+        return self._samples_before + (self.global_steps - self._steps_before) * self.train_batch_size()
 
     def loss_scale(self):
         """DeepSpeed's: the config's static fp16 loss scale, 0.0 when dynamic
@@ -694,6 +718,7 @@ class ZeroEngine(torch.nn.Module):
             load_dir = self._convert_deepspeed_checkpoint(load_dir, tag)
         tag = "" if tag is None else str(tag)
         optimizer_state = load_optimizer_states and not load_module_only
+        self._samples_before, self._steps_before = 0, 0  # the loaded run's steps, at today's batch size
         client, own = _unpack_client_state(self._engine.load_checkpoint(
             load_dir, tag, optimizer_state, not load_module_only, bool(load_module_strict)))
         if own is not None and not load_module_only:  # saved from Python (the C++ API stores its client state alone)

@@ -115,6 +115,9 @@ def unit_mirror_for_init(module):
     unit = _C.UnitMirror()
     params, buffers = members(module)
     params = [(n, p) for n, p in params if not hasattr(p, "ds_id")]
+    for _, p in params:
+        if p.dtype in (torch.bfloat16, torch.float16):  # made in 16 bits (Init under bf16/fp16): held in fp32, exactly
+            p.data = p.data.float()
     unit.set_members(params, buffers)
     mark_partitioned(p for _, p in params)
     object.__setattr__(module, _UNIT_ATTR, unit)

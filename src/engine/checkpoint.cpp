@@ -215,6 +215,19 @@ void check_same_params(const std::vector<std::pair<std::string, std::vector<int6
 }
 
 
+// Not strict: the entries of `model` the file has, and the file's names the
+// model has -- what check_same_params then holds to the same shapes.
+void keep_common(std::vector<std::pair<std::string, std::vector<int64_t>>>& model, std::vector<std::string>& file_names,
+                 const std::function<const std::vector<int64_t>*(const std::string&)>& shape_in_file) {
+  std::set<std::string> in_model;
+  for (const auto& [name, shape] : model) in_model.insert(name);
+  model.erase(std::remove_if(model.begin(), model.end(), [&](const auto& e) { return !shape_in_file(e.first); }),
+              model.end());
+  file_names.erase(std::remove_if(file_names.begin(), file_names.end(),
+                                  [&](const std::string& n) { return !in_model.count(n); }),
+                   file_names.end());
+}
+
 // The launcher's name for this host (zero-run sets ZERO_HOST_NAME), else the system's.
 std::string this_host_name() {
   if (const char* v = std::getenv("ZERO_HOST_NAME"); v && *v) return v;
@@ -438,9 +451,12 @@ json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
     const auto& man = reader->manifest();
     std::vector<std::string> names;
     for (const auto& p : man.params) names.push_back(p.name);
-    check_same_params(
-        model_params(m), [&](const std::string& n) { return reader->find(n) ? &reader->find(n)->shape : nullptr; },
-        names, "checkpoint " + reader->path());
+    const auto param_shape = [&](const std::string& n) { return reader->find(n) ? &reader->find(n)->shape : nullptr; };
+    // Not strict (DeepSpeed's load_module_strict=False): a param only one
+    // side has is left alone -- the model's keeps its value and state.
+    auto params = model_params(m);
+    if (!strict) keep_common(params, names, param_shape);
+    check_same_params(params, param_shape, names, "checkpoint " + reader->path());
     std::vector<std::string> replicated_names;
     for (const auto& r : man.replicated) replicated_names.push_back(r.name);
     // The frozen params and buffers to load: not strict, a frozen param the
@@ -448,8 +464,13 @@ json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
     std::vector<const ReplicatedTensor*> loaded;
     std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
     for (const auto& r : m.replicated) {
-      if (!r.buffer && !reader->find_replicated(r.name)) {
+      if (!reader->find_replicated(r.name)) {
         if (!strict) continue;
+        if (r.buffer) {
+          loaded.push_back(&r);  // named missing below
+          expected.emplace_back(r.name, r.tensor.sizes().vec());
+          continue;
+        }
         throw std::runtime_error("checkpoint " + reader->path() + " has no frozen param " + r.name +
                                  " (saved excluding frozen params?): load it non-strict (load_module_strict=False; "
                                  "LoadOptions::strict false) to keep the model's frozen params");
@@ -457,10 +478,12 @@ json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
       loaded.push_back(&r);
       expected.emplace_back(r.name, r.tensor.sizes().vec());
     }
-    check_same_params(
-        expected,
-        [&](const std::string& n) { return reader->find_replicated(n) ? &reader->find_replicated(n)->shape : nullptr; },
-        replicated_names, "checkpoint " + reader->path() + " (frozen params and buffers)");
+    const auto replicated_shape = [&](const std::string& n) {
+      return reader->find_replicated(n) ? &reader->find_replicated(n)->shape : nullptr;
+    };
+    if (!strict) keep_common(expected, replicated_names, replicated_shape);
+    check_same_params(expected, replicated_shape, replicated_names,
+                      "checkpoint " + reader->path() + " (frozen params and buffers)");
     for (const auto* r : loaded)
       check_replicated_dtype(*r, reader->find_replicated(r->name)->dtype, "checkpoint " + reader->path());
     if (optimizer_state && !same_optimizer_state(saved_optimizer(man), m.config.optimizer.type))
@@ -474,6 +497,7 @@ json load_checkpoint(CheckpointTarget& m, const std::string& dir, const std::str
                                  " (saved with another optimizer?)");
     touched = true;
     fill_state(m, [&](const std::string& n, const std::string& k, int64_t a, int64_t b, float* out) {
+      if (!strict && !reader->find(n)) return;  // the model's own
       reader->read(n, k, a, b, out);
       fault::point("load");  // test-only (common/fault_injection.h): part of the state read
     }, /*master_only=*/!optimizer_state);

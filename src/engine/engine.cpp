@@ -652,6 +652,22 @@ std::map<std::string, double> Engine::last_step_times() const { return impl_->tr
 void Engine::on_progress(std::function<void(const Progress&)> report) { impl_->training_log.set_progress(std::move(report)); }
 const Config& Engine::config() const { return impl_->config; }
 const BatchConfig& Engine::batch() const { return impl_->batch; }
+
+void Engine::set_batch(int64_t micro_batch_per_gpu, int64_t gradient_accumulation_steps) {
+  auto& m = *impl_;
+  if (micro_batch_per_gpu < 1 || gradient_accumulation_steps < 1)
+    throw std::invalid_argument("set_batch: micro-batch " + std::to_string(micro_batch_per_gpu) +
+                                " and accumulation steps " + std::to_string(gradient_accumulation_steps) +
+                                " must each be at least 1");
+  if (m.coalescing || m.no_sync || m.forward_open)
+    throw std::logic_error("set_batch: not inside coalesce_grad_reduction(), no_sync() or a forward");
+  m.batch = {micro_batch_per_gpu * gradient_accumulation_steps * m.dp.size(), micro_batch_per_gpu,
+             gradient_accumulation_steps};
+  // As DeepSpeed's: the micro-steps counted so far stay, so the next
+  // boundary is the next micro-step count that the new accumulation count
+  // divides (gas 1 -> 2 after an odd number of steps: the next step has one
+  // micro-batch).
+}
 const comm::Group& Engine::dp_group() const { return impl_->dp; }
 comm::Comm& Engine::comm() { return impl_->comm; }
 int64_t Engine::num_params() const { return impl_->model.num_params; }

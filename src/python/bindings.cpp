@@ -381,6 +381,8 @@ PYBIND11_MODULE(_C, m) {
       .def("last_step_times", [](PyEngine& e) { return e.engine().last_step_times(); })
       .def_property_readonly("compute_dtype",
                              [](PyEngine& e) { return std::string(c10::toString(e.engine().compute_dtype())); })
+      .def("set_batch",
+           [](PyEngine& e, int64_t micro, int64_t gas) { e.engine().set_batch(micro, gas); })
       .def_property_readonly("batch",
                              [](PyEngine& e) {
                                const auto& b = e.engine().batch();

@@ -25,7 +25,7 @@ def main():
             misses.append(what)
 
     for name, stages in ds.items():
-        tol = BF16_REL if name == "bf16" else FP32_REL
+        tol = BF16_REL if name in ("bf16", "init_bf16") else FP32_REL
         for stage, d in stages.items():
             z = zc.get(name, {}).get(stage)
             if z is None:
@@ -68,6 +68,12 @@ def main():
                       f"DeepSpeed's resumed run")
                 check(z["client_state"] == d["client_state"], f"resume stage {stage}: client_state back")
                 check(z["global_steps"] == d["global_steps"], f"resume stage {stage}: global_steps after resuming")
+            if name == "batch_warmup":
+                check([z[k] for k in ("global_steps", "global_samples", "batch")] ==
+                      [d[k] for k in ("global_steps", "global_samples", "batch")],
+                      f"batch_warmup stage {stage}: steps, samples and batch after the changes "
+                      f"{[z[k] for k in ('global_steps', 'global_samples', 'batch')]} vs DeepSpeed's "
+                      f"{[d[k] for k in ('global_steps', 'global_samples', 'batch')]}")
             if name == "surgery":
                 # Tighter than the issue's: a setter whose value reached the
                 # params a step early (not at the next step, as DeepSpeed's)

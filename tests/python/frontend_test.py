@@ -1041,6 +1041,32 @@ def test_checkpoint_without_frozen_params():
               f"stage {stage}: loaded non-strict, the adapter is the saved one and the frozen base the model's own")
 
 
+def test_non_strict_load_of_another_model():
+    # load_module_strict=False into a model with a param the checkpoint lacks
+    # (a head added for fine-tuning): the params both have are loaded, the
+    # new one keeps its value; strict, it is named.
+    class MlpPlus(Mlp):
+        def __init__(self):
+            super().__init__()
+            self.extra = nn.Parameter(torch.full((3,), 0.5))
+
+    for stage in (2, 3):
+        e = make(stage)
+        train(e, 2)
+        path = os.path.join(TMP, f"non-strict-{stage}")
+        e.save_checkpoint(path)
+        saved = e.consolidated_fp32_state_dict()
+        torch.manual_seed(5)
+        other = make(stage, MlpPlus())
+        ok, said = raises(lambda: other.load_checkpoint(path, load_module_only=True), RuntimeError, "extra")
+        check(ok, f"stage {stage}: a strict load names the param the checkpoint lacks ({said[:120]})")
+        other.load_checkpoint(path, load_module_strict=False, load_module_only=True)
+        got = other.consolidated_fp32_state_dict()
+        check(all(torch.equal(got[k], saved[k]) for k in saved) and torch.equal(got["extra"], torch.full((3,), 0.5)),
+              f"stage {stage}: loaded non-strict, the params both have are the saved ones, the new one its own")
+        train(other, 1)
+
+
 def test_state_setters():
     # DeepSpeed's setters against the getters, at each stage (their effect on
     # training is held to DeepSpeed's own in python_parity's "surgery").
@@ -1137,7 +1163,7 @@ def main():
                  test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
                  test_interrupted_forward, test_loader_and_contexts, test_errors, test_state_setters,
-                 test_checkpoint_without_frozen_params,
+                 test_checkpoint_without_frozen_params, test_non_strict_load_of_another_model,
                  test_divergent_unit_order)))
 
 

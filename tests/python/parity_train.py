@@ -406,6 +406,68 @@ def scenario_surgery(stage, out, ckpt):
     return {"losses": losses, "read_back": read_back}
 
 
+class InitNet(nn.Module):
+    """Stock layers each initialised by its own constructor: under
+    DeepSpeed's zero.Init a parent's later write to a child's param (Net's
+    emb init) is lost, the child being partitioned already -- zero_cpp's
+    keeps it, so that is left out of the comparison."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.blocks = nn.ModuleList([Block(D) for _ in range(LAYERS)])
+        self.ln_f = nn.LayerNorm(D)
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, idx, targets):
+        x = self.emb(idx)
+        for b in self.blocks:
+            x = b(x)
+        return F.cross_entropy(self.head(self.ln_f(x)).float().reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def scenario_init_bf16(stage, out, ckpt):
+    """The model built under zero.Init with a bf16 config (Hugging Face's
+    from_pretrained at stage 3): its params are made in bf16, so their
+    random init is drawn in bf16, as under DeepSpeed (stage 3 only: below
+    it Init does nothing)."""
+    if stage != 3:
+        return None
+    cfg = config(stage, bf16=True)
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=cfg):
+        model = InitNet()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    return {"losses": train(engine, 4)}
+
+
+def scenario_batch_warmup(stage, out, ckpt):
+    """A batch-size warm-up: set_train_batch_size from 1 to 2 micro-batches
+    per step after an odd number of micro-steps (DeepSpeed's next step then
+    ends after one: its micro-step count is kept), then
+    set_train_micro_batch_size halving the micro-batch."""
+    engine = build(stage, gas=1)
+    rank, world = engine.global_rank, engine.world_size
+    losses, micro = [], 0
+    for step in range(7):
+        if step == 3:
+            engine.set_train_batch_size(2 * MICRO * world)
+        if step == 5:
+            engine.set_train_micro_batch_size(MICRO // 2)
+        mb, total = engine.train_micro_batch_size_per_gpu(), 0.0
+        for _ in range(engine.gradient_accumulation_steps()):
+            x, y = batch(micro, 0, rank, world)
+            micro += 1
+            loss = engine(x[:mb], y[:mb])
+            engine.backward(loss)
+            engine.step()
+            total += mean_over_ranks(loss)
+        losses.append(total / engine.gradient_accumulation_steps())
+    return {"losses": losses, "global_steps": engine.global_steps, "global_samples": engine.global_samples,
+            "batch": [engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
+                      engine.gradient_accumulation_steps()]}
+
+
 class StockNet(nn.Module):
     """Only torch.nn's own layers, as users build models: MultiheadAttention
     (inside TransformerEncoderLayer) reads its out_proj's weight without
@@ -453,7 +515,8 @@ def scenario_stock(stage, out, ckpt):
 SCENARIOS = {"base": scenario_base, "features": scenario_features, "bf16": scenario_bf16,
              "resume": scenario_resume, "coalesce": scenario_coalesce, "gradcache": scenario_gradcache,
              "client": scenario_client, "groups": scenario_groups, "knobs": scenario_knobs, "eval": scenario_eval,
-             "recompute": scenario_recompute, "stock": scenario_stock, "surgery": scenario_surgery}
+             "recompute": scenario_recompute, "stock": scenario_stock, "surgery": scenario_surgery,
+             "batch_warmup": scenario_batch_warmup, "init_bf16": scenario_init_bf16}
 
 
 def main():

@@ -51,8 +51,11 @@ class Init:
     Arguments as DeepSpeed's: `config_dict_or_path` (or `config`) is the
     ds_config; `enabled=False` turns it off; `module` shards a model built
     already. `remote_device` "cpu" keeps the shards in host memory on a GPU
-    machine (offload_param then decides where they live); `dtype` is
-    accepted (the engine casts params as the config's precision says).
+    machine (offload_param then decides where they live). Under bf16 or
+    fp16 (the config's, or `dtype`), floating-point tensors made inside the
+    context by torch's factories take that dtype as they are made, as
+    DeepSpeed's Init makes them, so a module's init draws its values in it
+    (the same weights as DeepSpeed's).
     Model parallelism (`mpu`, `data_parallel_group`,
     `zero_param_parallel_group`, `sequence_data_parallel_group`) and
     quantized weights are not supported: an error names them.
@@ -84,6 +87,9 @@ class Init:
                 if (config_dict_or_path is not None or config is not None) else {"zero_optimization": {"stage": 3}}
             self._enabled = configs.stage(cfg) == 3
             self._cfg = cfg
+        self._dtype = dtype if dtype in (torch.bfloat16, torch.float16) else \
+            {"bf16": torch.bfloat16, "fp16": torch.float16}.get(configs.precision(self._cfg)) \
+            if dtype is None and self._cfg is not None else None
         self._remote_device = remote_device
         self._init = None
         self._units_sharded = 0
@@ -150,6 +156,29 @@ class Init:
         torch.nn.Module.__init_subclass__ = init_subclass
         self._patched.append((torch.nn.Module, "__init_subclass__", original))
         self._wrap_apply()
+        self._wrap_factories()
+
+    # torch's tensor factories DeepSpeed's Init wraps.
+    _FACTORIES = ("tensor", "empty", "zeros", "ones", "full", "arange", "eye", "randn")
+
+    def _wrap_factories(self):
+        """Under bf16/fp16: a floating-point tensor a factory makes inside
+        the context is converted to that dtype as it is made (DeepSpeed's
+        Init does the same), so `reset_parameters` draws in it."""
+        if self._dtype is None:
+            return
+        for name in self._FACTORIES:
+            original = getattr(torch, name)
+
+            def made_in(*args, _original=original, _dtype=self._dtype, **kwargs):
+                t = _original(*args, **kwargs)
+                if t.is_floating_point() and t.dtype != _dtype:
+                    t.data = t.data.to(_dtype)
+                return t
+
+            functools.update_wrapper(made_in, original)
+            setattr(torch, name, made_in)
+            self._patched.append((torch, name, original))
 
     def _wrap_apply(self):
         """Module.apply while the context is open: each module's own params
