@@ -54,6 +54,27 @@ TEST(MultipleBackward, NoSyncAndManualBoundary) {
   }
 }
 
+// Engine::set_batch (DeepSpeed's set_train_batch_size): from 1 to 2
+// micro-batches per step after 3 micro-steps, the count kept as DeepSpeed
+// keeps it -- the next step ends after one micro-batch (3 + 1 divides by 2),
+// the ones after it take two; the global batch follows.
+TEST(MultipleBackward, AnotherAccumulationCountMidRun) {
+  WithUnused m;
+  zero::Engine e(m, toy_config(2, 4), world().comm(), dp_group());
+  std::vector<bool> stepped;
+  for (int micro = 0; micro < 8; ++micro) {
+    if (micro == 3) {
+      e.set_batch(4, 2);
+      EXPECT_EQ(e.batch().train_batch_size, 4 * 2 * world().size());
+    }
+    e.backward(m.loss(at::randn({4, 13})));
+    stepped.push_back(e.step());
+  }
+  EXPECT_EQ(stepped, (std::vector<bool>{true, true, true, true, false, true, false, true}));
+  EXPECT_EQ(e.global_steps(), 6);
+  EXPECT_THROW(e.set_batch(0, 2), std::invalid_argument);
+}
+
 TEST(MultipleBackward, CoalescedReductionMatchesSeparateOnes) {
   for (int stage : {1, 2, 3})
     for (bool overlap : {true, false})
