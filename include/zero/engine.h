@@ -411,6 +411,7 @@ class Engine {
     /// needs LoadOptions::strict false.
     bool exclude_frozen_params = false;
   };
+  /// save_checkpoint, leaving out what `how` says.
   void save_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& client_state,
                        const SaveOptions& how);
   /// Loads DIR/TAG (TAG "" = DIR/latest), whatever world size and stage saved

@@ -255,8 +255,10 @@ class ConfigScheduler:
         return {"last_batch_iteration": self.last_batch_iteration}
 
     def load_state_dict(self, sd):
+        """The schedule's position, as DeepSpeed's: the param groups' lrs
+        stay as they are until the next step() writes them (a checkpoint's
+        load restores them with the optimizer's state)."""
         self.last_batch_iteration = sd["last_batch_iteration"]
-        self._last_lr = self._write()
 
 
 def plan(model, optimizer, model_parameters, config):
