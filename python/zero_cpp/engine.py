@@ -89,6 +89,10 @@ class ZeroEngine(torch.nn.Module):
                                                f"torch.nn.Module")
         distributed.init_distributed(dist_init_required=dist_init_required)
         self._world = distributed.world()
+        if args is not None and hasattr(args, "local_rank"):
+            # As DeepSpeed's: a tutorial's --local_rank (default -1; torchrun and
+            # zero-run pass none) becomes this process's local rank.
+            args.local_rank = self._world.local_rank
         cfg = configs.load(args, config, config_params)
         self.module = model
         self.device = torch.device(self._world.device)

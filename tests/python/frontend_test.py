@@ -122,6 +122,45 @@ class TiedLm(nn.Module):
         return F.cross_entropy(self.head(torch.tanh(self.mid(self.emb(ids)))).reshape(-1, 20), targets.reshape(-1))
 
 
+class WritesChildren(nn.Module):
+    """transformers' GPT-2 initialisation: `self.apply(self._init_weights)`,
+    whose function writes a child's param through its parent's
+    named_parameters() (every `c_proj.weight`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.Module()
+        self.attn.c_proj = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 2)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m):
+        for name, p in m.named_parameters():
+            if name == "c_proj.weight":
+                p.data.normal_(mean=0.0, std=0.02)
+
+    def forward(self, x, y):
+        return F.mse_loss(self.head(self.attn.c_proj(x)).sum(1, keepdim=True), y)
+
+
+def test_zero_init_of_a_parent_writing_its_children():
+    torch.manual_seed(0)
+    whole = WritesChildren()
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=config(3)):
+        built = WritesChildren()
+    with deepspeed.zero.GatheredParameters(list(built.parameters())):
+        same = all(torch.equal(a, b) for a, b in zip(built.parameters(), whole.parameters()))
+    check(same, "zero.Init: an init function writing a child's param through its parent (GPT-2's c_proj) keeps "
+                "the write, as the model built whole")
+    import argparse
+    args = argparse.Namespace(local_rank=-1)
+    deepspeed.initialize(args=args, model=built, model_parameters=built.parameters(), config=config(3))
+    check(args.local_rank == int(os.environ["LOCAL_RANK"]),
+          f"initialize(args=...) sets the tutorial's args.local_rank to this process's ({args.local_rank})")
+
+
 def test_zero_init_of_tied_weights():
     # Tied in the constructor, or after zero.Init: trains, and reads under
     # GatheredParameters, as the same model built whole.
@@ -651,7 +690,9 @@ def test_weights_only_load_and_16bit_model():
           "load_checkpoint(load_module_only=True) restores the weights")
     check(engine.global_steps == 4, f"and leaves the step count ({engine.global_steps})")
     # load_optimizer_states=False: the weights, the step count, the LR
-    # scheduler and the client state, as DeepSpeed's.
+    # scheduler's position and the client state, as DeepSpeed's; the param
+    # groups' lr is the optimizer's state, so it stays the fresh engine's
+    # until the next step (DeepSpeed 0.19.8 reports [0.0] here too).
     torch.manual_seed(0)
     model = Mlp()
     cfg = config(2)
@@ -663,9 +704,10 @@ def test_weights_only_load_and_16bit_model():
     torch.manual_seed(0)
     model = Mlp()
     fresh, _, _, fresh_sched = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    fresh_lr = fresh.get_lr()
     _, client = fresh.load_checkpoint(path, tag="warm", load_optimizer_states=False)
     check(client == {"epoch": 7} and fresh.global_steps == 3 and fresh_sched.last_batch_iteration == want_iter
-          and fresh.get_lr() == want_lr,
+          and fresh.get_lr() == fresh_lr,
           f"load_optimizer_states=False: client state {client}, step {fresh.global_steps}, scheduler at "
           f"{fresh_sched.last_batch_iteration}, lr {fresh.get_lr()} (saved: step 3, {want_iter}, {want_lr})")
     # The getting-started tutorial's tag, the rank's own loss: one checkpoint under rank 0's, with a
@@ -1155,7 +1197,7 @@ def main():
     deepspeed.init_distributed()
     torch.set_num_threads(1)
     check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")
-    sys.exit(finish((test_zero_init, test_zero_init_of_tied_weights, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_init_of_children_by_their_parents,
+    sys.exit(finish((test_zero_init, test_zero_init_of_tied_weights, test_zero_init_of_a_parent_writing_its_children, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_init_of_children_by_their_parents,
                  test_module_zero_grad_clears_the_engines_grads, test_module_called_directly_at_stage3,
                  test_stage3_params_say_they_are_partitioned, test_host_copies_of_gathered_params_outlive_the_block,
                  test_forward_returning_its_own_param,

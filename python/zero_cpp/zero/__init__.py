@@ -193,10 +193,19 @@ class Init:
             ctx._shard_pending()  # one state for every module: sharded, each gathered below
 
             def gathered(m):
-                unit = getattr(m, _UNIT_ATTR, None)
-                if unit is None or not unit.sharded_at_init:
+                # The module's own params and its children's: an init function
+                # may write a child's through the parent (transformers' GPT-2
+                # scales every `c_proj.weight` from its block's attention and
+                # MLP), which DeepSpeed's Init would lose.
+                params = []
+                for owner in [m, *m.children()]:
+                    unit = getattr(owner, _UNIT_ATTR, None)
+                    if unit is not None and unit.sharded_at_init:
+                        params += [p for p in owner._parameters.values()
+                                   if p is not None and all(p is not q for q in params)]
+                if not params:
                     return fn(m)
-                with GatheredParameters([p for p in m._parameters.values() if p is not None], modifier_rank=0):
+                with GatheredParameters(params, modifier_rank=0):
                     return fn(m)
 
             gathered._zero_cpp_gathers = True
