@@ -731,6 +731,11 @@ class ZeroEngine(torch.nn.Module):
                     g.update(saved)
             if load_lr_scheduler_states and self.lr_scheduler is not None and own["lr_scheduler"] is not None:
                 self.lr_scheduler.load_state_dict(own["lr_scheduler"])
+                if optimizer_state and hasattr(self.lr_scheduler, "restore_lrs"):
+                    # The groups' lrs are the optimizer's state: DeepSpeed's load
+                    # restores the ones the schedule wrote before the save (a
+                    # converted DeepSpeed checkpoint may not carry them).
+                    self.lr_scheduler.restore_lrs()
         return shown or os.path.join(load_dir, tag or _C.resolve_tag(load_dir, "")), client
 
     def _convert_deepspeed_checkpoint(self, load_dir, tag):

@@ -257,8 +257,13 @@ class ConfigScheduler:
     def load_state_dict(self, sd):
         """The schedule's position, as DeepSpeed's: the param groups' lrs
         stay as they are until the next step() writes them (a checkpoint's
-        load restores them with the optimizer's state)."""
+        load restores them with the optimizer's state: restore_lrs)."""
         self.last_batch_iteration = sd["last_batch_iteration"]
+
+    def restore_lrs(self):
+        """The groups' lrs (and OneCycle's betas) at the loaded position, as
+        the schedule wrote them before the checkpoint was saved."""
+        self._last_lr = self._write()
 
 
 def plan(model, optimizer, model_parameters, config):

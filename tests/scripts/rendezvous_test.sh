@@ -22,7 +22,10 @@ out=$(env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30
 rc=$?
 check "wrong port: fails" [ $rc -ne 0 ] 
 check "wrong port: not killed by the outer timeout" [ $rc -ne 124 ]
-check "wrong port: within the rendezvous timeout" elapsed_lt "$t0" 10
+# Well under the outer 30 s, not a measure of speed: the rendezvous gives up
+# after its 3 s, and a loaded CI machine may take seconds more to start a
+# torch-linked process (10 s was missed once, 2026-11-29, under a full -j2 run).
+check "wrong port: within the rendezvous timeout" elapsed_lt "$t0" 25
 check "wrong port: names address and port" contains "$out" "MASTER_ADDR=127.0.0.1 MASTER_PORT=$port"
 check "wrong port: says what to check" contains "$out" "is rank 0 running"
 
@@ -31,7 +34,7 @@ t0=$(now)
 out=$(env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30 "$SC" 2>&1)
 rc=$?
 check "missing rank: fails" [ $rc -ne 0 ]
-check "missing rank: within the rendezvous timeout" elapsed_lt "$t0" 10
+check "missing rank: within the rendezvous timeout" elapsed_lt "$t0" 25
 check "missing rank: says ranks are missing" contains "$out" "are all ranks started"
 
 # Missing and inconsistent variables.
