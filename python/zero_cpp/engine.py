@@ -342,7 +342,9 @@ class ZeroEngine(torch.nn.Module):
             self.timers(name).start()
 
     def _stop_timers(self, names):
-        for name in names:
+        # In reverse: each step timer (started first) encloses its micro-step
+        # timer, so a step's time is never below the micro-steps' it sums.
+        for name in reversed(names):
             self.timers(name).stop()
 
     def param_name(self, param):

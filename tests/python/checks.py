@@ -1,5 +1,5 @@
 """What the Python front end's multi-rank tests share: `check` prints "ok"
-or "FAIL" on rank 0 and records failures; `raises` runs a call that must
+on rank 0, "FAIL" on the rank that failed, and records failures; `raises` runs a call that must
 raise; `finish` runs the tests (one that raises is a failure, the rest go
 on) and gives the exit status, the number of failures (capped: an exit
 status is taken mod 256)."""
@@ -11,7 +11,9 @@ failures = []
 
 
 def check(ok, what):
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    # A failure prints on whichever rank saw it: a check that fails on rank 1
+    # alone once left nothing but rank 1's exit status.
+    if not ok or not dist.is_initialized() or dist.get_rank() == 0:
         print(("ok   " if ok else "FAIL ") + what, flush=True)
     if not ok:
         failures.append(what)
@@ -36,6 +38,6 @@ def finish(tests, between=None):
             check(False, f"{test.__name__} raised:\n{traceback.format_exc()}")
         if between is not None:
             between()
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    if failures or not dist.is_initialized() or dist.get_rank() == 0:
         print(f"{len(failures)} failure(s)" if failures else "all checks passed", flush=True)
     return min(len(failures), 100)

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from ..accelerator import get_accelerator
 from .logging import logger
 
-# The names DeepSpeed's engine gives its timers (wall_clock_breakdown).
+# The names DeepSpeed's engine gives its phase timers (wall_clock_breakdown):
+# each micro-step's, and each step's (the micro-steps up to its boundary).
 FORWARD_MICRO_TIMER = "fwd_microstep"
 FORWARD_GLOBAL_TIMER = "fwd"
 BACKWARD_MICRO_TIMER = "bwd_microstep"
@@ -160,15 +161,6 @@ class SynchronizedWallClockTimer:
         return {name: self.timers[name].mean() * 1e3 / normalizer for name in names if name in self.timers}
 
 
-# The engine's phase timers, by DeepSpeed's names: each micro-step's, and
-# each step's (the micro-steps up to its boundary).
-FORWARD_MICRO_TIMER, FORWARD_GLOBAL_TIMER = "fwd_microstep", "fwd"
-BACKWARD_MICRO_TIMER, BACKWARD_GLOBAL_TIMER = "bwd_microstep", "bwd"
-BACKWARD_INNER_MICRO_TIMER, BACKWARD_INNER_GLOBAL_TIMER = "bwd_inner_microstep", "bwd_inner"
-BACKWARD_REDUCE_MICRO_TIMER, BACKWARD_REDUCE_GLOBAL_TIMER = "bwd_allreduce_microstep", "bwd_allreduce"
-STEP_MICRO_TIMER, STEP_GLOBAL_TIMER = "step_microstep", "step"
-
-
 class EngineTimers:
     """Which phase timers an engine runs, as DeepSpeed's: the micro-step
     ones with wall_clock_breakdown, the step ones also for the flops
@@ -176,7 +168,9 @@ class EngineTimers:
 
     def __init__(self, enable_micro_timers, enable_global_timers):
         def pick(micro, whole):
-            return ([micro] if enable_micro_timers else []) + ([whole] if enable_global_timers else [])
+            # The step's timer first: started first and stopped last, it
+            # encloses the micro-step's (the engine stops them in reverse).
+            return ([whole] if enable_global_timers else []) + ([micro] if enable_micro_timers else [])
 
         self.forward_timers = pick(FORWARD_MICRO_TIMER, FORWARD_GLOBAL_TIMER)
         self.backward_timers = pick(BACKWARD_MICRO_TIMER, BACKWARD_GLOBAL_TIMER)
