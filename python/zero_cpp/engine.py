@@ -34,6 +34,7 @@ from .profiling.flops_profiler import FlopsProfiler
 from .utils.timer import (BACKWARD_INNER_GLOBAL_TIMER, BACKWARD_REDUCE_GLOBAL_TIMER, EngineTimers,
                           SynchronizedWallClockTimer, ThroughputTimer)
 from .runtime.config import monitor_config
+from .zero import state_dict_at_rest
 
 _ENGINES = []  # weak references to the live engines (zero.GatheredParameters finds a param's engine)
 
@@ -132,6 +133,7 @@ class ZeroEngine(torch.nn.Module):
         if self._stage == 3:
             mark_partitioned(model.parameters())
             _attach_local_parts(model, self._engine)
+            state_dict_at_rest.guard(model.modules())
         self._in_forward = 0  # engine forwards running now (the model's forward inside them)
         _clear_engine_grads_with_module(model, self)
         if self._stage == 3:

@@ -25,7 +25,9 @@
 #include "ckpt/safetensors.h"
 #include "comm/comm_log.h"
 #include "common/libstdcxx_binding.h"
+#include "memory/page_buffer.h"
 #include "memory/release_guard.h"
+#include "memory/storage_release.h"
 #include "optim/lr_schedule.h"
 #include "partition/flat_group.h"
 #include "python/module_mirror.h"
@@ -251,6 +253,11 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("std_filesystem_binding_warning", &std_filesystem_binding_warning);
+  // Whether `t` (a stage-3 param, or a tensor sharing its storage) lies in a
+  // released buffer now: reading it would stop the process.
+  m.def("released", [](const at::Tensor& t) {
+    return t.defined() && t.numel() > 0 && (memory::pages_released(t) || memory::storage_released(t));
+  });
 
   // ---- config ----
   // The parsed config back as JSON (every key resolved), or a ValueError

@@ -6,6 +6,7 @@ none a hang. Every check prints "ok" or "FAIL" (rank 0); the exit status
 is the number of failures.
 """
 import atexit
+import math
 import os
 import sys
 import time
@@ -1180,6 +1181,59 @@ def test_divergent_unit_order():
           f"{time.time() - t0:.1f} s ({said[:120]})")
 
 
+def test_stage3_module_state_dict_at_rest():
+    # A script's `torch.save(model.state_dict(), ...)` at stage 3, outside
+    # GatheredParameters, as many tutorials write it: DeepSpeed's holds an
+    # empty tensor for each sharded param (and the process goes on); inside
+    # the block, the full values. A load at rest is refused before any write,
+    # naming the way to do it; inside GatheredParameters(modifier_rank=0) it
+    # reaches the engine.
+    engine = make(3, stage3_param_persistence_threshold=100)  # `out` (65 params) stays whole
+    train(engine, 1)
+    model = engine.module
+    whole = engine.consolidated_fp32_state_dict()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        sd = model.state_dict()
+        path = os.path.join(TMP, f"sd_{dist.get_rank()}.pt")
+        torch.save(sd, path)
+    back = torch.load(path)
+    persistent = {"out.weight", "out.bias"}
+    check(set(back) == set(whole) and
+          all(back[n].shape == (0,) and back[n].dtype == whole[n].dtype for n in whole if n not in persistent) and
+          all(torch.equal(back[n], whole[n]) for n in persistent),
+          f"stage 3: module.state_dict() at rest holds DeepSpeed's empty tensors for the sharded params, the "
+          f"persistent ones whole, and torch.save writes it ({ {n: tuple(t.shape) for n, t in back.items()} })")
+    check(any("consolidated_fp32_state_dict" in str(w.message) and "GatheredParameters" in str(w.message)
+              for w in said), f"...with a warning naming the ways to the full values ({[str(w.message) for w in said]})")
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        inside = {n: t.clone() for n, t in model.state_dict().items()}
+    check(all(torch.equal(inside[n], whole[n]) for n in whole),
+          "stage 3: module.state_dict() inside GatheredParameters holds the full values")
+
+    changed = {n: t * 0.5 for n, t in whole.items()}
+    ok, why = raises(lambda: model.load_state_dict(changed), RuntimeError, "GatheredParameters")
+    check(ok and "inp.weight" in why and torch.equal(engine.consolidated_fp32_state_dict()["inp.weight"], whole["inp.weight"])
+          and all(torch.equal(t, whole[n]) for n, t in engine.consolidated_fp32_state_dict().items()),
+          f"stage 3: module.load_state_dict at rest is refused before any write, naming the param and "
+          f"GatheredParameters ({why[:160]})")
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
+        if dist.get_rank() == 0:
+            model.load_state_dict(changed)
+    after = engine.consolidated_fp32_state_dict()
+    check(all(torch.equal(after[n], changed[n]) for n in changed),
+          "stage 3: module.load_state_dict inside GatheredParameters(modifier_rank=0) reaches the engine")
+    loss = train(engine, 1, first=1)[0]
+    check(math.isfinite(loss), f"training goes on after ({loss})")
+
+    with deepspeed.zero.Init(config_dict_or_path=config(3)):
+        torch.manual_seed(0)
+        built = Mlp()
+    shapes = {n: tuple(t.shape) for n, t in built.state_dict().items()}
+    check(all(s == (0,) for s in shapes.values()), f"zero.Init's model before initialize: state_dict() as "
+          f"DeepSpeed's, empty tensors ({shapes})")
+
+
 def check_process_group_destroyed_at_exit():
     # Registered before init_distributed, so it runs after zero_cpp's own exit
     # handler (atexit is last in, first out). A Gloo group left up at exit
@@ -1206,7 +1260,8 @@ def main():
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
                  test_interrupted_forward, test_loader_and_contexts, test_errors, test_state_setters,
                  test_checkpoint_without_frozen_params, test_non_strict_load_of_another_model,
-                 test_divergent_unit_order)))
+                 test_stage3_module_state_dict_at_rest,
+                 test_divergent_unit_order)))  # last: it leaves the ranks' collectives apart
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import torch
 from .. import _C
 from .. import config as configs
 from .. import distributed
-from . import host_copies
+from . import host_copies, state_dict_at_rest
 from ..mirror import (_EXTERNAL_ATTR, _INIT_PARAMS_ATTR, _UNIT_ATTR, ZeroParamStatus,  # noqa: F401
                       modules_built_under_init, set_status, unit_mirror_for_init, unsharded_trainable)
 
@@ -261,6 +261,7 @@ class Init:
         for module in pending:
             if getattr(module, _UNIT_ATTR, None) is None and unsharded_trainable(module):
                 self._init.shard(unit_mirror_for_init(module))
+        state_dict_at_rest.guard(pending)
 
 
 @contextlib.contextmanager
