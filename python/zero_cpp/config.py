@@ -14,6 +14,15 @@ class DeepSpeedConfigError(Exception):
     """A ds_config that zero_cpp cannot run, with what is wrong."""
 
 
+class _AssertedConfigError(DeepSpeedConfigError, AssertionError):
+    """Where DeepSpeed's check is an `assert` (the batch sizes; where the
+    config comes from): a script's `except AssertionError` catches it too."""
+
+
+class _MissingConfigFile(DeepSpeedConfigError, ValueError):
+    """A config path that is not a file (DeepSpeed's is a ValueError)."""
+
+
 def add_config_arguments(parser):
     """DeepSpeed's `add_config_arguments`: --deepspeed, --deepspeed_config
     (and its old name --deepscale_config) on an argparse parser."""
@@ -33,7 +42,7 @@ def argparse_suppress():
 
 def _read_text(path):
     if not os.path.exists(path):
-        raise DeepSpeedConfigError(f"ds_config: no such file: {path}")
+        raise _MissingConfigFile(f"ds_config: no such file: {path}")
     with open(path) as f:
         return f.read()
 
@@ -50,11 +59,11 @@ def load(args=None, config=None, config_params=None):
     from_args = getattr(args, "deepspeed_config", None) if args is not None else None
     if from_args is not None:
         if config is not None:
-            raise DeepSpeedConfigError("a config was given both in args.deepspeed_config and to initialize(); "
+            raise _AssertedConfigError("a config was given both in args.deepspeed_config and to initialize(); "
                                        "give one")
         config = from_args
     if config is None:
-        raise DeepSpeedConfigError("no ds_config: pass config= (a dict or a path) or args.deepspeed_config")
+        raise _AssertedConfigError("no ds_config: pass config= (a dict or a path) or args.deepspeed_config")
     if isinstance(config, dict):
         return copy.deepcopy(config)
     if isinstance(config, (str, os.PathLike)):
@@ -66,6 +75,17 @@ def load(args=None, config=None, config_params=None):
             # parser takes them, and gives the config back as plain JSON.
             return json.loads(parse(text))
     raise DeepSpeedConfigError(f"config must be a dict or a path, got {type(config).__name__}")
+
+
+def resolve_batch(config, dp_size):
+    """(train_batch_size, train_micro_batch_size_per_gpu,
+    gradient_accumulation_steps) of an engine config on `dp_size` ranks,
+    each derived from the others as DeepSpeed's; what does not add up
+    raises naming the sizes (an AssertionError too, as DeepSpeed's)."""
+    try:
+        return tuple(_C.resolve_batch(for_cxx(config), dp_size))
+    except (ValueError, RuntimeError) as e:
+        raise _AssertedConfigError(str(e)) from None
 
 
 def parse(text):

@@ -107,6 +107,7 @@ class ZeroEngine(torch.nn.Module):
         self._precision = configs.precision(self._config)
         self._optimizer_type = self._config["optimizer"]["type"]
         _warn_of_fp32_norm_statistics(model, self._config, self._precision, self.device)
+        configs.resolve_batch(self._config, self._world.size)  # sizes that do not add up: named before any work
         # Every key as the C++ engine resolved it (its defaults filled in): what the config accessors report.
         self._resolved = json.loads(_C.parse_config(configs.for_cxx(self._config)))
         self._mirror = Mirror(model, stage3=self._stage == 3, world=self._world)

@@ -278,6 +278,18 @@ def test_config_errors():
                        "partition_activations")):
         ok, msg = raises(lambda: make(cfg), Exception, text)
         check(ok, f"config error names {text} ({msg[:120]})")
+    # Where DeepSpeed's check is an assert (or a ValueError), a script's
+    # `except AssertionError` (ValueError) catches ours too.
+    for cfg, kind, text in (({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2,
+                              "gradient_accumulation_steps": 2}, AssertionError, "train_batch_size (7)"),
+                            ({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 3}, AssertionError, "8"),
+                            (None, AssertionError, "no ds_config"),
+                            (os.path.join(TMP, "no-such.json"), ValueError, "no-such.json")):
+        ok, msg = raises(lambda: deepspeed.initialize(model=Mlp(), config=cfg and (
+            dict(cfg, optimizer={"type": "SGD", "params": {"lr": 0.1}}) if isinstance(cfg, dict) else cfg)),
+                         kind, text)
+        ok2, _ = raises(lambda: deepspeed.initialize(model=Mlp(), config=cfg), deepspeed.DeepSpeedConfigError, "")
+        check(ok and ok2, f"a {kind.__name__} as DeepSpeed's, and a DeepSpeedConfigError, naming {text!r} ({msg[:120]})")
 
 
 class Block(nn.Module):

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import torch.distributed as dist
 
-from .. import _C
 from .. import config as configs
 
 
@@ -29,11 +28,8 @@ class DeepSpeedConfig:
         self._param_dict = given
         resolved = json.loads(configs.parse(configs.for_cxx(engine_config)))
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
-        try:
-            (self.train_batch_size, self.train_micro_batch_size_per_gpu,
-             self.gradient_accumulation_steps) = _C.resolve_batch(configs.for_cxx(engine_config), self.world_size)
-        except (ValueError, RuntimeError) as e:
-            raise configs.DeepSpeedConfigError(str(e)) from None
+        (self.train_batch_size, self.train_micro_batch_size_per_gpu,
+         self.gradient_accumulation_steps) = configs.resolve_batch(engine_config, self.world_size)
         zero = resolved["zero_optimization"]
         self.zero_config = _namespace(zero)
         self.zero_optimization_stage = zero["stage"]
