@@ -19,8 +19,9 @@ class _AssertedConfigError(DeepSpeedConfigError, AssertionError):
     config comes from): a script's `except AssertionError` catches it too."""
 
 
-class _MissingConfigFile(DeepSpeedConfigError, ValueError):
-    """A config path that is not a file (DeepSpeed's is a ValueError)."""
+class _ConfigValueError(DeepSpeedConfigError, ValueError):
+    """Where DeepSpeed's is a ValueError (a config path that is not a file,
+    a torch_autocast dtype it does not know)."""
 
 
 def add_config_arguments(parser):
@@ -42,7 +43,7 @@ def argparse_suppress():
 
 def _read_text(path):
     if not os.path.exists(path):
-        raise _MissingConfigFile(f"ds_config: no such file: {path}")
+        raise _ConfigValueError(f"ds_config: no such file: {path}")
     with open(path) as f:
         return f.read()
 
@@ -122,6 +123,7 @@ PYTHON_BLOCKS = {
     "flops_profiler": {"enabled": False, "recompute_fwd_factor": 0.0, "profile_step": 1, "module_depth": -1,
                        "top_modules": 1, "detailed": True, "output_file": None},
     "comms_logger": {"enabled": False, "verbose": False, "prof_all": True, "prof_ops": [], "debug": False},
+    "torch_autocast": {"enabled": False, "dtype": None, "lower_precision_safe_modules": None},
     "activation_checkpointing": {"partition_activations": False, "contiguous_memory_optimization": False,
                                  "cpu_checkpointing": False, "number_checkpoints": None,
                                  "synchronize_checkpoint_boundary": False, "profile": False},

@@ -34,6 +34,7 @@ from .profiling.flops_profiler import FlopsProfiler
 from .utils.timer import (BACKWARD_INNER_GLOBAL_TIMER, BACKWARD_REDUCE_GLOBAL_TIMER, EngineTimers,
                           SynchronizedWallClockTimer, ThroughputTimer)
 from .runtime.config import monitor_config
+from .runtime.torch_autocast import AutocastSettings, autocast_if_enabled
 from .zero import state_dict_at_rest
 
 _ENGINES = []  # weak references to the live engines (zero.GatheredParameters finds a param's engine)
@@ -107,6 +108,7 @@ class ZeroEngine(torch.nn.Module):
         self._precision = configs.precision(self._config)
         self._optimizer_type = self._config["optimizer"]["type"]
         _warn_of_fp32_norm_statistics(model, self._config, self._precision, self.device)
+        self._autocast = AutocastSettings(configs.python_block(self._config, "torch_autocast"), self.device.type)
         configs.resolve_batch(self._config, self._world.size)  # sizes that do not add up: named before any work
         # Every key as the C++ engine resolved it (its defaults filled in): what the config accessors report.
         self._resolved = json.loads(_C.parse_config(configs.for_cxx(self._config)))
@@ -228,6 +230,16 @@ class ZeroEngine(torch.nn.Module):
     def fp16_enabled(self):
         return self._precision == "fp16"
 
+    def torch_autocast_enabled(self):
+        return self._autocast.enabled
+
+    def torch_autocast_dtype(self):
+        """The config's torch_autocast.dtype (None where it leaves it to torch)."""
+        return self._autocast.dtype
+
+    def torch_autocast_lower_precision_safe_modules(self):
+        return self._autocast.safe_modules()
+
     def gradient_clipping(self):
         # What the C++ engine clips at: its parser's value (1.0 when the key is
         # absent, DeepSpeed 0.19.8's default too), not the dict's key.
@@ -334,11 +346,17 @@ class ZeroEngine(torch.nn.Module):
             self.tput_timer.start()
         self._start_timers(self.engine_timers.forward_timers)
         try:
-            return self._forward_through_engine(lambda: self.module(*inputs, **kwargs))
+            return self._forward_through_engine(lambda: self._module_under_autocast(*inputs, **kwargs))
         finally:
             self._stop_timers(self.engine_timers.forward_timers)
             if profiling:
                 self.flops_profiler.stop_profile()
+
+    def _module_under_autocast(self, *inputs, **kwargs):
+        # The engine's own forward only, as DeepSpeed's: a direct call of the
+        # module keeps the caller's autocast state.
+        with autocast_if_enabled(self):
+            return self.module(*inputs, **kwargs)
 
     def _start_timers(self, names):
         for name in names:

@@ -71,7 +71,7 @@ class Net(nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
 
 
-def config(stage, gas=1, clip=0.0, warmup=False, bf16=False):
+def config(stage, gas=1, clip=0.0, warmup=False, bf16=False, autocast=None):
     c = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": gas,
          "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1, "torch_adam": True}},
          "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
@@ -83,6 +83,8 @@ def config(stage, gas=1, clip=0.0, warmup=False, bf16=False):
                                                           "warmup_num_steps": 4}}
     if bf16:
         c["bf16"] = {"enabled": True}
+    if autocast is not None:
+        c["torch_autocast"] = autocast
     return c
 
 
@@ -165,6 +167,23 @@ def scenario_bf16(stage, out, ckpt):
     if stage == 0:
         return None
     return {"losses": train(build(stage, bf16=True), 6)}
+
+
+def scenario_autocast(stage, out, ckpt):
+    # The ds_config's torch_autocast: fp32 params, the forward under
+    # torch.autocast in bf16 (the frozen Linear and the tied head too),
+    # with accumulation and clipping.
+    # The losses barely tell an fp32 forward from this one (~1e-4 apart):
+    # the dtypes the Linears compute in are recorded too.
+    engine = build(stage, gas=2, clip=1.0, autocast={"enabled": True, "dtype": "bfloat16"})
+    seen = set()
+    for name in ("blocks.0.fc1", "frozen", "head"):
+        engine.module.get_submodule(name).register_forward_hook(
+            lambda m, i, o, name=name: seen.add(f"{name}:{o.dtype}"))
+    losses = train(engine, 6)
+    return {"losses": losses, "computed_in": sorted(seen), "autocast": [engine.torch_autocast_enabled(), str(engine.torch_autocast_dtype()),
+                                           engine.torch_autocast_lower_precision_safe_modules()],
+            "param_dtypes": sorted({str(p.dtype) for p in engine.module.parameters()})}
 
 
 def scenario_client(stage, out, ckpt):
@@ -516,7 +535,7 @@ SCENARIOS = {"base": scenario_base, "features": scenario_features, "bf16": scena
              "resume": scenario_resume, "coalesce": scenario_coalesce, "gradcache": scenario_gradcache,
              "client": scenario_client, "groups": scenario_groups, "knobs": scenario_knobs, "eval": scenario_eval,
              "recompute": scenario_recompute, "stock": scenario_stock, "surgery": scenario_surgery,
-             "batch_warmup": scenario_batch_warmup, "init_bf16": scenario_init_bf16}
+             "batch_warmup": scenario_batch_warmup, "init_bf16": scenario_init_bf16, "autocast": scenario_autocast}
 
 
 def main():

@@ -275,7 +275,11 @@ def test_config_errors():
                       (config(wandb={"enabled": True}), "wandb"),
                       (config(activation_checkpointing={"profile": True}), "activation_checkpointing.profile"),
                       (config(activation_checkpointing={"contiguous_memory_optimization": True}),
-                       "partition_activations")):
+                       "partition_activations"),
+                      (config(torch_autocast={"enabled": True, "dtype": "float16"}), "GradScaler"),
+                      (config(torch_autocast={"enabled": True, "dtype": "bf17"}), "bf17"),
+                      (config(torch_autocast={"enabled": True, "lower_precision_safe_modules": ["torch.nn.Nope"]}),
+                       "torch.nn.Nope")):
         ok, msg = raises(lambda: make(cfg), Exception, text)
         check(ok, f"config error names {text} ({msg[:120]})")
     # Where DeepSpeed's check is an assert (or a ValueError), a script's
