@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <c10/core/DeviceGuard.h>
@@ -118,6 +119,12 @@ struct Engine::Impl {
   // The reduced grads are readable (state_access.cpp): at a boundary, after
   // its backward's reduction, outside no_sync and coalescing, not on NVMe.
   void check_grads_reduced(const std::string& what);
+  // What every accessor of a param's `kind` of state checks first, `what`
+  // naming the call in its errors: the engine usable, the grads reduced
+  // where it reads or writes them; returns the trainable param's group and
+  // index there (state_access.cpp).
+  std::pair<const partition::FlatGroup*, size_t> begin_state_access(const std::string& what, const std::string& kind,
+                                                                    const std::string& name);
   // set_state of a master that is the params themselves (fp32): as
   // DeepSpeed's, the params take it at the next step, so the value waits
   // here and the getters read through it. Applied by the next step (before

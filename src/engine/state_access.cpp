@@ -108,6 +108,15 @@ void Engine::Impl::apply_pending_masters() {
   pending_masters.clear();
 }
 
+std::pair<const partition::FlatGroup*, size_t> Engine::Impl::begin_state_access(const std::string& what,
+                                                                                const std::string& kind,
+                                                                                const std::string& name) {
+  check_usable();
+  if (kind == "grad") check_grads_reduced(what);
+  const Located at = find_trainable(groups, name, what);
+  return {at.group, at.index};
+}
+
 void Engine::Impl::check_grads_reduced(const std::string& what) {
   if (optimizer.pages_state())
     throw std::invalid_argument(what + ": not with offload to NVMe, which keeps the reduced grads on disk");
@@ -119,10 +128,8 @@ void Engine::Impl::check_grads_reduced(const std::string& what) {
 at::Tensor Engine::full_state(const std::string& kind, const std::string& name) {
   const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;
-  m.check_usable();
   const std::string what = accessor_call("full_state", kind, name);
-  if (kind == "grad") m.check_grads_reduced(what);
-  const auto [g, i] = find_trainable(m.groups, name, what);
+  const auto [g, i] = m.begin_state_access(what, kind, name);
   auto held = m.optimizer.resident(*g, /*write=*/false);  // NVMe offload: the group's state paged in
   const at::Tensor local = buffer_of(*g, m.policy.shard_optimizer_state, kind, what);
   const auto& s = g->layout.params[i];
@@ -167,10 +174,8 @@ at::Tensor Engine::local_param(const std::string& name) const {
 at::Tensor Engine::local_state(const std::string& kind, const std::string& name) {
   const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;
-  m.check_usable();
   const std::string what = accessor_call("local_state", kind, name);
-  if (kind == "grad") m.check_grads_reduced(what);
-  const auto [g, i] = find_trainable(m.groups, name, what);
+  const auto [g, i] = m.begin_state_access(what, kind, name);
   auto held = m.optimizer.resident(*g, /*write=*/false);
   const at::Tensor local = buffer_of(*g, m.policy.shard_optimizer_state, kind, what);
   const Part p = part_of(*g, i, m.policy.shard_optimizer_state, m.dp.rank());
@@ -185,10 +190,8 @@ at::Tensor Engine::local_state(const std::string& kind, const std::string& name)
 void Engine::set_state(const std::string& kind, const std::string& name, const at::Tensor& value, bool local) {
   const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
   auto& m = *impl_;
-  m.check_usable();
   const std::string what = accessor_call(local ? "set_local_state" : "set_full_state", kind, name);
-  if (kind == "grad") m.check_grads_reduced(what);
-  const auto [g, i] = find_trainable(m.groups, name, what);
+  const auto [g, i] = m.begin_state_access(what, kind, name);
   const auto& s = g->layout.params[i];
   const Part p = part_of(*g, i, m.policy.shard_optimizer_state, m.dp.rank());
   const int64_t expected = local ? p.hi - p.lo : s.numel;
