@@ -13,6 +13,7 @@ are pushed to the engine before each optimizer step.
 import collections
 import json
 import math
+import warnings
 import weakref
 
 import torch
@@ -199,8 +200,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
     cur_scale = loss_scale
 
     def state_dict(self):
-        # The optimizer's state lives sharded in C++; engine.save_checkpoint
-        # saves it. What is here: the groups' settings.
+        """The groups' settings. The optimizer's state (its moments, the fp32
+        masters) lives sharded in the C++ engine, which
+        engine.save_checkpoint saves: a script saving this dict by hand
+        would lose it without a word, so it is said."""
+        warnings.warn("zero_cpp: optimizer.state_dict() holds the param groups' settings only; the optimizer's "
+                      "state (moments, fp32 masters) is saved and loaded by engine.save_checkpoint(dir) and "
+                      "engine.load_checkpoint(dir)", stacklevel=2)
         return {"param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]}
 
     def load_state_dict(self, state_dict):

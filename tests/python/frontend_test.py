@@ -1022,6 +1022,12 @@ def test_errors():
     check(ok, f"backward(retain_graph=True) is refused by name ({said})")
     engine.backward(loss)
     engine.step()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        groups_only = engine.optimizer.state_dict()
+    check(set(groups_only) == {"param_groups"} and any("save_checkpoint" in str(w.message) for w in said),
+          f"optimizer.state_dict() holds the groups' settings only, and warns that the moments are saved by "
+          f"engine.save_checkpoint ({[str(w.message)[:80] for w in said]})")
     ok, said = raises(lambda: engine.no_sync().__enter__(), RuntimeError, "stages 0 and 1")
     ok2, _ = raises(lambda: engine.no_sync().__enter__(), AssertionError, "stage 2")
     check(ok and ok2, f"no_sync at stage 2 names the stages it is for, an AssertionError as DeepSpeed's ({said})")

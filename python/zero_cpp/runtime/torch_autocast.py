@@ -8,8 +8,8 @@ params, grads and optimizer stay fp32 and the engine's forward runs under
 DeepSpeed reduces the grads of the lower-precision-safe modules' params
 (Linear and Conv by default) in the autocast dtype; zero_cpp reduces every
 grad in fp32 (the C++ engine has one wire dtype per engine), so losses
-agree with DeepSpeed's to the bf16 roundings of those reductions (~1e-5
-relative over the parity test's steps). The module list is checked and
+agree with DeepSpeed's to the bf16 roundings of those reductions (1e-4 to
+7e-4 relative over tens of steps; exactly with no safe modules). The module list is checked and
 reported as DeepSpeed's is. A float16 autocast needs torch's GradScaler,
 which zero_cpp does not run: refused, naming bfloat16 and the fp16 block.
 """
