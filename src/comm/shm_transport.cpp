@@ -233,6 +233,7 @@ std::shared_ptr<ShmGroup> try_shm_group(c10d::Store& store, const std::string& s
   group->main = std::make_unique<shm::Lane>(base, g.rank(), g.size(), slot, timeout, g.describe(), zero_copy);
   group->reduce =
       std::make_unique<shm::Lane>(base + lane_bytes, g.rank(), g.size(), slot, timeout, g.describe(), zero_copy);
+  shm::Lane::pair(*group->main, "allgather and all-reduce", *group->reduce, "reduce-scatter");
   return group;
 }
 

@@ -410,6 +410,21 @@ PYBIND11_MODULE(_C, m) {
       .def("comm_counts_of_group",
            [](PyEngine& e) { return counts(e.engine().comm().counters().for_group(e.engine().dp_group().name())); })
       .def("global_mean", [](PyEngine& e, double v) { return e.engine().global_mean(v); }, Release())
+      // Every rank's `mine` (as many on each), rank by rank, through the
+      // engine's own collectives: a call only some ranks make is named by the
+      // shared-memory lanes (a stall or a disagreement) within seconds, where
+      // torch.distributed's would wait for its timeout.
+      .def(
+          "all_gather_ints",
+          [](PyEngine& e, const std::vector<int64_t>& mine, const std::string& label) {
+            auto& eng = e.engine();
+            const comm::Group& g = eng.dp_group();
+            const at::Tensor in = at::tensor(mine, at::kLong);
+            at::Tensor out = at::empty({in.numel() * g.size()}, at::kLong);
+            eng.comm().all_gather(g, out, in, label)->wait();
+            return std::vector<int64_t>(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + out.numel());
+          },
+          Release())
       .def("state_dict", [](PyEngine& e, bool rank0_only) { return e.engine().state_dict(rank0_only); },
            py::arg("rank0_only") = false, Release())
       .def("full_parameters", [](PyEngine& e) { return e.engine().full_parameters(); }, Release())

@@ -554,6 +554,38 @@ TEST(Disagreement, IsAnErrorOnEveryRankNamingBothSides) {
   w.comm().barrier(w.group())->wait();
 }
 
+// Collectives that ranks issued to the group's different lanes -- the last
+// rank a reduce-scatter (its next backward) where the others run an
+// allgather (a state dict called on them alone) -- never meet in a round to
+// compare signatures. Shared memory finds the stall within seconds, on
+// every rank, naming what each waits in; not at the collective timeout
+// (300 s). (Gloo's lanes still wait for the timeout: comm_timeout.)
+TEST(Disagreement, CollectivesOnDifferentLanesAreNamedNotAHang) {
+  auto& w = world();
+  std::vector<int> all(w.size());
+  for (int r = 0; r < w.size(); ++r) all[r] = r;
+  auto g = w.new_group(all, "lanes apart");
+  const bool odd = w.rank() == w.size() - 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    if (odd)
+      w.comm().reduce_scatter(*g, at::zeros({8}), at::ones({8 * g->size()}), zero::comm::ReduceOp::Sum,
+                              "grads of unit 'h0'")->wait();
+    else
+      w.comm().all_gather(*g, at::empty({4 * g->size()}), at::zeros({4}), "params for state_dict")->wait();
+    ADD_FAILURE() << "no error";
+  } catch (const CommError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("deadlocked"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(g->describe()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("grads of unit 'h0'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("params for state_dict"), std::string::npos) << msg;
+  }
+  // A liveness bound with room for a loaded machine, far below the timeout.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  w.comm().barrier(w.group())->wait();
+}
+
 // NCCL checks nothing itself: in debug mode (TORCH_DISTRIBUTED_DEBUG=DETAIL)
 // each of its collectives is first compared on the group's Gloo lane of
 // the same kind. That check, here on its own: ranks that agree pass; ranks

@@ -62,6 +62,23 @@
 // between staged ones with the same buffer alternation, and the peers'
 // buffers are touched only inside its rounds.
 //
+// Stall detection (STALL). The group's two lanes (allgathers and
+// all-reduces; reduce-scatters) are ordered apart, so ranks that issued
+// different collectives to different lanes -- rank 0 a state dict's
+// allgather, rank 1 its next backward's reduce-scatter -- never meet in a
+// round to compare signatures: each waits for the other forever. So each
+// rank also publishes, in its lanes' headers, the callers blocked in
+// Job::wait, its collectives queued or running, and whether its runner
+// sleeps in wait_word (and on what). A wait asleep past kStallAfter looks at
+// both lanes of every rank: when every rank has a blocked caller whose
+// collective sleeps, none has anything else that could run, and nothing
+// moved over kStallLooks looks, no rank can go on -- only another thread
+// could issue the collective awaited, and the engine issues all of them
+// from the training thread -- so it throws Mismatch naming what each rank
+// waits in, and declares it in the headers so that every peer's next look
+// throws the same. The words are diagnostics the protocol never reads: a
+// throw at a wait not yet met is the model's TIMEOUT variant.
+//
 // Failures (CRASH, TIMEOUT, STOP). Every wait (wait_word) throws on the
 // collective timeout, when the peer it waits for has exited (peer_exited,
 // checked every 100 ms), or once the lane is stopping (~Lane). The rank that
@@ -98,6 +115,12 @@ constexpr uint64_t kMagic = 0x7a65726f2d73686dULL;     // "zero-shm"
 constexpr auto kSpin = std::chrono::microseconds(50);  // polling before sleeping in the kernel (spin_budget)
 constexpr auto kSleepSlice = std::chrono::milliseconds(10);
 constexpr auto kLivenessEvery = std::chrono::milliseconds(100);
+// Stall detection: a wait this long starts looking at the group's state,
+// every kStallEvery; kStallLooks alike looks (over a second) declare it.
+constexpr auto kStallAfter = std::chrono::seconds(2);
+constexpr auto kStallEvery = std::chrono::milliseconds(500);
+constexpr int kStallLooks = 3;
+constexpr size_t kDeadlockTextBytes = 1024;
 
 struct alignas(64) Cell {
   uint32_t value;
@@ -168,6 +191,16 @@ struct Lane::Header {
   // Zero-copy: where each rank's input is, for the rounds using buffer 0
   // and 1 (kept as long as the signatures, for the same reason).
   BufferRef ref[2][kMaxRanks];
+  // Stall detection (read by the peers, never by the protocol): per rank,
+  // the callers blocked in Job::wait on this lane, its collectives queued
+  // or running, whether its runner sleeps in wait_word, and on what.
+  Cell blocked[kMaxRanks];
+  Cell pending[kMaxRanks];
+  Cell asleep[kMaxRanks];
+  SignatureRecord asleep_sig[kMaxRanks];
+  // A deadlock one rank declared (2 once its text is written), for the others.
+  uint32_t deadlock;
+  char deadlock_text[kDeadlockTextBytes];
 };
 
 // ---- the queue ------------------------------------------------------------------
@@ -210,6 +243,10 @@ void Job::wait() {
   if (queue_) {
     LaneQueue& q = *queue_;
     std::unique_lock<std::mutex> lock(q.mu);
+    // Counted for the peers' stall detection while this caller blocks; the
+    // lane (and its segment) is there while it does not stop.
+    const bool counted = !done() && !q.stop;
+    if (counted) q.lane->note_blocked(+1);
     while (!done() && !q.stop) {  // once stopping, ~Lane finishes what is queued
       if (q.runnable()) {
         q.run_front(lock);
@@ -219,6 +256,7 @@ void Job::wait() {
       q.cv.wait(lock);
       --q.waiting_callers;
     }
+    if (counted && !q.stop) q.lane->note_blocked(-1);
   }
   wait_finished();
 }
@@ -248,7 +286,7 @@ void Job::finish(std::optional<std::string> error, bool mismatch) {
 // ---- region -------------------------------------------------------------------
 
 // The header takes the first kHeaderBytes; the two buffers follow.
-constexpr int64_t kHeaderBytes = 8 * 4096;
+constexpr int64_t kHeaderBytes = 16 * 4096;
 
 size_t Lane::region_bytes(int size, int64_t slot_bytes) {
   static_assert(sizeof(Header) <= kHeaderBytes, "header fits its pages");
@@ -318,6 +356,7 @@ std::shared_ptr<Job> Lane::submit(const char* op, const SignatureRecord& sig, Ke
   job->queue_ = queue_;
   std::lock_guard<std::mutex> lock(queue_->mu);
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  __atomic_fetch_add(&header_->pending[rank_].value, 1u, __ATOMIC_RELEASE);  // until run() has finished it
   // `keep` lives in the queued closure: released once the collective has
   // run, before its job is finished (Lane::run).
   queue_->items.emplace_back(job, [this, op, sig, keep = std::move(keep), body = std::move(body)] {
@@ -346,6 +385,10 @@ void Lane::worker_loop() {
 }
 
 void Lane::run(Job& job, std::function<void()>& body) {
+  struct Finished {
+    uint32_t* pending;
+    ~Finished() { __atomic_fetch_sub(pending, 1u, __ATOMIC_RELEASE); }
+  } finished{&header_->pending[rank_].value};
   if (failed_) {
     job.finish(failed_, failed_mismatch_);
     return;
@@ -388,13 +431,25 @@ void Lane::wait_word(uint32_t* word, uint32_t target, int peer, const char* what
       }
       if (std::chrono::steady_clock::now() - start > spin_) break;
     }
-  auto last_check = start;
+  // Asleep, and on what: published for the peers' stall detection.
+  header_->asleep_sig[rank_] = current_sig_;
+  __atomic_store_n(&header_->asleep[rank_].value, 1u, __ATOMIC_RELEASE);
+  struct Awake {
+    uint32_t* asleep;
+    ~Awake() { __atomic_store_n(asleep, 0u, __ATOMIC_RELEASE); }
+  } awake{&header_->asleep[rank_].value};
+  stall_looks_ = 0;
+  auto last_check = start, last_stall_look = start;
   for (;;) {
     const uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     if (reached(v, target)) return;
     futex_wait(word, v, kSleepSlice);
     const bool stopping = queue_->stop.load();
     const auto now = std::chrono::steady_clock::now();
+    if (sibling_ && now - start > kStallAfter && now - last_stall_look >= kStallEvery) {
+      last_stall_look = now;
+      if (auto why = group_deadlocked()) throw Mismatch(*why);
+    }
     if (stopping) throw std::runtime_error("shut down while waiting for rank " + std::to_string(peer) + " " + what);
     if (now - start > timeout_)
       throw std::runtime_error("timed out after " + std::to_string(timeout_.count() / 1000.0).substr(0, 5) +
@@ -406,6 +461,79 @@ void Lane::wait_word(uint32_t* word, uint32_t target, int peer, const char* what
                                  ") exited while this rank waited for it " + what);
       last_check = now;
     }
+  }
+}
+
+// ---- stall detection (see [Note: the shared-memory lane's protocol], STALL) -----
+
+void Lane::pair(Lane& a, const char* a_role, Lane& b, const char* b_role) {
+  a.sibling_ = b.header_;
+  b.sibling_ = a.header_;
+  a.role_ = b.sibling_role_ = a_role;
+  b.role_ = a.sibling_role_ = b_role;
+}
+
+void Lane::note_blocked(int delta) {
+  if (delta > 0) __atomic_fetch_add(&header_->blocked[rank_].value, 1u, __ATOMIC_RELEASE);
+  else __atomic_fetch_sub(&header_->blocked[rank_].value, 1u, __ATOMIC_RELEASE);
+}
+
+std::optional<std::string> Lane::group_deadlocked() {
+  if (__atomic_load_n(&header_->deadlock, __ATOMIC_ACQUIRE) == 2) return std::string(header_->deadlock_text);
+  auto load = [](const Cell& c) { return __atomic_load_n(&c.value, __ATOMIC_ACQUIRE); };
+  Header* const lanes[2] = {header_, sibling_};
+  // Every rank stuck: a caller of it blocked on a collective whose runner
+  // sleeps waiting for a peer, and nothing of it that could still run (a
+  // collective queued or running but not asleep).
+  std::vector<uint32_t> view;
+  view.reserve(static_cast<size_t>(size_) * 10);
+  bool all_stuck = true;
+  for (int p = 0; p < size_; ++p) {
+    bool stuck = false, can_run = false;
+    for (Header* h : lanes) {
+      const uint32_t blocked = load(h->blocked[p]), pending = load(h->pending[p]), asleep = load(h->asleep[p]);
+      stuck = stuck || (blocked > 0 && asleep != 0);
+      can_run = can_run || (pending > 0 && asleep == 0);
+      view.insert(view.end(), {load(h->written[p]), load(h->consumed[p]), blocked, pending, asleep});
+    }
+    all_stuck = all_stuck && stuck && !can_run;
+  }
+  // ...and so over kStallLooks looks with nothing moved: no rank can go on.
+  if (!all_stuck) {
+    stall_looks_ = 0;
+    return std::nullopt;
+  }
+  if (view != stall_view_) {
+    stall_view_ = std::move(view);
+    stall_looks_ = 1;
+    return std::nullopt;
+  }
+  if (++stall_looks_ < kStallLooks) return std::nullopt;
+  std::string text = "collectives on " + what_ + " (shared memory) are deadlocked: ";
+  for (int p = 0; p < size_; ++p)
+    for (int l = 0; l < 2; ++l)
+      if (load(lanes[l]->blocked[p]) > 0 && load(lanes[l]->asleep[p]) != 0) {
+        text += std::string(p > 0 ? ", " : "") + "rank " + std::to_string(p) + " (pid " +
+                std::to_string(header_->pid[p]) + ") waits in " + lanes[l]->asleep_sig[p].text + " on its " +
+                (l == 0 ? role_ : sibling_role_) + " lane";
+        break;
+      }
+  text += "; no rank can go on. Every rank must issue the same collectives in the same order: one that only some "
+          "ranks call (a checkpoint save or a full state dict on rank 0 alone) leaves the others in their next.";
+  declare_deadlock(text);
+  return text;
+}
+
+void Lane::declare_deadlock(const std::string& text) {
+  // One declaration per pair: claimed on the header both lanes agree on.
+  Header* const claim = std::min(header_, sibling_);
+  uint32_t none = 0;
+  if (!__atomic_compare_exchange_n(&claim->deadlock, &none, 1u, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
+  for (Header* h : {header_, sibling_}) {
+    const size_t n = std::min(text.size(), kDeadlockTextBytes - 1);
+    std::memcpy(h->deadlock_text, text.data(), n);
+    h->deadlock_text[n] = '\0';
+    __atomic_store_n(&h->deadlock, 2u, __ATOMIC_RELEASE);
   }
 }
 

@@ -145,6 +145,13 @@ class Lane {
   std::shared_ptr<Job> external(const char* op, const SignatureRecord& sig, KeepAlive keep,
                                 std::function<void(const Handshake&)> body);
 
+  // The group's other lane, over the same segment: collectives that the
+  // ranks issued to different lanes (one runs an allgather where another
+  // runs a reduce-scatter) wait for each other forever; with the sibling
+  // known, that is found within seconds (stall detection, lane.cpp) instead
+  // of at the collective timeout. `role`: each lane's name in the message.
+  static void pair(Lane& a, const char* a_role, Lane& b, const char* b_role);
+
   int64_t slot_bytes() const { return slot_bytes_; }
   bool zero_copy() const { return zero_copy_; }
   // Collectives that ran zero-copy so far (for tests and logs).
@@ -156,6 +163,7 @@ class Lane {
 
  private:
   friend struct LaneQueue;
+  friend class Job;  // note_blocked
   struct Header;
   std::shared_ptr<Job> submit(const char* op, const SignatureRecord& sig, KeepAlive keep, std::function<void()> body);
   void worker_loop();
@@ -170,6 +178,13 @@ class Lane {
   void wait_all(uint32_t* (Lane::*word)(int) const, uint32_t target, const char* what);
   void wait_word(uint32_t* word, uint32_t target, int peer, const char* what);
   bool peer_exited(int peer);
+  // Stall detection: the message when every rank of the group has a caller
+  // blocked on a collective that waits for a peer, on either lane, with
+  // nothing else to run and no counter moving over kStallRepeats looks;
+  // or a deadlock a peer declared. Called while wait_word sleeps.
+  std::optional<std::string> group_deadlocked();
+  void declare_deadlock(const std::string& text);
+  void note_blocked(int delta);  // a caller entered (+1) or left (-1) Job::wait
   // Zero-copy: the round publishing `mine`; true, with the round open, when
   // every rank's input is shareable; false (round closed) otherwise.
   bool begin_direct(const BufferRef& mine);
@@ -207,6 +222,15 @@ class Lane {
   // Touched only by the thread running the queue (one at a time).
   std::optional<std::string> failed_;  // the first error; later jobs fail with it
   bool failed_mismatch_ = false;
+
+  // Stall detection, touched only by the thread running the queue: the
+  // sibling lane's header (the segment outlives both lanes), the names, and
+  // the last look at the group's state with how many looks found it alike.
+  Header* sibling_ = nullptr;
+  const char* role_ = "";
+  const char* sibling_role_ = "";
+  std::vector<uint32_t> stall_view_;
+  int stall_looks_ = 0;
 
   std::shared_ptr<LaneQueue> queue_;
   std::thread worker_;

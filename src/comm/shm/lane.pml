@@ -33,8 +33,9 @@
  *                 of its jobs done or failed (wait_word's peer_exited and
  *                 timeout);
  *   TIMEOUT       any wait not yet met may time out (a peer slower than the
- *                 collective timeout): every rank ends, every job done, and
- *                 no read sees the wrong round;
+ *                 collective timeout, or lane.cpp's stall detection, which
+ *                 throws at such a wait): every rank ends, every job done,
+ *                 and no read sees the wrong round;
  *   STOP          rank 0's lane is destroyed (~Lane) at any moment after its
  *                 last submit, with work queued, running or waited on: its
  *                 threads end, each job done; the peers time out; no peer
