@@ -743,11 +743,13 @@ class ZeroEngine(torch.nn.Module):
             return None, None
         from .deepspeed_checkpoint import is_deepspeed_checkpoint  # here: that package imports this module
         shown = None  # the path returned, where the one loaded is a conversion of it
-        # Rank 0's reading decides for all (a rank seeing another directory must not take the other branch).
-        deepspeeds = [is_deepspeed_checkpoint(load_dir, tag) if self.global_rank == 0 else None]
+        # Rank 0's reading decides for all (a rank seeing another directory
+        # must not take the other branch); through the engine's collectives,
+        # which name a load that only some ranks make within seconds.
+        deepspeeds = int(self.global_rank == 0 and is_deepspeed_checkpoint(load_dir, tag))
         if self.world_size > 1:
-            torch.distributed.broadcast_object_list(deepspeeds, src=0)  # on the group's own device
-        if deepspeeds[0]:
+            deepspeeds = self._engine.all_gather_ints([deepspeeds], "load_checkpoint (which format)")[0]
+        if deepspeeds:
             tag = str(tag) if tag is not None else _read_latest(load_dir).strip()
             shown = os.path.join(load_dir, tag)
             load_dir = self._convert_deepspeed_checkpoint(load_dir, tag)

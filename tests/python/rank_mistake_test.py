@@ -5,7 +5,7 @@ within seconds, instead of waiting for the collective timeout (DeepSpeed's
 ranks wait for theirs). Each case in a process pair of its own, since the
 group's collectives are over after it:
 
-    zero-run -n 2 -- python rank_mistake_test.py TMPDIR save|state_dict|16bit STAGE
+    zero-run -n 2 -- python rank_mistake_test.py TMPDIR save|load|state_dict|16bit STAGE
 
 Exit status: the number of failed checks (each printed on its rank)."""
 import sys
@@ -17,7 +17,7 @@ import torch.nn as nn
 import zero_cpp as deepspeed
 
 TMP, MISTAKE, STAGE = sys.argv[1], sys.argv[2], int(sys.argv[3])
-NAMED = {"save": "save_checkpoint", "state_dict": "state_dict", "16bit": "allgather"}
+NAMED = {"save": "save_checkpoint", "load": "load_checkpoint", "state_dict": "state_dict", "16bit": "allgather"}
 
 
 def main():
@@ -29,10 +29,12 @@ def main():
         "zero_optimization": {"stage": STAGE, "stage3_param_persistence_threshold": 0}})
     engine.backward(engine(torch.ones(2, 8)).sum())
     engine.step()
+    if MISTAKE == "load":
+        engine.save_checkpoint(TMP)  # on every rank
     t0 = time.monotonic()
     try:
         if engine.global_rank == 0:
-            {"save": lambda: engine.save_checkpoint(TMP),
+            {"save": lambda: engine.save_checkpoint(TMP), "load": lambda: engine.load_checkpoint(TMP),
              "state_dict": engine.consolidated_fp32_state_dict,
              "16bit": lambda: engine.save_16bit_model(TMP)}[MISTAKE]()
         else:
