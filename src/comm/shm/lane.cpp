@@ -69,10 +69,12 @@
 // round to compare signatures: each waits for the other forever. So each
 // rank also publishes, in its lanes' headers, the callers blocked in
 // Job::wait, its collectives queued or running, and whether its runner
-// sleeps in wait_word (and on what). A wait asleep past kStallAfter looks at
-// both lanes of every rank: when every rank has a blocked caller whose
-// collective sleeps, none has anything else that could run, and nothing
-// moved over kStallLooks looks, no rank can go on -- only another thread
+// sleeps in wait_word (on which word, for which value, in which
+// collective). A wait asleep past kStallAfter looks at both lanes of every
+// rank: when every rank has a blocked caller whose collective sleeps on a
+// word not yet at its value (a runner woken but not yet running can run),
+// none has anything else that could run, and nothing moved over
+// kStallLooks looks, no rank can go on -- only another thread
 // could issue the collective awaited, and the engine issues all of them
 // from the training thread -- so it throws Mismatch naming what each rank
 // waits in, and declares it in the headers so that every peer's next look
@@ -197,6 +199,8 @@ struct Lane::Header {
   Cell blocked[kMaxRanks];
   Cell pending[kMaxRanks];
   Cell asleep[kMaxRanks];
+  Cell asleep_on[kMaxRanks];     // the awaited word: its byte offset in this header
+  Cell asleep_until[kMaxRanks];  // ...and the value it waits for
   SignatureRecord asleep_sig[kMaxRanks];
   // A deadlock one rank declared (2 once its text is written), for the others.
   uint32_t deadlock;
@@ -432,8 +436,10 @@ void Lane::wait_word(uint32_t* word, uint32_t target, int peer, const char* what
       if (std::chrono::steady_clock::now() - start > spin_) break;
     }
   // Asleep, and on what: published for the peers' stall detection.
+  header_->asleep_on[rank_].value = static_cast<uint32_t>(reinterpret_cast<char*>(word) - reinterpret_cast<char*>(header_));
+  header_->asleep_until[rank_].value = target;
   header_->asleep_sig[rank_] = current_sig_;
-  __atomic_store_n(&header_->asleep[rank_].value, 1u, __ATOMIC_RELEASE);
+  __atomic_store_n(&header_->asleep[rank_].value, 1u, __ATOMIC_RELEASE);  // publishes the three above
   struct Awake {
     uint32_t* asleep;
     ~Awake() { __atomic_store_n(asleep, 0u, __ATOMIC_RELEASE); }
@@ -481,6 +487,15 @@ void Lane::note_blocked(int delta) {
 std::optional<std::string> Lane::group_deadlocked() {
   if (__atomic_load_n(&header_->deadlock, __ATOMIC_ACQUIRE) == 2) return std::string(header_->deadlock_text);
   auto load = [](const Cell& c) { return __atomic_load_n(&c.value, __ATOMIC_ACQUIRE); };
+  // Rank p's runner on h sleeps on a word not yet at its target (one woken
+  // but not yet running counts as able to run).
+  auto waits = [&](Header* h, int p) {
+    if (load(h->asleep[p]) == 0) return false;
+    const uint32_t at = load(h->asleep_on[p]), until = load(h->asleep_until[p]);
+    if (at % alignof(uint32_t) != 0 || at > sizeof(Header) - sizeof(uint32_t)) return false;
+    const auto* word = reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(h) + at);
+    return !reached(__atomic_load_n(word, __ATOMIC_ACQUIRE), until);
+  };
   Header* const lanes[2] = {header_, sibling_};
   // Every rank stuck: a caller of it blocked on a collective whose runner
   // sleeps waiting for a peer, and nothing of it that could still run (a
@@ -491,10 +506,11 @@ std::optional<std::string> Lane::group_deadlocked() {
   for (int p = 0; p < size_; ++p) {
     bool stuck = false, can_run = false;
     for (Header* h : lanes) {
-      const uint32_t blocked = load(h->blocked[p]), pending = load(h->pending[p]), asleep = load(h->asleep[p]);
-      stuck = stuck || (blocked > 0 && asleep != 0);
-      can_run = can_run || (pending > 0 && asleep == 0);
-      view.insert(view.end(), {load(h->written[p]), load(h->consumed[p]), blocked, pending, asleep});
+      const uint32_t blocked = load(h->blocked[p]), pending = load(h->pending[p]);
+      const bool asleep = waits(h, p);
+      stuck = stuck || (blocked > 0 && asleep);
+      can_run = can_run || (pending > 0 && !asleep);
+      view.insert(view.end(), {load(h->written[p]), load(h->consumed[p]), blocked, pending, uint32_t{asleep}});
     }
     all_stuck = all_stuck && stuck && !can_run;
   }
@@ -512,7 +528,7 @@ std::optional<std::string> Lane::group_deadlocked() {
   std::string text = "collectives on " + what_ + " (shared memory) are deadlocked: ";
   for (int p = 0; p < size_; ++p)
     for (int l = 0; l < 2; ++l)
-      if (load(lanes[l]->blocked[p]) > 0 && load(lanes[l]->asleep[p]) != 0) {
+      if (load(lanes[l]->blocked[p]) > 0 && waits(lanes[l], p)) {
         text += std::string(p > 0 ? ", " : "") + "rank " + std::to_string(p) + " (pid " +
                 std::to_string(header_->pid[p]) + ") waits in " + lanes[l]->asleep_sig[p].text + " on its " +
                 (l == 0 ? role_ : sibling_role_) + " lane";
