@@ -586,6 +586,46 @@ TEST(Disagreement, CollectivesOnDifferentLanesAreNamedNotAHang) {
   w.comm().barrier(w.group())->wait();
 }
 
+// The negative case: a rank whose other thread, one that has issued
+// collectives to the group before, is still computing when the stall
+// detection looks may yet issue the collective its peer waits for. Ranks
+// waiting across the lanes meanwhile are not a deadlock: both collectives
+// complete, with no error.
+TEST(Disagreement, CrossLaneWaitsWithAnotherSubmittingThreadStillBusyAreNotAStall) {
+  auto& w = world();
+  std::vector<int> all(w.size());
+  for (int r = 0; r < w.size(); ++r) all[r] = r;
+  auto g = w.new_group(all, "lanes apart, threads");
+  auto& comm = w.comm();
+  const bool odd = w.rank() == w.size() - 1;
+  auto gather = [&] { comm.all_gather(*g, at::empty({4 * g->size()}), at::ones({4}), "gather")->wait(); };
+  auto scatter = [&] { comm.reduce_scatter(*g, at::zeros({8}), at::ones({8 * g->size()}), zero::comm::ReduceOp::Sum,
+                                           "scatter")->wait(); };
+  // Both threads of every rank have issued a collective to the group.
+  comm.all_reduce(*g, at::ones({1}), zero::comm::ReduceOp::Sum, "main thread")->wait();
+  std::thread([&] { comm.all_reduce(*g, at::ones({1}), zero::comm::ReduceOp::Sum, "other thread")->wait(); }).join();
+  // The last rank's main thread waits in the reduce-scatter, the others' in
+  // the allgather; each rank's other thread issues its other collective
+  // after the detection has looked (2 s in, three looks).
+  std::string error;
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(4500));
+    try {
+      odd ? gather() : scatter();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  try {
+    odd ? scatter() : gather();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+  later.join();
+  EXPECT_EQ(error, "");
+  comm.barrier(w.group())->wait();
+}
+
 // NCCL checks nothing itself: in debug mode (TORCH_DISTRIBUTED_DEBUG=DETAIL)
 // each of its collectives is first compared on the group's Gloo lane of
 // the same kind. That check, here on its own: ranks that agree pass; ranks

@@ -70,13 +70,14 @@
 // rank also publishes, in its lanes' headers, the callers blocked in
 // Job::wait, its collectives queued or running, and whether its runner
 // sleeps in wait_word (on which word, for which value, in which
-// collective). A wait asleep past kStallAfter looks at both lanes of every
-// rank: when every rank has a blocked caller whose collective sleeps on a
-// word not yet at its value (a runner woken but not yet running can run),
-// none has anything else that could run, and nothing moved over
-// kStallLooks looks, no rank can go on -- only another thread
-// could issue the collective awaited, and the engine issues all of them
-// from the training thread -- so it throws Mismatch naming what each rank
+// collective), and how many of its threads ever submitted to the pair. A
+// wait asleep past kStallAfter looks at both lanes of every rank: when every
+// rank has a blocked caller whose collective sleeps on a word not yet at its
+// value (a runner woken but not yet running can run), none has anything
+// else that could run, every thread of it that ever submitted is blocked
+// there, and nothing moved over kStallLooks looks, no rank can go on -- only
+// a thread that never issued a collective to the group could still issue
+// the one awaited -- so it throws Mismatch naming what each rank
 // waits in, and declares it in the headers so that every peer's next look
 // throws the same. The words are diagnostics the protocol never reads: a
 // throw at a wait not yet met is the model's TIMEOUT variant.
@@ -199,6 +200,7 @@ struct Lane::Header {
   Cell blocked[kMaxRanks];
   Cell pending[kMaxRanks];
   Cell asleep[kMaxRanks];
+  Cell submitters[kMaxRanks];    // threads that ever submitted to the pair (the first lane's header)
   Cell asleep_on[kMaxRanks];     // the awaited word: its byte offset in this header
   Cell asleep_until[kMaxRanks];  // ...and the value it waits for
   SignatureRecord asleep_sig[kMaxRanks];
@@ -361,6 +363,13 @@ std::shared_ptr<Job> Lane::submit(const char* op, const SignatureRecord& sig, Ke
   std::lock_guard<std::mutex> lock(queue_->mu);
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   __atomic_fetch_add(&header_->pending[rank_].value, 1u, __ATOMIC_RELEASE);  // until run() has finished it
+  if (pair_id_ != 0) {  // a thread new to this pair of lanes is counted once
+    thread_local std::vector<uint64_t> pairs_submitted_to;
+    if (std::find(pairs_submitted_to.begin(), pairs_submitted_to.end(), pair_id_) == pairs_submitted_to.end()) {
+      pairs_submitted_to.push_back(pair_id_);
+      __atomic_fetch_add(&std::min(header_, sibling_)->submitters[rank_].value, 1u, __ATOMIC_RELEASE);
+    }
+  }
   // `keep` lives in the queued closure: released once the collective has
   // run, before its job is finished (Lane::run).
   queue_->items.emplace_back(job, [this, op, sig, keep = std::move(keep), body = std::move(body)] {
@@ -436,8 +445,10 @@ void Lane::wait_word(uint32_t* word, uint32_t target, int peer, const char* what
       if (std::chrono::steady_clock::now() - start > spin_) break;
     }
   // Asleep, and on what: published for the peers' stall detection.
-  header_->asleep_on[rank_].value = static_cast<uint32_t>(reinterpret_cast<char*>(word) - reinterpret_cast<char*>(header_));
-  header_->asleep_until[rank_].value = target;
+  __atomic_store_n(&header_->asleep_on[rank_].value,
+                   static_cast<uint32_t>(reinterpret_cast<char*>(word) - reinterpret_cast<char*>(header_)),
+                   __ATOMIC_RELAXED);
+  __atomic_store_n(&header_->asleep_until[rank_].value, target, __ATOMIC_RELAXED);
   header_->asleep_sig[rank_] = current_sig_;
   __atomic_store_n(&header_->asleep[rank_].value, 1u, __ATOMIC_RELEASE);  // publishes the three above
   struct Awake {
@@ -473,6 +484,8 @@ void Lane::wait_word(uint32_t* word, uint32_t target, int peer, const char* what
 // ---- stall detection (see [Note: the shared-memory lane's protocol], STALL) -----
 
 void Lane::pair(Lane& a, const char* a_role, Lane& b, const char* b_role) {
+  static std::atomic<uint64_t> next_pair{1};
+  a.pair_id_ = b.pair_id_ = next_pair.fetch_add(1);
   a.sibling_ = b.header_;
   b.sibling_ = a.header_;
   a.role_ = b.sibling_role_ = a_role;
@@ -501,18 +514,24 @@ std::optional<std::string> Lane::group_deadlocked() {
   // sleeps waiting for a peer, and nothing of it that could still run (a
   // collective queued or running but not asleep).
   std::vector<uint32_t> view;
-  view.reserve(static_cast<size_t>(size_) * 10);
+  view.reserve(static_cast<size_t>(size_) * 12);
   bool all_stuck = true;
   for (int p = 0; p < size_; ++p) {
+    // Every thread of p that ever submitted to these lanes must be blocked
+    // in them: one still running could issue the collective awaited.
+    const uint32_t submitters = load(std::min(header_, sibling_)->submitters[p]);
+    uint32_t blocked_callers = 0;
     bool stuck = false, can_run = false;
     for (Header* h : lanes) {
       const uint32_t blocked = load(h->blocked[p]), pending = load(h->pending[p]);
       const bool asleep = waits(h, p);
       stuck = stuck || (blocked > 0 && asleep);
       can_run = can_run || (pending > 0 && !asleep);
+      blocked_callers += blocked;
       view.insert(view.end(), {load(h->written[p]), load(h->consumed[p]), blocked, pending, uint32_t{asleep}});
     }
-    all_stuck = all_stuck && stuck && !can_run;
+    view.push_back(submitters);
+    all_stuck = all_stuck && stuck && !can_run && blocked_callers >= submitters;
   }
   // ...and so over kStallLooks looks with nothing moved: no rank can go on.
   if (!all_stuck) {

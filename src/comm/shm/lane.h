@@ -227,6 +227,7 @@ class Lane {
   // sibling lane's header (the segment outlives both lanes), the names, and
   // the last look at the group's state with how many looks found it alike.
   Header* sibling_ = nullptr;
+  uint64_t pair_id_ = 0;  // the pair's, unique in the process (counts each submitting thread once)
   const char* role_ = "";
   const char* sibling_role_ = "";
   std::vector<uint32_t> stall_view_;
