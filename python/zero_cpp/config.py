@@ -120,6 +120,9 @@ def stage(config):
 PYTHON_BLOCKS = {
     "tensorboard": {"enabled": False, "output_path": "", "job_name": "DeepSpeedJobName"},
     "csv_monitor": {"enabled": False, "output_path": "", "job_name": "DeepSpeedJobName"},
+    "wandb": {"enabled": False, "group": None, "team": None, "project": "deepspeed"},
+    "comet": {"enabled": False, "samples_log_interval": 100, "project": None, "workspace": None, "api_key": None,
+              "experiment_name": None, "experiment_key": None, "online": None, "mode": None},
     "flops_profiler": {"enabled": False, "recompute_fwd_factor": 0.0, "profile_step": 1, "module_depth": -1,
                        "top_modules": 1, "detailed": True, "output_file": None},
     "comms_logger": {"enabled": False, "verbose": False, "prof_all": True, "prof_ops": [], "debug": False},

@@ -18,6 +18,19 @@ def rel(a, b):
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
 
 
+def same_calls(a, b, tol):
+    """Two records of client calls: the same calls, names, steps and
+    arguments; numbers within `tol` relative (a loss), or equal."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and \
+            abs(a - b) <= tol * max(abs(b), 1e-12)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_calls(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_calls(a[k], b[k], tol) for k in b)
+    return a == b
+
+
 def main():
     zc, ds = (json.load(open(p)) for p in sys.argv[1:3])
     misses, lines = [], []
@@ -78,6 +91,13 @@ def main():
                 check(z["autocast"] == d["autocast"] and z["param_dtypes"] == d["param_dtypes"],
                       f"autocast stage {stage}: engine.torch_autocast_* and the params' dtypes {z['autocast']} "
                       f"{z['param_dtypes']} vs DeepSpeed's {d['autocast']} {d['param_dtypes']}")
+            if name == "trackers":
+                for client in ("wandb", "comet"):
+                    same = same_calls(z[client], d[client], tol)
+                    check(same, f"trackers stage {stage}: {client}'s {len(d[client])} calls as DeepSpeed's" +
+                          ("" if same else f": {z[client]} vs {d[client]}"))
+                check(z["calls_per_rank"][1:] == [0] * (len(z["calls_per_rank"]) - 1),
+                      f"trackers stage {stage}: only rank 0 calls the clients ({z['calls_per_rank']})")
             if name == "batch_warmup":
                 check([z[k] for k in ("global_steps", "global_samples", "batch")] ==
                       [d[k] for k in ("global_steps", "global_samples", "batch")],

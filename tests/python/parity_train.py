@@ -531,11 +531,40 @@ def scenario_stock(stage, out, ckpt):
     return {"losses": losses + [t.item() for t in per_rank]}
 
 
+def scenario_trackers(stage, out, ckpt):
+    """The ds_config's wandb and comet monitors, their clients replaced by
+    recorders (tests/python/fake_trackers): every call the engine makes of
+    each -- wandb.init's and comet_ml.start's arguments, the events and
+    their steps, Comet's samples_log_interval -- and a script's own event
+    through engine.monitor. Only rank 0 may call them."""
+    if stage not in (0, 3):
+        return None
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_trackers"))
+    import comet_ml
+    import wandb
+    wandb.calls.clear()
+    comet_ml.calls.clear()
+    torch.manual_seed(0)
+    model = Net()
+    c = config(stage, warmup=True)
+    c["wandb"] = {"enabled": True, "project": "parity", "group": "runs", "team": "zero"}
+    c["comet"] = {"enabled": True, "samples_log_interval": 16, "project": "parity", "experiment_name": "run",
+                  "online": False, "mode": "create"}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=c)
+    losses = train(engine, 6)
+    engine.monitor.write_events([("Train/Samples/eval_loss", losses[-1], engine.global_samples)])
+    counts = [torch.zeros(1) for _ in range(engine.world_size)]
+    torch.distributed.all_gather(counts, torch.tensor([float(len(wandb.calls) + len(comet_ml.calls))]))
+    return {"losses": losses, "wandb": list(wandb.calls), "comet": list(comet_ml.calls),
+            "calls_per_rank": [int(t.item()) for t in counts]}
+
+
 SCENARIOS = {"base": scenario_base, "features": scenario_features, "bf16": scenario_bf16,
              "resume": scenario_resume, "coalesce": scenario_coalesce, "gradcache": scenario_gradcache,
              "client": scenario_client, "groups": scenario_groups, "knobs": scenario_knobs, "eval": scenario_eval,
              "recompute": scenario_recompute, "stock": scenario_stock, "surgery": scenario_surgery,
-             "batch_warmup": scenario_batch_warmup, "init_bf16": scenario_init_bf16, "autocast": scenario_autocast}
+             "batch_warmup": scenario_batch_warmup, "init_bf16": scenario_init_bf16, "autocast": scenario_autocast,
+             "trackers": scenario_trackers}
 
 
 def main():

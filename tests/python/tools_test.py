@@ -272,7 +272,10 @@ def test_config_scheduler():
 
 def test_config_errors():
     for cfg, text in ((config(tensorboard={"enabled": True, "output": "x"}), "tensorboard.output"),
-                      (config(wandb={"enabled": True}), "wandb"),
+                      # The trackers' clients are not installed here: named on every rank.
+                      (config(wandb={"enabled": True}), "pip install wandb"),
+                      (config(comet={"enabled": True}), 'pip install "comet_ml>=3.41.0"'),
+                      (config(wandb={"enabled": True, "entity": "me"}), "wandb.entity"),
                       (config(activation_checkpointing={"profile": True}), "activation_checkpointing.profile"),
                       (config(activation_checkpointing={"contiguous_memory_optimization": True}),
                        "partition_activations"),
@@ -507,7 +510,10 @@ from deepspeed.accelerator import get_accelerator
 import deepspeed.runtime.zero.partition_parameters as pp
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.activation_checkpointing.checkpointing import checkpoint
+from deepspeed.monitor.wandb import WandbMonitor
+from deepspeed.monitor.comet import CometMonitor
 import zero_cpp
+assert WandbMonitor is zero_cpp.monitor.wandb.WandbMonitor and CometMonitor is zero_cpp.monitor.comet.CometMonitor
 assert DeepSpeedEngine is zero_cpp.DeepSpeedEngine and checkpoint is zero_cpp.checkpointing.checkpoint
 assert safe_get_full_fp32_param is zero_cpp.utils.safe_get_full_fp32_param
 assert FusedAdam is zero_cpp.ops.adam.FusedAdam and get_accelerator is zero_cpp.get_accelerator

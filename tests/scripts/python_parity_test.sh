@@ -4,7 +4,8 @@
 # at stages 0-3 on 2 ranks (tests/python/parity_train.py: accumulation,
 # clipping, WarmupLR, a frozen layer, a tied embedding and head, a buffer,
 # save -> a fresh engine -> load -> continue, bf16, several backward calls
-# per step under coalesce_grad_reduction with its reduce-scatters counted).
+# per step under coalesce_grad_reduction with its reduce-scatters counted,
+# the wandb and comet monitors' client calls through recording stand-ins).
 #   python_parity_test.sh ZERO_RUN PYTHON BUILD_PYTHON_DIR
 set -uo pipefail
 zero_run=$1 python=$2 pkg=$3

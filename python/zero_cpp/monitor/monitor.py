@@ -25,20 +25,25 @@ class Monitor:
 
 
 class MonitorMaster(Monitor):
-    """Every backend `monitor_config` enables (TensorBoard, CSV files)."""
+    """Every backend `monitor_config` enables (TensorBoard, WandB, CSV
+    files, Comet), written in DeepSpeed's order."""
 
     def __init__(self, monitor_config):
         super().__init__(monitor_config)
+        from .comet import CometMonitor
         from .csv_monitor import csvMonitor
         from .tensorboard import TensorBoardMonitor
+        from .wandb import WandbMonitor
         self.enabled = bool(monitor_config.enabled)
-        self.tb_monitor = TensorBoardMonitor(monitor_config.tensorboard) if monitor_config.tensorboard.enabled \
-            else None
-        self.csv_monitor = csvMonitor(monitor_config.csv_monitor) if monitor_config.csv_monitor.enabled else None
-        self.wandb_monitor = None  # refused by the config parser
-        self.comet_monitor = None
+
+        def backend(cls, config):
+            return cls(config) if config.enabled else None
+        self.tb_monitor = backend(TensorBoardMonitor, monitor_config.tensorboard)
+        self.wandb_monitor = backend(WandbMonitor, monitor_config.wandb)
+        self.csv_monitor = backend(csvMonitor, monitor_config.csv_monitor)
+        self.comet_monitor = backend(CometMonitor, monitor_config.comet)
 
     def write_events(self, event_list):
-        for backend in (self.tb_monitor, self.csv_monitor):
+        for backend in (self.tb_monitor, self.wandb_monitor, self.csv_monitor, self.comet_monitor):
             if backend is not None:
                 backend.write_events(event_list)

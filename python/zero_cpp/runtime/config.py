@@ -55,9 +55,7 @@ class DeepSpeedConfig:
 
 def monitor_config(config):
     """DeepSpeed's monitor_config: `enabled` when any backend is, and each
-    backend's block. WandB and Comet are refused by the parser unless off."""
-    tensorboard = _namespace(configs.python_block(config, "tensorboard"))
-    csv = _namespace(configs.python_block(config, "csv_monitor"))
-    off = SimpleNamespace(enabled=False)
-    return SimpleNamespace(enabled=tensorboard.enabled or csv.enabled, tensorboard=tensorboard, csv_monitor=csv,
-                           wandb=off, comet=off)
+    backend's block (tensorboard, wandb, csv_monitor, comet)."""
+    blocks = {name: _namespace(configs.python_block(config, name))
+              for name in ("tensorboard", "wandb", "csv_monitor", "comet")}
+    return SimpleNamespace(enabled=any(bool(b.enabled) for b in blocks.values()), **blocks)
