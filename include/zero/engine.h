@@ -291,6 +291,20 @@ class Engine {
   /// no_sync() or coalesce_grad_reduction(); std::invalid_argument for a
   /// count under 1.
   void set_batch(int64_t micro_batch_per_gpu, int64_t gradient_accumulation_steps);
+  /// DeepSpeed's offload_states: the engine's buffers on the device moved into
+  /// host memory (pinned unless `pin_memory` is false), their device memory
+  /// given back, so the device is free for another job between training
+  /// phases. `include`: DeepSpeed's state names -- "optim_states",
+  /// "hp_params", "lp_params", "lp_grads", "contiguous_grad_buffer" -- empty
+  /// for all. Buffers already in host memory stay (on a CPU engine nothing
+  /// moves). Returns the device bytes given back. Training, saving and state
+  /// access throw until reload_states(); std::logic_error inside a forward,
+  /// backward or gathered_parameters(), std::invalid_argument for an unknown
+  /// name.
+  int64_t offload_states(const std::vector<std::string>& include = {}, bool pin_memory = true);
+  /// Brings every offloaded buffer back to the device, its contents as they were.
+  void reload_states();
+  bool states_offloaded() const;  ///< some buffer is offloaded (reload_states() not called since)
   const comm::Group& dp_group() const;  ///< the data-parallel group
   comm::Comm& comm();  ///< the dispatcher its collectives go through
   int64_t num_params() const;     ///< trainable elements (unpadded)

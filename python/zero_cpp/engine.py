@@ -219,6 +219,39 @@ class ZeroEngine(torch.nn.Module):
         self._engine.set_batch(micro, gas)
         self.tput_timer.batch_size = self.train_batch_size()
 
+    def offload_states(self, include=None, device=None, pin_memory=True, non_blocking=False):
+        """DeepSpeed's: the engine's states on the device moved into host
+        memory, their device memory given back, until reload_states() --
+        `include` DeepSpeed's OffloadStateTypeEnum members (or their names),
+        None for all. Buffers already in host memory stay where they are (on
+        a CPU engine nothing moves). The copies are synchronous
+        (`non_blocking` changes nothing). Training, saving and reading the
+        states raise until reload_states()."""
+        from .runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
+        # By value: DeepSpeed's own enums (a script importing them from an
+        # installed DeepSpeed) are taken as these.
+        device = OffloadDeviceEnum(getattr(device, "value", device) if device is not None else "cpu")
+        known = [k.value for k in OffloadStateTypeEnum]
+        names = None if include is None else [getattr(k, "value", k) for k in include]
+        for name in names or []:
+            if name not in known:
+                raise ValueError(f"offload_states: no state {name!r} (OffloadStateTypeEnum: {', '.join(known)})")
+        assert not self.zero_offload_param(), "Moving states across devices is not supported for offloaded parameters."
+        assert self.optimizer is not None, "Moving states across devices is not supported without an optimizer."
+        if device == OffloadDeviceEnum.none:
+            warnings.warn("offload_states: no device given (OffloadDeviceEnum.none): nothing moved")
+            return
+        if device == OffloadDeviceEnum.nvme:
+            raise ValueError("NVMe offload is not supported for offloading states.")
+        if names == []:
+            return
+        self._engine.offload_states(names or [], bool(pin_memory))
+
+    def reload_states(self, non_blocking=False):
+        """DeepSpeed's: every state offload_states moved back on the device, as it was."""
+        assert self.optimizer is not None, "Moving states across devices is not supported without an optimizer."
+        self._engine.reload_states()
+
     def zero_optimization_stage(self):
         return self._stage
 

@@ -235,6 +235,9 @@ void Engine::Impl::check_usable() {
   if (!state_lost.empty())
     throw std::logic_error("zero::Engine: " + state_lost +
                            " failed part way, so the ranks' shards disagree; load again or build a new engine");
+  if (offloaded.any())
+    throw std::logic_error("zero::Engine: its " + offloaded.describe() +
+                           " are offloaded to host memory (offload_states): call reload_states() first");
   if (!deferred_error.empty()) {
     const std::string error = "zero::Engine: " + deferred_error;
     deferred_error.clear();  // reported once, here
@@ -668,6 +671,22 @@ void Engine::set_batch(int64_t micro_batch_per_gpu, int64_t gradient_accumulatio
   // divides (gas 1 -> 2 after an odd number of steps: the next step has one
   // micro-batch).
 }
+int64_t Engine::offload_states(const std::vector<std::string>& include, bool pin_memory) {
+  auto& m = *impl_;
+  std::set<StateKind> kinds;
+  for (const auto& name : include) kinds.insert(state_kind_from_name(name));
+  if (include.empty()) kinds = all_state_kinds();
+  if (m.forward_open || m.reducer->in_backward())
+    throw std::logic_error("offload_states: not between a forward and its backward, nor inside a backward");
+  m.check_no_gathered_scope("offload_states");
+  const c10::OptionalDeviceGuard on_device(guard_device(m.device));
+  return m.offloaded.offload(m.groups, kinds, pin_memory);
+}
+void Engine::reload_states() {
+  const c10::OptionalDeviceGuard on_device(guard_device(impl_->device));
+  impl_->offloaded.reload();
+}
+bool Engine::states_offloaded() const { return impl_->offloaded.any(); }
 const comm::Group& Engine::dp_group() const { return impl_->dp; }
 comm::Comm& Engine::comm() { return impl_->comm; }
 int64_t Engine::num_params() const { return impl_->model.num_params; }

@@ -24,6 +24,7 @@
 #include "engine/grouping.h"
 #include "engine/module_state.h"
 #include "engine/precision.h"
+#include "engine/state_offload.h"
 #include "engine/training_log.h"
 #include "zero/engine.h"
 #include "zero/grad_reducer.h"
@@ -85,6 +86,7 @@ struct Engine::Impl {
   // which uses it, so it is destroyed after).
   std::unique_ptr<offload::ParamSwap> param_swap;
   std::unique_ptr<Stage3Runtime> stage3;      // with policy.shard_params only
+  StateOffload offloaded;  // offload_states(): the device buffers now in host memory
 
   // The training loop's state.
   int64_t micro_steps = 0;
@@ -112,8 +114,8 @@ struct Engine::Impl {
 
   // The library's own messages: one line on stderr, from the group's rank 0.
   void log(const std::string& line) const;
-  // Throws if a failed load left the ranks' state inconsistent, or (once) if
-  // a guard's destructor failed.
+  // Throws if a failed load left the ranks' state inconsistent, if states
+  // are offloaded (offload_states), or (once) if a guard's destructor failed.
   void check_usable();
   void check_no_gathered_scope(const char* what) const;
   // The reduced grads are readable (state_access.cpp): at a boundary, after

@@ -396,6 +396,13 @@ PYBIND11_MODULE(_C, m) {
                                return std::make_tuple(b.train_batch_size, b.micro_batch_per_gpu,
                                                       b.gradient_accumulation_steps);
                              })
+      .def("offload_states",
+           [](PyEngine& e, std::vector<std::string> include, bool pin_memory) {
+             return e.engine().offload_states(include, pin_memory);
+           },
+           Release())
+      .def("reload_states", [](PyEngine& e) { e.engine().reload_states(); }, Release())
+      .def_property_readonly("states_offloaded", [](PyEngine& e) { return e.engine().states_offloaded(); })
       .def_property_readonly("num_params", [](PyEngine& e) { return e.engine().num_params(); })
       .def("state_bytes",
            [](PyEngine& e) {

@@ -851,6 +851,62 @@ TEST(DeviceMemory, ModelStateOnTheDeviceIsTheFormulasPerStage) {
   }
 }
 
+// DeepSpeed's offload_states between training phases: the optimizer's
+// moments alone first (exactly their bytes), then the rest -- the device
+// then holds none of the engine's buffers --; training refuses until
+// reload_states(), and after it the run goes on exactly as one that never
+// offloaded. bf16, so that the masters are buffers of their own.
+TEST(DeviceMemory, OffloadedStatesGiveTheDeviceBackAndReloadExactly) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = world().size(), r = world().rank();
+  const double slack = on_zdev() ? 16.0 * 4 * 4 * n : 64 * 1024;  // as the formulas' test above
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto run = [&](bool offload) {
+      const int64_t before = allocated_now();
+      StockMlp model = mlp();
+      model->to(dev());
+      zero::Engine engine(*model, mlp_config(stage, "bf16"), world().comm(), dp_group());
+      auto step = [&](int s) {
+        auto [x, y] = batch(s, n);
+        const at::Tensor out = engine.forward(model, x.narrow(0, kRows * r, kRows).to(dev())).to(at::kFloat);
+        const at::Tensor loss = (out - y.narrow(0, kRows * r, kRows).to(dev())).pow(2).mean();
+        engine.backward(loss);
+        engine.step();
+        return loss.item<float>();
+      };
+      std::vector<float> losses;
+      for (int s = 0; s < kSteps; ++s) {
+        if (offload && s == 2) {
+          const int64_t held = allocated_now() - before;
+          const StateBytes at_rest = engine.state_bytes();
+          EXPECT_EQ(engine.offload_states({"optim_states"}), at_rest.optimizer);
+          EXPECT_EQ(allocated_now() - before, held - at_rest.optimizer);
+          engine.offload_states();  // the rest
+          EXPECT_TRUE(engine.states_offloaded());
+          EXPECT_LE(allocated_now() - before, slack) << "of " << held << " bytes held before";
+          EXPECT_EQ(engine.state_bytes().total(), 0);
+          try {
+            step(s);
+            ADD_FAILURE() << "trained with its states offloaded";
+          } catch (const std::logic_error& e) {
+            EXPECT_NE(std::string(e.what()).find("reload_states()"), std::string::npos) << e.what();
+          }
+          engine.reload_states();
+          EXPECT_FALSE(engine.states_offloaded());
+          EXPECT_EQ(allocated_now() - before, held);
+        }
+        losses.push_back(step(s));
+      }
+      return std::make_pair(losses, engine.full_parameters());
+    };
+    const auto plain = run(false);
+    const auto offloaded = run(true);
+    EXPECT_EQ(offloaded.first, plain.first);
+    EXPECT_EQ(max_abs_diff(offloaded.second, plain.second), 0.0) << worst_param(offloaded.second, plain.second);
+  }
+}
+
 // Stage 3 on a model built on the device without zero::Init: its units'
 // full buffers are released when the engine is built, not kept until each
 // unit's first use (which would hold the whole model on the device once).

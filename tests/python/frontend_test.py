@@ -1241,6 +1241,39 @@ def test_stage3_module_state_dict_at_rest():
           f"DeepSpeed's, empty tensors ({shapes})")
 
 
+def test_offload_states():
+    """DeepSpeed's offload_states / reload_states (zero3.rst's "Offload
+    States") at stages 0 and 3 (python_parity holds stages 1-2 to
+    DeepSpeed's): training between them fails on every rank naming
+    reload_states -- on the CPU too, where nothing moves, as on a GPU --;
+    reloaded, the run goes on as one that never offloaded. DeepSpeed's
+    errors for an NVMe target and for offloaded params."""
+    from zero_cpp.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
+    for stage in (0, 3):
+        plain = train(make(stage), 4)
+        engine = make(stage)
+        losses = train(engine, 2)
+        engine.offload_states(include=[OffloadStateTypeEnum.optim_states])
+        ok, msg = raises(lambda: engine(*data(2, engine)), RuntimeError, "reload_states()")
+        check(ok and "optim_states" in msg, f"stage {stage}: a forward with states offloaded names them and "
+              f"reload_states() ({msg})")
+        ok, msg = raises(lambda: engine.save_checkpoint(os.path.join(TMP, "offloaded")), RuntimeError,
+                         "reload_states()")
+        check(ok, f"stage {stage}: so does a save ({msg})")
+        engine.offload_states(include=["lp_params"], pin_memory=False)
+        engine.reload_states()
+        losses += train(engine, 2, first=2)
+        check(losses == plain, f"stage {stage}: offloaded and reloaded, the losses are those of a run that never "
+              f"offloaded ({losses} vs {plain})")
+        ok, msg = raises(lambda: engine.offload_states(device=OffloadDeviceEnum.nvme), ValueError, "NVMe")
+        check(ok, f"stage {stage}: offload_states to NVMe is DeepSpeed's ValueError ({msg})")
+        ok, msg = raises(lambda: engine.offload_states(include=["optimizer"]), ValueError, "optimizer")
+        check(ok, f"stage {stage}: an unknown state is named ({msg})")
+    engine = make(3, offload_param={"device": "cpu"})
+    ok, msg = raises(lambda: engine.offload_states(), AssertionError, "offloaded parameters")
+    check(ok, f"offload_states with offload_param is DeepSpeed's AssertionError ({msg})")
+
+
 def check_process_group_destroyed_at_exit():
     # Registered before init_distributed, so it runs after zero_cpp's own exit
     # handler (atexit is last in, first out). A Gloo group left up at exit
@@ -1265,7 +1298,7 @@ def main():
                  test_z3_leaf_modules,
                  test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
-                 test_interrupted_forward, test_loader_and_contexts, test_errors, test_state_setters,
+                 test_interrupted_forward, test_loader_and_contexts, test_errors, test_state_setters, test_offload_states,
                  test_checkpoint_without_frozen_params, test_non_strict_load_of_another_model,
                  test_stage3_module_state_dict_at_rest,
                  test_divergent_unit_order)))  # last: it leaves the ranks' collectives apart

@@ -531,6 +531,29 @@ def scenario_stock(stage, out, ckpt):
     return {"losses": losses + [t.item() for t in per_rank]}
 
 
+def scenario_offload_states(stage, out, ckpt):
+    """DeepSpeed's offload_states / reload_states between training phases
+    (zero3.rst's "Offload States"), mid-accumulation: two states, then the
+    rest, reloaded, training on -- the losses those of DeepSpeed's run.
+    Stages 1-2: DeepSpeed's stage 0 has no offload_states, its stage 3's
+    takes only its FusedAdam (python_frontend holds stages 0 and 3 to a run
+    that never offloaded)."""
+    if stage not in (1, 2):
+        return None
+    states = deepspeed.runtime.zero.offload_config.OffloadStateTypeEnum
+    engine = build(stage, gas=2)
+    losses = train(engine, 3)
+    x, y = batch(3, 0, engine.global_rank, engine.world_size)
+    engine.backward(engine(x, y))  # a micro-step's grads accumulated, then offloaded
+    engine.offload_states(include=[states.optim_states, states.lp_grads])
+    engine.offload_states()
+    engine.reload_states()
+    x, y = batch(3, 1, engine.global_rank, engine.world_size)
+    engine.backward(engine(x, y))
+    engine.step()
+    return {"losses": losses + train(engine, 2, first_step=4)}
+
+
 def scenario_trackers(stage, out, ckpt):
     """The ds_config's wandb and comet monitors, their clients replaced by
     recorders (tests/python/fake_trackers): every call the engine makes of
@@ -564,7 +587,7 @@ SCENARIOS = {"base": scenario_base, "features": scenario_features, "bf16": scena
              "client": scenario_client, "groups": scenario_groups, "knobs": scenario_knobs, "eval": scenario_eval,
              "recompute": scenario_recompute, "stock": scenario_stock, "surgery": scenario_surgery,
              "batch_warmup": scenario_batch_warmup, "init_bf16": scenario_init_bf16, "autocast": scenario_autocast,
-             "trackers": scenario_trackers}
+             "trackers": scenario_trackers, "offload_states": scenario_offload_states}
 
 
 def main():

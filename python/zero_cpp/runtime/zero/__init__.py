@@ -3,4 +3,4 @@
 reach through it, as `deepspeed.runtime.zero.stage3.estimate_...` (the
 memory estimators)."""
 from ...zero import GatheredParameters, Init, ZeroParamStatus, register_external_parameter  # noqa: F401
-from . import partition_parameters, stage3, stage_1_and_2, utils  # noqa: F401
+from . import offload_config, partition_parameters, stage3, stage_1_and_2, utils  # noqa: F401
