@@ -35,6 +35,7 @@ from .profiling.flops_profiler import FlopsProfiler
 from .utils.timer import (BACKWARD_INNER_GLOBAL_TIMER, BACKWARD_REDUCE_GLOBAL_TIMER, EngineTimers,
                           SynchronizedWallClockTimer, ThroughputTimer)
 from .runtime.config import monitor_config
+from .runtime.config_accessors import ConfigAccessors
 from .runtime.torch_autocast import AutocastSettings, autocast_if_enabled
 from .zero import state_dict_at_rest
 
@@ -78,7 +79,7 @@ class ZeroDataLoader:
         return next(self.data)
 
 
-class ZeroEngine(torch.nn.Module):
+class ZeroEngine(ConfigAccessors, torch.nn.Module):
     """DeepSpeed's DeepSpeedEngine, on the C++ engine. Build it with
     zero_cpp.initialize()."""
 
@@ -102,6 +103,7 @@ class ZeroEngine(torch.nn.Module):
         if self.device.type == "cuda":
             model.to(self.device)
         _widen_16bit_params(model)
+        self._client_optimizer = optimizer  # DeepSpeed's optimizer_name() names its class
         basic, cxx_groups = optimizers.plan(model, optimizer, model_parameters, cfg)
         self.lr_scheduler = optimizers.scheduler(lr_scheduler, basic, cfg)
         self._config = configs.for_engine(cfg)
@@ -672,6 +674,44 @@ class ZeroEngine(torch.nn.Module):
         """consolidated_fp32_state_dict() as one safetensors file (rank 0
         writes; every rank calls)."""
         self._engine.save_weights(os.fspath(path))
+
+    def module_state_dict(self, destination=None, prefix="", keep_vars=False, exclude_frozen_parameters=False):
+        """DeepSpeed's: the module's state_dict (at stage 3, outside
+        GatheredParameters, a released param's value is empty, as
+        DeepSpeed's), without the frozen params when asked."""
+        sd = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if exclude_frozen_parameters:
+            for name, p in self.module.named_parameters():
+                if not p.requires_grad:
+                    sd.pop(prefix + name, None)
+        return sd
+
+    def load_module_state_dict(self, checkpoint, strict=True, custom_load_fn=None, fetch_z3_params=False,
+                               z3_params_to_fetch=None, allowed_missing_keys=None):
+        """DeepSpeed's: checkpoint["module"] loaded into the module -- at stage
+        3 into the params `fetch_z3_params` (all) or `z3_params_to_fetch`
+        gathers, rank 0's values written back --; `allowed_missing_keys` may
+        be missing from a strict load, nothing else."""
+        from .zero import GatheredParameters
+        if z3_params_to_fetch is not None:
+            fetch = list(z3_params_to_fetch)
+        else:
+            fetch = list(self.module.parameters()) if fetch_z3_params else []
+        with GatheredParameters(fetch if self._stage == 3 else [], modifier_rank=0):
+            sd = checkpoint["module"]
+            if custom_load_fn is not None:
+                custom_load_fn(src=sd, dst=self.module)
+                return
+            result = self.module.load_state_dict(sd, strict=strict and allowed_missing_keys is None)
+            if strict and allowed_missing_keys is not None:
+                missing = set(result.missing_keys) - set(allowed_missing_keys)
+                if missing or result.unexpected_keys:
+                    raise RuntimeError(f"load_module_state_dict: the checkpoint's module does not match the model: "
+                                       f"missing={sorted(missing)}, unexpected={sorted(result.unexpected_keys)}")
+
+    def save_fp16_model(self, save_dir, save_filename="pytorch_model.bin"):
+        """DeepSpeed's older name of save_16bit_model."""
+        return self.save_16bit_model(save_dir, save_filename)
 
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
         """DeepSpeed's: the whole model in its training dtype, torch.save'd by

@@ -91,6 +91,13 @@ def main():
                 check(z["autocast"] == d["autocast"] and z["param_dtypes"] == d["param_dtypes"],
                       f"autocast stage {stage}: engine.torch_autocast_* and the params' dtypes {z['autocast']} "
                       f"{z['param_dtypes']} vs DeepSpeed's {d['autocast']} {d['param_dtypes']}")
+            if name == "accessors":
+                differ = {k: (z["values"].get(k), v) for k, v in d["values"].items() if z["values"].get(k) != v}
+                check(not differ, f"accessors stage {stage}: {len(d['values'])} config accessors as DeepSpeed's"
+                      + (f" -- differ (zero_cpp, DeepSpeed): {differ}" if differ else ""))
+                same = z["module_state_dict"] == d["module_state_dict"]
+                check(same, f"accessors stage {stage}: module_state_dict's {len(d['module_state_dict'])} keys without "
+                      f"the frozen params" + ("" if same else f": {z['module_state_dict']} vs {d['module_state_dict']}"))
             if name == "trackers":
                 for client in ("wandb", "comet"):
                     same = same_calls(z[client], d[client], tol)

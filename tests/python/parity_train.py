@@ -531,6 +531,45 @@ def scenario_stock(stage, out, ckpt):
     return {"losses": losses + [t.item() for t in per_rank]}
 
 
+ACCESSORS = (
+             "dataloader_drop_last", "optimizer_name", "optimizer_params", "scheduler_name", "scheduler_params",
+             "postscale_gradients", "gradient_predivide_factor", "dump_state", "memory_breakdown",
+             "zero_optimization_partition_gradients", "zero_optimization_partition_weights", "zero_cpu_offload",
+             "zero_use_cpu_optimizer", "zero_reduce_bucket_size", "zero_contiguous_gradients",
+             "zero_param_persistence_threshold", "zero_max_live_parameters", "zero_max_reuse_distance",
+             "zero_prefetch_bucket_size", "zero_hpz_partition_size", "zero_allgather_bucket_size",
+             "zero_reduce_scatter", "zero_allgather_partitions", "zero_round_robin_gradients", "zero_sub_group_size",
+             "zero_elastic_checkpoint", "zero_load_from_fp32_weights", "zero_ignore_unused_parameters")
+
+
+def scenario_accessors(stage, out, ckpt):
+    """DeepSpeed's engine methods that report its config, for a config that
+    sets some of ZeRO's knobs and leaves the rest at their defaults; then
+    module_state_dict (frozen params left out) and load_module_state_dict
+    (stage 3: the params fetched) of the whole model read inside
+    GatheredParameters, halved: the loss of a forward after it. (Not of a
+    step: DeepSpeed's next step at stages 1-3 overwrites the params from
+    its fp32 masters, which the load did not reach; zero_cpp's trains on
+    from the loaded values -- from-deepspeed.md's differences.)"""
+    torch.manual_seed(0)
+    model = Net()
+    c = config(stage, warmup=True)
+    c["zero_optimization"].update({"reduce_bucket_size": 1e6, "allgather_bucket_size": 2e6,
+                                   "stage3_max_live_parameters": 3e6, "round_robin_gradients": False})
+    c["dataloader_drop_last"] = True
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=c)
+    values = {name: getattr(engine, name)() for name in ACCESSORS}
+    values["communication_data_type"] = str(engine.communication_data_type)
+    losses = train(engine, 2)
+    sd = engine.module_state_dict(exclude_frozen_parameters=True)
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+        full = {k: v.detach().clone() * 0.5 for k, v in engine.module.state_dict().items()}
+    engine.load_module_state_dict({"module": full}, fetch_z3_params=True)
+    with torch.no_grad():
+        losses.append(mean_over_ranks(engine(*batch(2, 0, engine.global_rank, engine.world_size))))
+    return {"losses": losses, "values": values, "module_state_dict": sorted(sd)}
+
+
 def scenario_offload_states(stage, out, ckpt):
     """DeepSpeed's offload_states / reload_states between training phases
     (zero3.rst's "Offload States"), mid-accumulation: two states, then the
@@ -587,7 +626,8 @@ SCENARIOS = {"base": scenario_base, "features": scenario_features, "bf16": scena
              "client": scenario_client, "groups": scenario_groups, "knobs": scenario_knobs, "eval": scenario_eval,
              "recompute": scenario_recompute, "stock": scenario_stock, "surgery": scenario_surgery,
              "batch_warmup": scenario_batch_warmup, "init_bf16": scenario_init_bf16, "autocast": scenario_autocast,
-             "trackers": scenario_trackers, "offload_states": scenario_offload_states}
+             "trackers": scenario_trackers, "offload_states": scenario_offload_states,
+             "accessors": scenario_accessors}
 
 
 def main():

@@ -1,0 +1,133 @@
+"""DeepSpeed's engine methods that only report its config -- batch, optimizer,
+scheduler, ZeRO's knobs, the parallel ranks -- with DeepSpeed 0.19.8's values
+and defaults (python_parity "accessors" holds each to DeepSpeed's). The
+engine (zero_cpp.engine.ZeroEngine) mixes them in; they read its config as
+given (`_config`), as the C++ parser resolved it (`_resolved`), and its
+world."""
+import torch
+
+# ZeRO's keys the C++ engine does not resolve (they tune DeepSpeed's own
+# buckets and kernels), at DeepSpeed 0.19.8's defaults where the config is silent.
+_ZERO_DEFAULTS = {"allgather_bucket_size": 500_000_000, "reduce_scatter": True, "allgather_partitions": True,
+                  "round_robin_gradients": False, "sub_group_size": 1_000_000_000, "elastic_checkpoint": False,
+                  "load_from_fp32_weights": True, "ignore_unused_parameters": True}
+
+
+class ConfigAccessors:
+
+    def get_batch_info(self):
+        """(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps)."""
+        return self.train_batch_size(), self.train_micro_batch_size_per_gpu(), self.gradient_accumulation_steps()
+
+    def get_data_parallel_rank(self):
+        return self.global_rank  # every rank is a data-parallel rank
+
+    def get_model_parallel_rank(self):
+        return 0  # no model parallelism
+
+    def get_tensor_parallel_rank(self):
+        return 0
+
+    def dataloader_drop_last(self):
+        return bool(self._config.get("dataloader_drop_last", False))
+
+    def optimizer_name(self):
+        """The client optimizer's class name, else the config's optimizer type."""
+        if self._client_optimizer is not None:
+            return type(self._client_optimizer).__name__
+        optimizer = self._config.get("optimizer") or {}
+        return optimizer.get("type") and optimizer["type"].lower()
+
+    def optimizer_params(self):
+        return (self._config.get("optimizer") or {}).get("params")
+
+    def scheduler_name(self):
+        return (self._config.get("scheduler") or {}).get("type")
+
+    def scheduler_params(self):
+        return (self._config.get("scheduler") or {}).get("params")
+
+    @property
+    def communication_data_type(self):
+        """The config's communication_data_type, else the training dtype."""
+        given = self._config.get("communication_data_type")
+        if given is not None:
+            return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[given]
+        return self.get_data_types()[0]
+
+    def postscale_gradients(self):
+        return not self._config.get("prescale_gradients", False)
+
+    def gradient_predivide_factor(self):
+        return float(self._config.get("gradient_predivide_factor", 1.0))
+
+    def dump_state(self):
+        return bool(self._config.get("dump_state", False))
+
+    def memory_breakdown(self):
+        return bool(self._config.get("memory_breakdown", False))
+
+    # ---- ZeRO's settings ----
+    def zero_optimization_partition_gradients(self):
+        return self._stage >= 2
+
+    def zero_optimization_partition_weights(self):
+        return self._stage >= 3
+
+    def zero_cpu_offload(self):
+        return self._zero_resolved("offload_optimizer")["device"] == "cpu"
+
+    def zero_use_cpu_optimizer(self):
+        return self._zero_resolved("offload_optimizer")["device"] in ("cpu", "nvme")
+
+    def zero_reduce_bucket_size(self):
+        return self._zero_resolved("reduce_bucket_size")
+
+    def zero_contiguous_gradients(self):
+        return self._zero_resolved("contiguous_gradients")
+
+    def zero_param_persistence_threshold(self):
+        return self._zero_resolved("stage3_param_persistence_threshold")
+
+    def zero_max_live_parameters(self):
+        return self._zero_resolved("stage3_max_live_parameters")
+
+    def zero_max_reuse_distance(self):
+        return self._zero_resolved("stage3_max_reuse_distance")
+
+    def zero_prefetch_bucket_size(self):
+        return self._zero_resolved("stage3_prefetch_bucket_size")
+
+    def zero_hpz_partition_size(self):
+        return self._zero_resolved("zero_hpz_partition_size")
+
+    def zero_allgather_bucket_size(self):
+        return self._zero_given("allgather_bucket_size")
+
+    def zero_reduce_scatter(self):
+        return self._zero_given("reduce_scatter")
+
+    def zero_allgather_partitions(self):
+        return self._zero_given("allgather_partitions")
+
+    def zero_round_robin_gradients(self):
+        return self._zero_given("round_robin_gradients")
+
+    def zero_sub_group_size(self):
+        return self._zero_given("sub_group_size")
+
+    def zero_elastic_checkpoint(self):
+        return self._zero_given("elastic_checkpoint")
+
+    def zero_load_from_fp32_weights(self):
+        return self._zero_given("load_from_fp32_weights")
+
+    def zero_ignore_unused_parameters(self):
+        return self._zero_given("ignore_unused_parameters")
+
+    def _zero_resolved(self, key):
+        return self._resolved["zero_optimization"][key]
+
+    def _zero_given(self, key):
+        value = (self._config.get("zero_optimization") or {}).get(key, _ZERO_DEFAULTS[key])
+        return int(value) if isinstance(value, float) and value.is_integer() else value
