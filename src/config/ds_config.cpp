@@ -65,6 +65,22 @@ void disabled_feature_block(ObjectReader& top, const std::string& key) {
   b.accept_all_remaining();
 }
 
+// DeepSpeed's checkpoint block. tag_validation is checked (the Python front
+// end carries it out; the C++ API's saves always agree on their tag); the
+// writer's settings say how DeepSpeed writes its files, not what, so any are
+// taken; a universal checkpoint and node-local storage are refused: zero-cpp
+// reads neither (its own checkpoints load at any world size and stage).
+void read_checkpoint_block(ObjectReader& top) {
+  ObjectReader ckpt = top.child("checkpoint");
+  ckpt.get_choice("tag_validation", "Warn", {"Ignore", "Warn", "Fail"}, /*ignore_case=*/true);
+  ckpt.unsupported_unless("load_universal", false);
+  ckpt.unsupported_unless("use_node_local_storage", false);
+  ckpt.accept_any("parallel_write");  // pipeline stages' writes: there is no pipeline
+  ckpt.accept_any("writer");
+  ckpt.accept_any("checkpoint_serialization");
+  ckpt.finish();
+}
+
 // DeepSpeed's activation-checkpointing settings (deepspeed.checkpointing)
 // have no "enabled" key: the block is always read, so each key is accepted
 // only at DeepSpeed's default. zero-cpp has no counterpart of the
@@ -592,7 +608,7 @@ Config Config::from_json(const json& j) {
   }
   top.unsupported_unless("memory_breakdown", false);
   top.accept_any("zero_allow_untested_optimizer");  // any optimizer zero-cpp has is its own
-  top.accept_any("checkpoint");
+  read_checkpoint_block(top);
   c.aio = read_aio(top);
   for (const char* block : {"amp", "tensorboard", "wandb", "comet", "flops_profiler",
                             "comms_logger", "autotuning", "elasticity", "curriculum_learning",

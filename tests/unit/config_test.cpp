@@ -328,6 +328,23 @@ TEST(ConfigUnsupported, LoggingAndActivationCheckpointingOnlyAtTheirDefault) {
                {"activation_checkpointing.enabled is not a key zero-cpp knows"});
 }
 
+// The checkpoint block: tag_validation's modes (any case) and the writer's
+// settings (how DeepSpeed writes its files, not what) are taken; a universal
+// checkpoint or node-local storage, which zero-cpp does not read or write,
+// is refused by name, as is a key the block does not have.
+TEST(ConfigUnsupported, CheckpointBlockNamesWhatItCannotDo) {
+  EXPECT_NO_THROW(Config::from_string(R"({"checkpoint": {"tag_validation": "fail", "load_universal": false,
+      "use_node_local_storage": false, "parallel_write": {"pipeline_stage": true},
+      "writer": {"type": "fast", "decoupled": true}, "checkpoint_serialization": true}})"));
+  EXPECT_NO_THROW(Config::from_string(R"({"checkpoint": {"writer": null}})"));
+  expect_error(R"({"checkpoint": {"load_universal": true}})",
+               {"checkpoint.load_universal = true is not supported", "only false"});
+  expect_error(R"({"checkpoint": {"use_node_local_storage": true}})",
+               {"checkpoint.use_node_local_storage = true is not supported", "only false"});
+  expect_error(R"({"checkpoint": {"tag_validation": "Strict"}})", {"checkpoint.tag_validation", "Strict"});
+  expect_error(R"({"checkpoint": {"tag_validaton": "Warn"}})", {"checkpoint.tag_validaton is not a key"});
+}
+
 // Keys DeepSpeed 0.19.8 reads that earlier releases did not (every one of its
 // keys at its default is tests/data/ds_configs/ok/deepspeed_0.19.8_defaults.json).
 TEST(ConfigDeepSpeed0198, NewKeysOnlyAtTheirDefaultOrHonoured) {
