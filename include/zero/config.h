@@ -119,6 +119,10 @@ struct SchedulerConfig {
   double warmup_min_ratio = 0.0;   ///< WarmupCosineLR
   double cos_min_ratio = 1e-4;     ///< WarmupCosineLR
   bool warmup_max_lr_follows_optimizer = false;  ///< WarmupLR without warmup_max_lr: the optimizer's lr
+  /// last_batch_iteration: where the schedule begins (a resumed run's); -1 is
+  /// the start. Begun part way, it writes nothing until its first step, as
+  /// DeepSpeed's: the first step takes the optimizer's lr and betas.
+  int64_t last_batch_iteration = -1;
   /// LRRangeTest: min_lr * (1 + step_rate * (iteration + 1) / step_size), the
   /// interval floored when staircase.
   double lr_range_test_min_lr = 1e-3;

@@ -232,10 +232,13 @@ class ConfigScheduler:
                                         "train_micro_batch_size_per_gpu": 1})
         configs.parse(self._config_json)  # a scheduler's bad argument named now
         self.base_lrs = [g["lr"] for g in optimizer.param_groups]
-        self.last_batch_iteration = -1
+        # A schedule begun part way (a resumed run's last_batch_iteration)
+        # writes nothing until its first step, as DeepSpeed's: the first
+        # step takes the optimizer's own lr and betas.
+        self.last_batch_iteration = int((config["scheduler"].get("params") or {}).get("last_batch_iteration", -1))
         # OneCycle's momentum cycle: the fused update moves Adam's beta1 itself; the groups show it.
         self.moves_betas = _C.scheduled_betas(self._config_json, 0) is not None
-        self._last_lr = self._write()
+        self._last_lr = self._write() if self.last_batch_iteration == -1 else self.base_lrs
 
     def get_lr(self):
         return [_C.scheduled_lr(self._config_json, base, self.last_batch_iteration) for base in self.base_lrs]

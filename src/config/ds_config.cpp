@@ -251,7 +251,7 @@ SchedulerConfig read_one_cycle(ObjectReader& p) {
   c.cycle_min_mom = p.get_double("cycle_min_mom", c.cycle_min_mom, 0.0, 1.0);
   c.cycle_max_mom = p.get_double("cycle_max_mom", c.cycle_max_mom, 0.0, 1.0);
   c.decay_mom_rate = p.get_double("decay_mom_rate", 0.0, 0.0, 1e6);
-  p.accept_any("last_batch_iteration");
+  c.last_batch_iteration = p.get_int("last_batch_iteration", -1, -1, kMaxInt);
   p.finish();
   return c;
 }
@@ -272,7 +272,7 @@ SchedulerConfig read_scheduler(ObjectReader& top) {
     c.lr_range_test_step_size = p.get_int("lr_range_test_step_size", c.lr_range_test_step_size, 1, kMaxInt);
     c.lr_range_test_step_rate = p.get_double("lr_range_test_step_rate", c.lr_range_test_step_rate, 0.0, 1e6);
     c.lr_range_test_staircase = p.get_bool("lr_range_test_staircase", c.lr_range_test_staircase);
-    p.accept_any("last_batch_iteration");
+    c.last_batch_iteration = p.get_int("last_batch_iteration", -1, -1, kMaxInt);
     p.finish();
     return c;
   }
@@ -283,7 +283,7 @@ SchedulerConfig read_scheduler(ObjectReader& top) {
   c.warmup_num_steps = p.get_int("warmup_num_steps", c.warmup_num_steps, 0, kMaxInt);
   c.warmup_type = p.get_choice("warmup_type", "log", {"log", "linear"}) == "log" ? WarmupType::Log
                                                                                : WarmupType::Linear;
-  p.accept_any("last_batch_iteration");  // DeepSpeed resumes it from the checkpoint
+  c.last_batch_iteration = p.get_int("last_batch_iteration", -1, -1, kMaxInt);
   if (c.type == SchedulerType::WarmupCosineLR) {
     c.warmup_min_ratio = p.get_double("warmup_min_ratio", c.warmup_min_ratio, 0.0, 1.0);
     c.cos_min_ratio = p.get_double("cos_min_ratio", c.cos_min_ratio, 0.0, 1.0);

@@ -103,7 +103,8 @@ optim::Out16 out_kind(const at::Tensor& dest, const partition::FlatGroup& g) {
 FlatOptimizer::FlatOptimizer(const Config& config, const StagePolicy& policy, comm::Comm& comm,
                              const comm::Group& dp, std::function<void(const std::string&)> log)
     : config_(config), policy_(policy), hypers_{{1.0, config.optimizer.weight_decay}}, comm_(comm), dp_(dp),
-      log_(std::move(log)), scaler_(config.fp16) {
+      log_(std::move(log)), scaler_(config.fp16), scheduler_iter_(config.scheduler.last_batch_iteration),
+      schedule_written_(config.scheduler.last_batch_iteration == -1) {
   const OffloadConfig& off = config.zero.offload_optimizer;
   if (off.device == OffloadDevice::NVMe)
     swapper_ = std::make_unique<offload::StateSwapper>(offload::swapper_options(off, config.aio, dp.rank()));
@@ -277,7 +278,14 @@ double FlatOptimizer::weight_decay_of(int hyper) const {
 double FlatOptimizer::lr() const {
   if (!lr_override_.empty()) return lr_override_[0];
   if (schedule_) return schedule_(scheduler_iter_ + 1);  // DeepSpeed's iteration starts at -1
+  if (!schedule_written_) return config_.optimizer.lr;
   return optim::scheduled_lr(config_.scheduler, config_.optimizer.lr, scheduler_iter_);
+}
+
+std::array<double, 2> FlatOptimizer::betas() const {
+  const auto& o = config_.optimizer;
+  if (!schedule_written_) return o.betas;
+  return optim::scheduled_betas(config_.scheduler, scheduler_iter_).value_or(o.betas);
 }
 
 at::Tensor FlatOptimizer::grads_of(const partition::FlatGroup& g) const {
@@ -460,6 +468,7 @@ bool FlatOptimizer::update(std::vector<partition::FlatGroup>& groups) {
 void FlatOptimizer::commit() {
   scaler_.update(false);
   ++scheduler_iter_;
+  schedule_written_ = true;
   ++global_steps_;
 }
 
@@ -671,7 +680,7 @@ void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad,
     else optim::sgd_update(master, gr, buf, s.numel, h, grad_scale, out, kind);
   } else if (o.type == OptimizerType::Lion) {
     // OneCycle moves Lion's beta1 too (FusedLion has betas, as Adam).
-    const auto betas = optim::scheduled_betas(config_.scheduler, scheduler_iter_).value_or(o.betas);
+    const auto betas = this->betas();
     optim::LionHyper h{rate, static_cast<float>(betas[0]), static_cast<float>(betas[1]), wd};
     float* m = g.exp_avg.data_ptr<float>() + s.begin;
     if (g.master.is_cuda()) device_lion(g.master.device(), master, gr, m, s.numel, h, grad_scale, out, kind);
@@ -684,7 +693,7 @@ void FlatOptimizer::update_span(partition::FlatGroup& g, const at::Tensor& grad,
   } else {
     // OneCycle moves beta1 with the lr (bias correction then uses the
     // current beta1, as torch's Adam does when a scheduler sets its betas).
-    const auto betas = optim::scheduled_betas(config_.scheduler, scheduler_iter_).value_or(o.betas);
+    const auto betas = this->betas();
     optim::AdamHyper h{rate, static_cast<float>(betas[0]), static_cast<float>(betas[1]), static_cast<float>(o.eps),
                        wd, optimizer_steps_, o.adam_w_mode, true};
     float* m = g.exp_avg.data_ptr<float>() + s.begin;
@@ -698,6 +707,7 @@ nlohmann::json FlatOptimizer::state() const {
   const auto s = scaler_.state();
   return {{"global_steps", global_steps_}, {"skipped_steps", skipped_steps_},
           {"optimizer_steps", optimizer_steps_}, {"scheduler_iter", scheduler_iter_},
+          {"schedule_written", schedule_written_},
           {"last_grad_norm", last_grad_norm_}, {"optimizer", to_string(config_.optimizer.type)},
           {"loss_scaler", {{"scale", s.scale}, {"cur_hysteresis", s.cur_hysteresis}, {"cur_iter", s.cur_iter},
                            {"last_overflow_iter", s.last_overflow_iter}}}};
@@ -712,6 +722,7 @@ void FlatOptimizer::restore_counters(const nlohmann::json& j) {
   global_steps_ = j.at("global_steps");
   skipped_steps_ = j.at("skipped_steps");
   scheduler_iter_ = j.at("scheduler_iter");
+  schedule_written_ = j.value("schedule_written", true);
   // NaN (no norm computed: compute_grad_norm false) is saved as null.
   const auto& norm = j.at("last_grad_norm");
   last_grad_norm_ = norm.is_null() ? std::numeric_limits<double>::quiet_NaN() : norm.get<double>();

@@ -6,6 +6,7 @@
 // engine reduces grads before step() and publishes params after it.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <unordered_map>
@@ -167,6 +168,10 @@ class FlatOptimizer {
   int64_t skipped_steps_ = 0;
   int64_t optimizer_steps_ = 0;  // updates applied (bias correction / momentum start)
   int64_t scheduler_iter_ = -1;  // DeepSpeed's last_batch_iteration
+  // false while a schedule begun part way has not stepped: it has written
+  // nothing yet, so the optimizer's own lr and betas hold (DeepSpeed's).
+  bool schedule_written_ = true;
+  std::array<double, 2> betas() const;  // the betas this step takes
   double last_grad_norm_ = 0.0;
   size_t groups_updated_ = 0;
   std::vector<OffloadStaging> offload_staging_;  // by group, when the optimizer is offloaded

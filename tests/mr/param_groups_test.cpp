@@ -5,6 +5,7 @@
 #include <torch/optim/adamw.h>
 
 #include "fixtures.h"
+#include "optim/lr_schedule.h"
 
 namespace zero::test {
 namespace {
@@ -112,6 +113,30 @@ TEST(ParamGroups, UserScheduleFunctionDrivesTheLr) {
   }
   EXPECT_DOUBLE_EQ(engine.lr(), 0.003);
   EXPECT_GT(max_abs_diff(engine.full_parameters(), before), 0.0);
+}
+
+// A schedule begun part way (the config's last_batch_iteration k, a resumed
+// run's): as DeepSpeed's, nothing is written until its first step, so step 1
+// takes the optimizer's own lr, and step s > 1 the schedule's lr(k + s - 1)
+// (python_parity "schedule_resumed" holds the same to DeepSpeed's).
+TEST(ParamGroups, ScheduleBegunPartWayTakesTheOptimizersLrFirst) {
+  StockMlp model = mlp();
+  Config c = group_config(1);
+  nlohmann::json j = {{"optimizer", {{"type", "AdamW"}, {"params", {{"lr", kLr}}}}},
+                      {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_max_lr", 2e-3},
+                                                                        {"warmup_num_steps", 8},
+                                                                        {"last_batch_iteration", 3}}}}}};
+  c.scheduler = Config::from_json(j).scheduler;
+  ASSERT_EQ(c.scheduler.last_batch_iteration, 3);
+  zero::Engine engine(*model, c, world().comm(), dp_group());
+  EXPECT_DOUBLE_EQ(engine.lr(), kLr) << "before its first step";
+  for (int s = 1; s <= 3; ++s) {
+    auto [x, y] = batch(s);
+    const int r = dp_group()->rank();
+    engine.backward((engine.forward(model, x.narrow(0, 4 * r, 4)) - y.narrow(0, 4 * r, 4)).pow(2).mean());
+    engine.step();
+    EXPECT_DOUBLE_EQ(engine.lr(), zero::optim::scheduled_lr(c.scheduler, kLr, 3 + s)) << "after step " << s;
+  }
 }
 
 // Each group's lr set before every step (set_param_group_lrs, as the Python

@@ -91,6 +91,9 @@ def main():
                 check(z["autocast"] == d["autocast"] and z["param_dtypes"] == d["param_dtypes"],
                       f"autocast stage {stage}: engine.torch_autocast_* and the params' dtypes {z['autocast']} "
                       f"{z['param_dtypes']} vs DeepSpeed's {d['autocast']} {d['param_dtypes']}")
+            if name == "schedule_resumed":
+                check(rel(z["lrs"], d["lrs"]) <= 1e-12, f"schedule_resumed stage {stage}: the lrs each step took "
+                      f"{z['lrs']} vs DeepSpeed's {d['lrs']}")
             if name == "accessors":
                 differ = {k: (z["values"].get(k), v) for k, v in d["values"].items() if z["values"].get(k) != v}
                 check(not differ, f"accessors stage {stage}: {len(d['values'])} config accessors as DeepSpeed's"

@@ -531,6 +531,38 @@ def scenario_stock(stage, out, ckpt):
     return {"losses": losses + [t.item() for t in per_rank]}
 
 
+def scenario_schedule_resumed(stage, out, ckpt):
+    """A schedule begun part way (its last_batch_iteration given), as a
+    resumed run's config or code sets it: from the config's scheduler block
+    (WarmupLR) and built in code (WarmupDecayLR). DeepSpeed's write no lr
+    until their first step, so the first step takes the optimizer's lr.
+    The lrs each step took, and the losses."""
+    if stage not in (0, 3):
+        return None
+    torch.manual_seed(0)
+    model = Net()
+    c = config(stage)
+    c["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 2e-3,
+                                                     "warmup_num_steps": 8, "last_batch_iteration": 3}}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=c)
+    lrs, losses = [], []
+    for step in range(4):
+        lrs.append(engine.get_lr()[0])
+        losses += train(engine, 1, first_step=step)
+    torch.manual_seed(0)
+    model = Net()
+    c = config(stage)
+    engine, opt, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=c,
+        lr_scheduler=lambda o: deepspeed.runtime.lr_schedules.WarmupDecayLR(
+            o, total_num_steps=12, warmup_min_lr=1e-4, warmup_max_lr=2e-3, warmup_num_steps=4,
+            last_batch_iteration=2))
+    for step in range(4):
+        lrs.append(engine.get_lr()[0])
+        losses += train(engine, 1, first_step=step)
+    return {"losses": losses, "lrs": lrs}
+
+
 ACCESSORS = (
              "dataloader_drop_last", "optimizer_name", "optimizer_params", "scheduler_name", "scheduler_params",
              "postscale_gradients", "gradient_predivide_factor", "dump_state", "memory_breakdown",
@@ -627,7 +659,7 @@ SCENARIOS = {"base": scenario_base, "features": scenario_features, "bf16": scena
              "recompute": scenario_recompute, "stock": scenario_stock, "surgery": scenario_surgery,
              "batch_warmup": scenario_batch_warmup, "init_bf16": scenario_init_bf16, "autocast": scenario_autocast,
              "trackers": scenario_trackers, "offload_states": scenario_offload_states,
-             "accessors": scenario_accessors}
+             "accessors": scenario_accessors, "schedule_resumed": scenario_schedule_resumed}
 
 
 def main():

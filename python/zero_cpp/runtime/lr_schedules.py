@@ -15,9 +15,8 @@ class _FromArguments(ConfigScheduler):
     def __init__(self, optimizer, last_batch_iteration=-1, **params):
         lr = optimizer.param_groups[0]["lr"]
         super().__init__(optimizer, {"optimizer": {"type": "AdamW", "params": {"lr": lr}},
-                                     "scheduler": {"type": self.TYPE, "params": params}})
-        if last_batch_iteration != -1:
-            self.step(last_batch_iteration)
+                                     "scheduler": {"type": self.TYPE,
+                                                   "params": dict(params, last_batch_iteration=last_batch_iteration)}})
 
 
 class WarmupLR(_FromArguments):
