@@ -147,9 +147,48 @@ def python_block(config, name):
     return dict(defaults, **given)
 
 
+# zero_optimization.leaf_module: z3 leaves chosen by the config (Python
+# classes and module names, which the C++ engine cannot match: the front end
+# marks them itself). DeepSpeed 0.19.8's defaults: Hugging Face's sparse MoE
+# blocks, whose experts run in a data-dependent order.
+LEAF_MODULE_DEFAULTS = {
+    "classes": ["transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+                "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+                "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock"],
+    "names": [],
+    "name_suffixes": [],
+}
+
+
+def leaf_module(config):
+    """zero_optimization.leaf_module as DeepSpeed reads it: each of
+    `classes` (class names, bare or fully qualified), `names` and
+    `name_suffixes` (of named_modules()) a list (a string is one), repeats
+    dropped, DeepSpeed's defaults where the config is silent."""
+    given = (config.get("zero_optimization") or {}).get("leaf_module") or {}
+    if not isinstance(given, dict):
+        raise DeepSpeedConfigError(f"ds_config: zero_optimization.leaf_module must be an object with classes, "
+                                   f"names, name_suffixes; got {given!r}")
+    unknown = sorted(set(given) - set(LEAF_MODULE_DEFAULTS))
+    if unknown:
+        raise DeepSpeedConfigError(f"ds_config: zero_optimization.leaf_module.{unknown[0]} is not a key of "
+                                   f"leaf_module (its keys: {', '.join(LEAF_MODULE_DEFAULTS)})")
+    out = {}
+    for key, default in LEAF_MODULE_DEFAULTS.items():
+        value = given.get(key, default)
+        value = [value] if isinstance(value, str) else list(value)
+        out[key] = list(dict.fromkeys(str(v) for v in value))
+    return out
+
+
 def for_cxx(config):
-    """`config` as JSON for the C++ engine: the Python blocks taken out."""
-    return json.dumps({k: v for k, v in config.items() if k not in PYTHON_BLOCKS})
+    """`config` as JSON for the C++ engine: the Python blocks taken out, and
+    the keys the front end carries out itself (zero_optimization.leaf_module)."""
+    cxx = {k: v for k, v in config.items() if k not in PYTHON_BLOCKS}
+    zero = cxx.get("zero_optimization")
+    if isinstance(zero, dict) and "leaf_module" in zero:
+        cxx["zero_optimization"] = {k: v for k, v in zero.items() if k != "leaf_module"}
+    return json.dumps(cxx)
 
 
 def for_engine(config):
@@ -177,5 +216,6 @@ def for_engine(config):
         python_block(config, name)
     from . import checkpointing  # it reads this module's PYTHON_BLOCKS
     checkpointing.check(python_block(config, "activation_checkpointing"))
+    leaf_module(config)
     parse(for_cxx(config))  # a config error now, naming its key
     return config

@@ -37,6 +37,7 @@ from .utils.timer import (BACKWARD_INNER_GLOBAL_TIMER, BACKWARD_REDUCE_GLOBAL_TI
 from .runtime.config import monitor_config
 from .runtime.config_accessors import ConfigAccessors
 from .runtime.torch_autocast import AutocastSettings, autocast_if_enabled
+from .utils.z3_leaf_module import apply_zero_leaf_module_config
 from .zero import state_dict_at_rest
 
 _ENGINES = []  # weak references to the live engines (zero.GatheredParameters finds a param's engine)
@@ -115,6 +116,7 @@ class ZeroEngine(ConfigAccessors, torch.nn.Module):
         configs.resolve_batch(self._config, self._world.size)  # sizes that do not add up: named before any work
         # Every key as the C++ engine resolved it (its defaults filled in): what the config accessors report.
         self._resolved = json.loads(_C.parse_config(configs.for_cxx(self._config)))
+        apply_zero_leaf_module_config(model, configs.leaf_module(self._config))  # before the units are chosen
         self._mirror = Mirror(model, stage3=self._stage == 3, world=self._world)
         self._engine = _C.Engine(self._world, self._mirror.root, configs.for_cxx(self._config), cxx_groups)
         self._hooks = UnitHooks(self._mirror.units) if self._stage == 3 else None

@@ -91,6 +91,9 @@ def main():
                 check(z["autocast"] == d["autocast"] and z["param_dtypes"] == d["param_dtypes"],
                       f"autocast stage {stage}: engine.torch_autocast_* and the params' dtypes {z['autocast']} "
                       f"{z['param_dtypes']} vs DeepSpeed's {d['autocast']} {d['param_dtypes']}")
+            if name == "leaf_modules":
+                check(z["leaves"] == d["leaves"], f"leaf_modules stage {stage}: the leaves {z['leaves']} vs "
+                      f"DeepSpeed's {d['leaves']}")
             if name == "schedule_resumed":
                 check(rel(z["lrs"], d["lrs"]) <= 1e-12, f"schedule_resumed stage {stage}: the lrs each step took "
                       f"{z['lrs']} vs DeepSpeed's {d['lrs']}")

@@ -544,6 +544,27 @@ def test_z3_leaf_modules():
     check(max(abs(a - b) for a, b in zip(want, built)) <= 1e-6 * max(map(abs, want)),
           f"and so when zero.Init built it ({built} vs {want})")
 
+    # DeepSpeed's matching: a class matches its subclasses, a string the bare
+    # or fully qualified class name; by module name and by name suffix.
+    class SubMoe(Moe):
+        pass
+    model = Net()
+    model.moe = SubMoe()
+    u = deepspeed.utils
+    check(u.set_z3_leaf_modules(model, [Moe]) == [model.moe] and
+          u.set_z3_leaf_modules(model, [f"{SubMoe.__module__}.{SubMoe.__qualname__}"]) == [model.moe],
+          "set_z3_leaf_modules: a subclass's instance matches its base class, and its fully qualified name")
+    u.unset_z3_leaf_modules(model, [Moe])
+    marked, missing = u.set_z3_leaf_modules_by_name(model, ["moe", "nope"], raise_if_not_found=False)
+    by_suffix, _ = u.set_z3_leaf_modules_by_suffix(model, ["experts.2"])
+    check(marked == [model.moe] and missing == ["nope"] and by_suffix == [model.moe.experts[2]] and
+          u.get_z3_leaf_modules(model) == [model.moe, model.moe.experts[2]],
+          "set_z3_leaf_modules_by_name / _by_suffix mark what they name and report what matched nothing")
+    ok, msg = raises(lambda: u.set_z3_leaf_modules_by_name(model, ["nope"]), ValueError, "nope")
+    check(ok, f"a name matching no module is a ValueError naming it ({msg})")
+    ok, msg = raises(lambda: make(0, Net(), leaf_module={"class": ["Moe"]}), Exception, "leaf_module.class")
+    check(ok, f"the config's leaf_module names a key it does not have ({msg})")
+
 
 def test_dataloader():
     class Squares(torch.utils.data.Dataset):

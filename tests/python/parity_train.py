@@ -43,8 +43,26 @@ class Block(nn.Module):
         return x + self.gain * self.fc2(F.gelu(self.fc1(self.ln(x))))
 
 
+class Moe(nn.Module):
+    """A mixture of experts whose experts run in an order that differs by
+    rank (a router's order is the data's): a z3 leaf, gathered whole, as
+    DeepSpeed's default leaf_module classes (Hugging Face's sparse MoE
+    blocks) are. Per-expert units would gather in different orders."""
+
+    def __init__(self, d, experts=3):
+        super().__init__()
+        self.experts = nn.ModuleList([nn.Linear(d, d) for _ in range(experts)])
+
+    def forward(self, x):
+        n = len(self.experts)
+        out = x
+        for i in ((k + torch.distributed.get_rank()) % n for k in range(n)):
+            out = out + 0.1 * torch.tanh(self.experts[i](x))
+        return out
+
+
 class Net(nn.Module):
-    def __init__(self, recompute=None):
+    def __init__(self, recompute=None, moe=False):
         super().__init__()
         self.recompute = recompute  # None, or torch.utils.checkpoint's use_reentrant for each block
         self.emb = nn.Embedding(VOCAB, D)
@@ -58,6 +76,7 @@ class Net(nn.Module):
         self.head.weight = self.emb.weight  # tied
         # Values bf16 cannot hold, used in fp32 as a rotary table is: DeepSpeed leaves buffers in their dtype.
         self.register_buffer("scale", torch.linspace(0.3, 0.7, D))
+        self.moe = Moe(D) if moe else None
 
     def forward(self, idx, targets):
         x = self.emb(idx) + self.pos[: idx.shape[1]]
@@ -67,6 +86,8 @@ class Net(nn.Module):
                 x = b(x)
             else:
                 x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=self.recompute)
+        if self.moe is not None:
+            x = self.moe(x)
         logits = self.head(self.ln_f(x))
         return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
 
@@ -563,6 +584,23 @@ def scenario_schedule_resumed(stage, out, ckpt):
     return {"losses": losses, "lrs": lrs}
 
 
+def scenario_leaf_modules(stage, out, ckpt):
+    """The config's zero_optimization.leaf_module (DeepSpeed's z3 leaves by
+    class, here by fully qualified name, by module name and by name
+    suffix): a mixture of experts whose ranks run their experts in
+    different orders trains at stage 3 as one unit."""
+    if stage not in (0, 3):
+        return None
+    torch.manual_seed(0)
+    model = Net(moe=True)
+    c = config(stage)
+    c["zero_optimization"]["leaf_module"] = {"classes": [f"{Moe.__module__}.{Moe.__qualname__}"],
+                                             "names": ["blocks.0"], "name_suffixes": "fc2"}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=c)
+    leaves = sorted(n for n, m in engine.module.named_modules() if getattr(m, "_z3_leaf", False))
+    return {"losses": train(engine, 4), "leaves": leaves}
+
+
 ACCESSORS = (
              "dataloader_drop_last", "optimizer_name", "optimizer_params", "scheduler_name", "scheduler_params",
              "postscale_gradients", "gradient_predivide_factor", "dump_state", "memory_breakdown",
@@ -659,7 +697,8 @@ SCENARIOS = {"base": scenario_base, "features": scenario_features, "bf16": scena
              "recompute": scenario_recompute, "stock": scenario_stock, "surgery": scenario_surgery,
              "batch_warmup": scenario_batch_warmup, "init_bf16": scenario_init_bf16, "autocast": scenario_autocast,
              "trackers": scenario_trackers, "offload_states": scenario_offload_states,
-             "accessors": scenario_accessors, "schedule_resumed": scenario_schedule_resumed}
+             "accessors": scenario_accessors, "schedule_resumed": scenario_schedule_resumed,
+             "leaf_modules": scenario_leaf_modules}
 
 
 def main():

@@ -10,5 +10,6 @@ from .param_access import (  # noqa: F401
     safe_update_full_grad_vectorized)
 from .logging import log_dist, log_dist_once, logger, set_log_level_from_string  # noqa: F401
 from ..runtime.dataloader import RepeatingLoader  # noqa: F401
-from .z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_module, set_z3_leaf_modules,  # noqa: F401
+from .z3_leaf_module import (apply_zero_leaf_module_config, get_z3_leaf_modules, set_z3_leaf_module,  # noqa: F401
+                             set_z3_leaf_modules, set_z3_leaf_modules_by_name, set_z3_leaf_modules_by_suffix,
                              unset_z3_leaf_modules, z3_leaf_module)
