@@ -78,8 +78,9 @@
 // there, and nothing moved over kStallLooks looks, no rank can go on -- only
 // a thread that never issued a collective to the group could still issue
 // the one awaited -- so it throws Mismatch naming what each rank
-// waits in, and declares it in the headers so that every peer's next look
-// throws the same. The words are diagnostics the protocol never reads: a
+// waits in as that look saw it, and declares it in the headers so that every
+// peer's next look throws the same (ranks that find it together throw the
+// first declaration: a second reading would miss the peers already gone). The words are diagnostics the protocol never reads: a
 // throw at a wait not yet met is the model's TIMEOUT variant.
 //
 // Failures (CRASH, TIMEOUT, STOP). Every wait (wait_word) throws on the
@@ -106,8 +107,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 namespace zero::comm::shm {
@@ -515,6 +518,9 @@ std::optional<std::string> Lane::group_deadlocked() {
   // collective queued or running but not asleep).
   std::vector<uint32_t> view;
   view.reserve(static_cast<size_t>(size_) * 12);
+  // What each rank waits in, as this look saw it: the message says what was
+  // seen, not what a second reading finds once a peer has given up.
+  std::string waits_in;
   bool all_stuck = true;
   for (int p = 0; p < size_; ++p) {
     // Every thread of p that ever submitted to these lanes must be blocked
@@ -525,6 +531,10 @@ std::optional<std::string> Lane::group_deadlocked() {
     for (Header* h : lanes) {
       const uint32_t blocked = load(h->blocked[p]), pending = load(h->pending[p]);
       const bool asleep = waits(h, p);
+      if (blocked > 0 && asleep && !stuck)
+        waits_in += std::string(waits_in.empty() ? "" : ", ") + "rank " + std::to_string(p) + " (pid " +
+                    std::to_string(header_->pid[p]) + ") waits in " + h->asleep_sig[p].text + " on its " +
+                    (h == header_ ? role_ : sibling_role_) + " lane";
       stuck = stuck || (blocked > 0 && asleep);
       can_run = can_run || (pending > 0 && !asleep);
       blocked_callers += blocked;
@@ -544,19 +554,22 @@ std::optional<std::string> Lane::group_deadlocked() {
     return std::nullopt;
   }
   if (++stall_looks_ < kStallLooks) return std::nullopt;
-  std::string text = "collectives on " + what_ + " (shared memory) are deadlocked: ";
-  for (int p = 0; p < size_; ++p)
-    for (int l = 0; l < 2; ++l)
-      if (load(lanes[l]->blocked[p]) > 0 && waits(lanes[l], p)) {
-        text += std::string(p > 0 ? ", " : "") + "rank " + std::to_string(p) + " (pid " +
-                std::to_string(header_->pid[p]) + ") waits in " + lanes[l]->asleep_sig[p].text + " on its " +
-                (l == 0 ? role_ : sibling_role_) + " lane";
-        break;
-      }
-  text += "; no rank can go on. Every rank must issue the same collectives in the same order: one that only some "
-          "ranks call (a checkpoint save or a full state dict on rank 0 alone) leaves the others in their next.";
+  const std::string text =
+      "collectives on " + what_ + " (shared memory) are deadlocked: " + waits_in +
+      "; no rank can go on. Every rank must issue the same collectives in the same order: one that only some "
+      "ranks call (a checkpoint save or a full state dict on rank 0 alone) leaves the others in their next.";
   declare_deadlock(text);
-  return text;
+  return declared_deadlock().value_or(text);
+}
+
+std::optional<std::string> Lane::declared_deadlock() const {
+  // Ranks that find the stall together all report the first declaration,
+  // once its writer has finished it (a few stores away).
+  for (int i = 0; i < 1000; ++i) {
+    if (__atomic_load_n(&header_->deadlock, __ATOMIC_ACQUIRE) == 2) return std::string(header_->deadlock_text);
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return std::nullopt;
 }
 
 void Lane::declare_deadlock(const std::string& text) {

@@ -184,6 +184,7 @@ class Lane {
   // or a deadlock a peer declared. Called while wait_word sleeps.
   std::optional<std::string> group_deadlocked();
   void declare_deadlock(const std::string& text);
+  std::optional<std::string> declared_deadlock() const;  // the first declaration's text, once written
   void note_blocked(int delta);  // a caller entered (+1) or left (-1) Job::wait
   // Zero-copy: the round publishing `mine`; true, with the round open, when
   // every rank's input is shareable; false (round closed) otherwise.
