@@ -33,6 +33,7 @@ from .engine import ZeroEngine, ZeroDataLoader, initialize  # noqa: F401
 from . import accelerator, checkpointing, comm, ops, runtime, utils, zero  # noqa: F401
 from .accelerator import get_accelerator  # noqa: F401
 from .utils import log_dist, logger  # noqa: F401
+from .runtime.config import DeepSpeedConfig  # noqa: F401,E402  (deepspeed.DeepSpeedConfig)
 
 DeepSpeedEngine = ZeroEngine
 DeepSpeedDataLoader = ZeroDataLoader

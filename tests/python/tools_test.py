@@ -514,6 +514,7 @@ from deepspeed.monitor.wandb import WandbMonitor
 from deepspeed.monitor.comet import CometMonitor
 import zero_cpp
 assert WandbMonitor is zero_cpp.monitor.wandb.WandbMonitor and CometMonitor is zero_cpp.monitor.comet.CometMonitor
+assert deepspeed.DeepSpeedConfig is zero_cpp.runtime.config.DeepSpeedConfig
 assert DeepSpeedEngine is zero_cpp.DeepSpeedEngine and checkpoint is zero_cpp.checkpointing.checkpoint
 assert safe_get_full_fp32_param is zero_cpp.utils.safe_get_full_fp32_param
 assert FusedAdam is zero_cpp.ops.adam.FusedAdam and get_accelerator is zero_cpp.get_accelerator
