@@ -169,6 +169,13 @@ class Engine {
   /// grad accumulated since the last step is dropped (the failed backward's
   /// cannot be told apart from the others'); the next backward starts over.
   at::Tensor backward(const at::Tensor& loss);
+  /// DeepSpeed's engine.scale(loss), for a backward the program runs itself
+  /// (`engine.scale(loss).backward()`): the loss times the fp16 loss scale
+  /// (the loss itself without fp16). With fp16 a plain loss.backward() is
+  /// refused unless it runs from this; its grads arrive divided by the
+  /// accumulation steps, as under backward(). std::invalid_argument for a
+  /// loss that is not a scalar requiring grad.
+  at::Tensor scale(const at::Tensor& loss);
   /// At the accumulation boundary: unscale, check overflow, clip, update,
   /// all-gather, zero grads. Elsewhere only counts the micro-step. Returns
   /// true when the optimizer stepped (false also for a skipped fp16 step).

@@ -471,6 +471,17 @@ class ZeroEngine(ConfigAccessors, torch.nn.Module):
         self._engine.forward(run)
         return result
 
+    def scale(self, loss):
+        """DeepSpeed's, for a backward the script runs itself
+        (`engine.scale(loss).backward()`): the loss times the fp16 loss
+        scale, the loss itself otherwise. With fp16 a plain loss.backward()
+        must run from it; the grads arrive divided by the accumulation
+        steps, as under engine.backward()."""
+        assert self.optimizer is not None, "must provide optimizer during init in order to use scale"
+        assert isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.grad_fn is not None, \
+            "loss must be a scalar tensor with grad_fn. For non-scalar tensors, use tensor.backward(grad)"
+        return self._engine.scale(loss)
+
     def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
         """Backpropagates loss / gradient_accumulation_steps (times the fp16
         loss scale) and reduces grads as the stage requires; returns the

@@ -284,11 +284,13 @@ void Engine::Impl::end_backward(bool implicit_end) {
 float Engine::Impl::implicit_backward() {
   if (reducer->in_implicit_backward() && implicit_alive.expired()) recover_if_backward_failed();
   if (!reducer->in_backward()) {
-    if (config.fp16.enabled) {
+    if (config.fp16.enabled && !scaled_loss_given) {
       if (stage3) stage3->reset_after_error();  // its hooks may have begun this backward
       throw std::logic_error("zero::Engine: loss.backward() was called directly with fp16 enabled; fp16 needs the "
-                             "loss scaled before backward: call engine.backward(loss) instead");
+                             "loss scaled before backward: call engine.backward(loss), or "
+                             "engine.scale(loss).backward()");
     }
+    scaled_loss_given = false;
     check_usable();
     check_no_gathered_scope("backward (a plain loss.backward())");
     begin_attempt(/*from_forward=*/false);
@@ -512,6 +514,16 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
     m.end_backward();
   }
   return loss.detach() / gas;
+}
+
+at::Tensor Engine::scale(const at::Tensor& loss) {
+  if (!loss.defined() || loss.numel() != 1 || !loss.requires_grad())
+    throw std::invalid_argument("zero::Engine::scale: the loss must be a scalar tensor that requires grad");
+  auto& m = *impl_;
+  m.check_usable();
+  if (!m.config.fp16.enabled) return loss;
+  m.scaled_loss_given = true;
+  return loss * m.optimizer.loss_scale();
 }
 
 bool Engine::step() {

@@ -96,6 +96,7 @@ struct Engine::Impl {
   // loop skipped a batch carries another tag than its peers from then on.
   int64_t attempts = 0;
   bool forward_open = false;  // a training engine.forward() began; its backward has not
+  bool scaled_loss_given = false;  // scale() handed out an fp16-scaled loss its plain backward runs from
   void tag_collectives();     // the dp group's tag: (steps taken, attempts)
   void begin_attempt(bool from_forward);
   std::optional<bool> boundary_override;  // set_gradient_accumulation_boundary

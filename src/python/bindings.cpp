@@ -363,6 +363,7 @@ PYBIND11_MODULE(_C, m) {
            Release())
       .def("forward", &PyEngine::forward)
       .def("backward", [](PyEngine& e, const at::Tensor& loss) { return e.engine().backward(loss); }, Release())
+      .def("scale", [](PyEngine& e, const at::Tensor& loss) { return e.engine().scale(loss); })
       .def("step", [](PyEngine& e) { return e.engine().step(); }, Release())
       .def("zero_grad", [](PyEngine& e) { e.engine().zero_grad(); }, Release())
       .def("is_gradient_accumulation_boundary",

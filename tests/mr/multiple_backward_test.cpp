@@ -261,9 +261,10 @@ TEST(PlainBackward, EqualsEngineBackwardAtEveryStage) {
     }
 }
 
-// fp16 needs its loss scaled before backward, which only engine.backward
-// can do: a plain backward is refused on every rank, naming the fix, and
-// the engine trains on (at stage 3 too, whose unit hooks ran first).
+// fp16 needs its loss scaled before backward, which engine.backward or
+// engine.scale does: a plain backward from the loss itself is refused on
+// every rank, naming the fix, and the engine trains on (at stage 3 too,
+// whose unit hooks ran first).
 TEST(PlainBackward, Fp16IsRefusedWithTheFix) {
   for (int stage : {2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
@@ -279,6 +280,34 @@ TEST(PlainBackward, Fp16IsRefusedWithTheFix) {
       e.backward(m.loss(x));
       EXPECT_TRUE(e.step());
     }
+  }
+}
+
+// DeepSpeed's manual backward, engine.scale(loss).backward(), with fp16:
+// bit for bit engine.backward(loss), two micro-batches a step.
+TEST(PlainBackward, Fp16ThroughScaleEqualsEngineBackward) {
+  for (int stage : {1, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto cfg = Config::from_json({{"train_micro_batch_size_per_gpu", 4},
+                                  {"gradient_accumulation_steps", 2},
+                                  {"fp16", {{"enabled", true}, {"initial_scale_power", 8}}},
+                                  {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                                  {"zero_optimization", {{"stage", stage}, {"stage3_param_persistence_threshold", 0}}}});
+    std::map<std::string, at::Tensor> params[2];
+    for (bool manual : {false, true}) {
+      UnitNet m;
+      zero::Engine e(m, cfg, world().comm(), dp_group());
+      for (int micro = 0; micro < 6; ++micro) {
+        at::manual_seed(1300 + micro);
+        auto loss = m.loss(at::randn({4 * world().size(), 8}).narrow(0, 4 * dp_group()->rank(), 4));
+        if (manual) e.scale(loss).backward();
+        else e.backward(loss);
+        e.step();
+      }
+      EXPECT_EQ(e.global_steps(), 3);
+      params[manual] = e.full_parameters();
+    }
+    EXPECT_EQ(max_abs_diff(params[1], params[0]), 0.0);
   }
 }
 

@@ -1262,6 +1262,39 @@ def test_stage3_module_state_dict_at_rest():
           f"DeepSpeed's, empty tensors ({shapes})")
 
 
+def test_manual_backward_with_scale():
+    """DeepSpeed's manual backward, engine.scale(loss).backward(): with fp16
+    (stages 1 and 3, two micro-batches a step) the losses are those of
+    engine.backward(loss), bit for bit; a plain loss.backward() without it
+    is refused naming engine.scale. Without fp16 scale() gives the loss
+    back, and the run is again engine.backward's."""
+    def run(stage, precision, manual, steps=3, gas=2):
+        torch.manual_seed(0)
+        model = Mlp()
+        cfg = dict(config(stage), gradient_accumulation_steps=gas)
+        cfg[precision] = {"enabled": True, "initial_scale_power": 8} if precision == "fp16" else {"enabled": True}
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        out = []
+        for s in range(steps * gas):
+            loss = engine(*data(s, engine))
+            if manual:
+                engine.scale(loss).backward()
+            else:
+                engine.backward(loss)
+            engine.step()
+            out.append(loss.item())
+        return out, engine
+
+    for stage, precision in ((1, "fp16"), (3, "fp16"), (2, "bf16")):
+        want, _ = run(stage, precision, manual=False)
+        got, engine = run(stage, precision, manual=True)
+        check(got == want, f"stage {stage} {precision}: engine.scale(loss).backward() trains as engine.backward(loss) "
+              f"({got} vs {want})")
+    _, engine = run(1, "fp16", manual=False, steps=1, gas=1)
+    ok, msg = raises(lambda: engine(*data(0, engine)).backward(), RuntimeError, "engine.scale(loss).backward()")
+    check(ok, f"with fp16 a plain loss.backward() without engine.scale is refused, naming it ({msg})")
+
+
 def test_offload_states():
     """DeepSpeed's offload_states / reload_states (zero3.rst's "Offload
     States") at stages 0 and 3 (python_parity holds stages 1-2 to
@@ -1319,7 +1352,7 @@ def main():
                  test_z3_leaf_modules,
                  test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
-                 test_interrupted_forward, test_loader_and_contexts, test_errors, test_state_setters, test_offload_states,
+                 test_interrupted_forward, test_loader_and_contexts, test_errors, test_state_setters, test_offload_states, test_manual_backward_with_scale,
                  test_checkpoint_without_frozen_params, test_non_strict_load_of_another_model,
                  test_stage3_module_state_dict_at_rest,
                  test_divergent_unit_order)))  # last: it leaves the ranks' collectives apart
