@@ -601,6 +601,11 @@ def scenario_leaf_modules(stage, out, ckpt):
     return {"losses": train(engine, 4), "leaves": leaves}
 
 
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(3))
+
+
 ACCESSORS = (
              "dataloader_drop_last", "optimizer_name", "optimizer_params", "scheduler_name", "scheduler_params",
              "postscale_gradients", "gradient_predivide_factor", "dump_state", "memory_breakdown",
@@ -609,7 +614,10 @@ ACCESSORS = (
              "zero_param_persistence_threshold", "zero_max_live_parameters", "zero_max_reuse_distance",
              "zero_prefetch_bucket_size", "zero_hpz_partition_size", "zero_allgather_bucket_size",
              "zero_reduce_scatter", "zero_allgather_partitions", "zero_round_robin_gradients", "zero_sub_group_size",
-             "zero_elastic_checkpoint", "zero_load_from_fp32_weights", "zero_ignore_unused_parameters")
+             "zero_elastic_checkpoint", "zero_load_from_fp32_weights", "zero_ignore_unused_parameters",
+             "fp16_auto_cast", "initial_dynamic_scale", "dynamic_loss_scale_args",
+             "checkpoint_tag_validation_enabled", "checkpoint_tag_validation_fail", "load_universal_checkpoint",
+             "use_node_local_storage")
 
 
 def scenario_accessors(stage, out, ckpt):
@@ -627,9 +635,13 @@ def scenario_accessors(stage, out, ckpt):
     c["zero_optimization"].update({"reduce_bucket_size": 1e6, "allgather_bucket_size": 2e6,
                                    "stage3_max_live_parameters": 3e6, "round_robin_gradients": False})
     c["dataloader_drop_last"] = True
+    c["checkpoint"] = {"tag_validation": "fail"}
+    c["fp16"] = {"enabled": False, "loss_scale_window": 500, "hysteresis": 3}
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=c)
     values = {name: getattr(engine, name)() for name in ACCESSORS}
     values["communication_data_type"] = str(engine.communication_data_type)
+    values["is_map_style_dataset"] = [engine.is_map_style_dataset(d) for d in ([1, 2], iter([1]))]
+    values["is_iterable_style_dataset"] = [engine.is_iterable_style_dataset(d) for d in ([1, 2], Stream())]
     losses = train(engine, 2)
     sd = engine.module_state_dict(exclude_frozen_parameters=True)
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):

@@ -67,6 +67,46 @@ class ConfigAccessors:
     def memory_breakdown(self):
         return bool(self._config.get("memory_breakdown", False))
 
+    # ---- fp16's loss scaler ----
+    def fp16_auto_cast(self):
+        return bool((self._config.get("fp16") or {}).get("auto_cast", False))
+
+    def initial_dynamic_scale(self):
+        return 2 ** self._resolved["fp16"]["initial_scale_power"]
+
+    def dynamic_loss_scale_args(self):
+        """The dynamic loss scaler's settings under DeepSpeed's names."""
+        f = self._resolved["fp16"]
+        return {"init_scale": 2 ** f["initial_scale_power"], "scale_window": f["loss_scale_window"],
+                "delayed_shift": f["hysteresis"], "consecutive_hysteresis": f["consecutive_hysteresis"],
+                "min_scale": f["min_loss_scale"]}
+
+    # ---- checkpoints ----
+    def checkpoint_tag_validation_enabled(self):
+        return self._tag_validation() != "IGNORE"
+
+    def checkpoint_tag_validation_fail(self):
+        return self._tag_validation() == "FAIL"
+
+    def load_universal_checkpoint(self):
+        return bool((self._config.get("checkpoint") or {}).get("load_universal", False))  # only false is taken
+
+    def use_node_local_storage(self):
+        return bool((self._config.get("checkpoint") or {}).get("use_node_local_storage", False))  # likewise
+
+    def _tag_validation(self):
+        return str((self._config.get("checkpoint") or {}).get("tag_validation", "Warn")).upper()
+
+    # ---- datasets ----
+    @staticmethod
+    def is_map_style_dataset(obj):
+        return hasattr(obj, "__getitem__") and hasattr(obj, "__len__")
+
+    @staticmethod
+    def is_iterable_style_dataset(obj):
+        import torch.utils.data
+        return isinstance(obj, torch.utils.data.IterableDataset)
+
     # ---- ZeRO's settings ----
     def zero_optimization_partition_gradients(self):
         return self._stage >= 2
