@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -34,6 +35,14 @@ using zero::test::world;
 const at::ScalarType kDTypes[] = {at::kFloat, at::kHalf, at::kBFloat16};
 // 300001 fp32 elements span several shared-memory rounds (512 KiB slots).
 const int64_t kSizes[] = {1, 7, 1000, 65537, 300001};
+
+// A fresh group of every rank: its own lanes (a test that makes them fail
+// leaves the world's alone).
+std::shared_ptr<Group> every_rank_group(const std::string& name) {
+  std::vector<int> all(world().size());
+  for (int r = 0; r < world().size(); ++r) all[r] = r;
+  return world().new_group(all, name);
+}
 
 // Runs `body` on the shared-memory fast path, then on Gloo, and checks the
 // counters say which transport served the calls.
@@ -91,9 +100,7 @@ TEST(Routing, ByDevice) {
 // it (each rank leaves a file before it and finds all of them after), and
 // ranks that run different collectives fail on every rank, naming both.
 TEST(ShmLane, ExternalHandshakesWaitForEveryRankAndCheckSignatures) {
-  std::vector<int> all(world().size());
-  for (int r = 0; r < world().size(); ++r) all[r] = r;
-  auto g = world().new_group(all, "lane-external");  // its own lanes: a mismatch leaves them failed
+  auto g = every_rank_group("lane-external");  // its own lanes: a mismatch leaves them failed
   zero::comm::shm::Lane* lane = zero::comm::shm_lane(*g, zero::comm::CollectiveOp::AllGather);
   if (!lane) GTEST_SKIP() << "no shared-memory segment for this group";
   const char* job = std::getenv("ZERO_JOB_ID");
@@ -495,8 +502,6 @@ TEST(BadArguments, NameTheOpAndGroup) {
 // failed, so each case runs on a fresh group.
 TEST(Disagreement, IsAnErrorOnEveryRankNamingBothSides) {
   auto& w = world();
-  std::vector<int> all(w.size());
-  for (int r = 0; r < w.size(); ++r) all[r] = r;
   const bool odd = w.rank() == w.size() - 1;  // the rank that disagrees
   int fresh = 0;
   struct Case {
@@ -534,7 +539,7 @@ TEST(Disagreement, IsAnErrorOnEveryRankNamingBothSides) {
   for (const char* transport : {"shm", "gloo"})
     for (const auto& c : cases) {
       SCOPED_TRACE(std::string(transport) + ": " + c.name);
-      auto g = w.new_group(all, "disagree" + std::to_string(fresh++));
+      auto g = every_rank_group("disagree" + std::to_string(fresh++));
       w.comm().set_fast_paths_enabled(std::string(transport) == "shm");
       const auto t0 = std::chrono::steady_clock::now();
       try {
@@ -562,9 +567,7 @@ TEST(Disagreement, IsAnErrorOnEveryRankNamingBothSides) {
 // (300 s). (Gloo's lanes still wait for the timeout: comm_timeout.)
 TEST(Disagreement, CollectivesOnDifferentLanesAreNamedNotAHang) {
   auto& w = world();
-  std::vector<int> all(w.size());
-  for (int r = 0; r < w.size(); ++r) all[r] = r;
-  auto g = w.new_group(all, "lanes apart");
+  auto g = every_rank_group("lanes apart");
   const bool odd = w.rank() == w.size() - 1;
   const auto t0 = std::chrono::steady_clock::now();
   try {
@@ -593,9 +596,7 @@ TEST(Disagreement, CollectivesOnDifferentLanesAreNamedNotAHang) {
 // complete, with no error.
 TEST(Disagreement, CrossLaneWaitsWithAnotherSubmittingThreadStillBusyAreNotAStall) {
   auto& w = world();
-  std::vector<int> all(w.size());
-  for (int r = 0; r < w.size(); ++r) all[r] = r;
-  auto g = w.new_group(all, "lanes apart, threads");
+  auto g = every_rank_group("lanes apart, threads");
   auto& comm = w.comm();
   const bool odd = w.rank() == w.size() - 1;
   auto gather = [&] { comm.all_gather(*g, at::empty({4 * g->size()}), at::ones({4}), "gather")->wait(); };
@@ -634,9 +635,7 @@ TEST(Disagreement, CrossLaneWaitsWithAnotherSubmittingThreadStillBusyAreNotAStal
 // pairs with the main lane's.
 TEST(DeviceSignatureCheck, RanksThatDisagreeFailOnEveryRankNamingBoth) {
   auto& w = world();
-  std::vector<int> all(w.size());
-  for (int r = 0; r < w.size(); ++r) all[r] = r;
-  auto g = w.new_group(all, "device_signatures");
+  auto g = every_rank_group("device_signatures");
   const auto ag = zero::comm::CollectiveOp::AllGather, rs = zero::comm::CollectiveOp::ReduceScatter;
   zero::comm::check_signature_on_host(*g, ag, {"allgather of 64 BFloat16 [params of unit 'h0']"});
   // Different orders on the two lanes: rank 0 checks the reduce-scatter
