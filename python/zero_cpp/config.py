@@ -7,6 +7,8 @@ import copy
 import json
 import os
 
+import torch
+
 from . import _C
 
 
@@ -96,6 +98,10 @@ def parse(text):
         return _C.parse_config(text)
     except (ValueError, RuntimeError) as e:
         raise DeepSpeedConfigError(str(e)) from None
+
+
+# The torch dtype of each precision name (precision(), data_types.grad_accum_dtype).
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def precision(config):

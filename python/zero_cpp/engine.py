@@ -231,15 +231,11 @@ class ZeroEngine(ConfigAccessors, torch.nn.Module):
         a CPU engine nothing moves). The copies are synchronous
         (`non_blocking` changes nothing). Training, saving and reading the
         states raise until reload_states()."""
-        from .runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
+        from .runtime.zero.offload_config import OffloadDeviceEnum
         # By value: DeepSpeed's own enums (a script importing them from an
         # installed DeepSpeed) are taken as these.
         device = OffloadDeviceEnum(getattr(device, "value", device) if device is not None else "cpu")
-        known = [k.value for k in OffloadStateTypeEnum]
-        names = None if include is None else [getattr(k, "value", k) for k in include]
-        for name in names or []:
-            if name not in known:
-                raise ValueError(f"offload_states: no state {name!r} (OffloadStateTypeEnum: {', '.join(known)})")
+        names = None if include is None else [getattr(k, "value", k) for k in include]  # the engine names a wrong one
         assert not self.zero_offload_param(), "Moving states across devices is not supported for offloaded parameters."
         assert self.optimizer is not None, "Moving states across devices is not supported without an optimizer."
         if device == OffloadDeviceEnum.none:
@@ -335,10 +331,9 @@ class ZeroEngine(ConfigAccessors, torch.nn.Module):
 
     def get_data_types(self):
         """(the model's training dtype, the dtype grads accumulate in), as DeepSpeed's."""
-        dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-        model_dtype = dtypes[self._precision]
+        model_dtype = configs.TORCH_DTYPES[self._precision]
         accum = self._resolved.get("data_types", {}).get("grad_accum_dtype")
-        return model_dtype, dtypes[accum] if accum is not None else model_dtype
+        return model_dtype, configs.TORCH_DTYPES[accum] if accum is not None else model_dtype
 
     def get_global_grad_norm(self):
         """The last step's grad norm over all ranks (before clipping), as
@@ -802,12 +797,11 @@ class ZeroEngine(ConfigAccessors, torch.nn.Module):
             return tag
         tags = [None] * self.world_size
         torch.distributed.all_gather_object(tags, tag)
-        mode = str(self._config.get("checkpoint", {}).get("tag_validation", "Warn")).upper()
         said = (f"zero_cpp: save_checkpoint's tag differs between ranks ({', '.join(repr(t) for t in tags[:4])}"
                 f"{', ...' if len(tags) > 4 else ''})")
-        if mode == "FAIL":
+        if self.checkpoint_tag_validation_fail():
             raise ValueError(said + "; checkpoint.tag_validation is Fail")
-        if mode != "IGNORE":
+        if self.checkpoint_tag_validation_enabled():
             warnings.warn(said + f"; every rank saves under rank 0's, {tags[0]!r}")
         return tags[0]
 

@@ -238,7 +238,7 @@ class ConfigScheduler:
         self.last_batch_iteration = int((config["scheduler"].get("params") or {}).get("last_batch_iteration", -1))
         # OneCycle's momentum cycle: the fused update moves Adam's beta1 itself; the groups show it.
         self.moves_betas = _C.scheduled_betas(self._config_json, 0) is not None
-        self._last_lr = self._write() if self.last_batch_iteration == -1 else self.base_lrs
+        self._last_lr = self._write() if self.last_batch_iteration == -1 else list(self.base_lrs)
 
     def get_lr(self):
         return [_C.scheduled_lr(self._config_json, base, self.last_batch_iteration) for base in self.base_lrs]

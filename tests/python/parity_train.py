@@ -683,7 +683,9 @@ def scenario_trackers(stage, out, ckpt):
     through engine.monitor. Only rank 0 may call them."""
     if stage not in (0, 3):
         return None
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_trackers"))
+    fakes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_trackers")
+    if fakes not in sys.path:
+        sys.path.insert(0, fakes)
     import comet_ml
     import wandb
     wandb.calls.clear()

@@ -5,7 +5,7 @@ with the block's api_key, project, workspace, experiment_key, mode, online;
 first always). comet_ml >= 3.41.0, checked on every rank."""
 from .monitor import Monitor, backend_config, is_writer
 
-MIN_VERSION = (3, 41, 0)
+MIN_VERSION = "3.41.0"
 
 
 def check_comet_availability():
@@ -15,7 +15,7 @@ def check_comet_availability():
     except ImportError:
         raise ImportError(hint) from None
     from packaging import version
-    if version.parse(comet_ml.__version__) < version.Version(".".join(map(str, MIN_VERSION))):
+    if version.parse(comet_ml.__version__) < version.Version(MIN_VERSION):
         raise ImportError(f"{hint} (this is {comet_ml.__version__})")
 
 

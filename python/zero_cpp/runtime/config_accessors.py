@@ -4,7 +4,9 @@ and defaults (python_parity "accessors" holds each to DeepSpeed's). The
 engine (zero_cpp.engine.ZeroEngine) mixes them in; they read its config as
 given (`_config`), as the C++ parser resolved it (`_resolved`), and its
 world."""
-import torch
+from torch.utils.data import IterableDataset
+
+from .. import config as configs
 
 # ZeRO's keys the C++ engine does not resolve (they tune DeepSpeed's own
 # buckets and kernels), at DeepSpeed 0.19.8's defaults where the config is silent.
@@ -52,7 +54,7 @@ class ConfigAccessors:
         """The config's communication_data_type, else the training dtype."""
         given = self._config.get("communication_data_type")
         if given is not None:
-            return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[given]
+            return configs.TORCH_DTYPES[given]
         return self.get_data_types()[0]
 
     def postscale_gradients(self):
@@ -77,7 +79,7 @@ class ConfigAccessors:
     def dynamic_loss_scale_args(self):
         """The dynamic loss scaler's settings under DeepSpeed's names."""
         f = self._resolved["fp16"]
-        return {"init_scale": 2 ** f["initial_scale_power"], "scale_window": f["loss_scale_window"],
+        return {"init_scale": self.initial_dynamic_scale(), "scale_window": f["loss_scale_window"],
                 "delayed_shift": f["hysteresis"], "consecutive_hysteresis": f["consecutive_hysteresis"],
                 "min_scale": f["min_loss_scale"]}
 
@@ -104,8 +106,7 @@ class ConfigAccessors:
 
     @staticmethod
     def is_iterable_style_dataset(obj):
-        import torch.utils.data
-        return isinstance(obj, torch.utils.data.IterableDataset)
+        return isinstance(obj, IterableDataset)
 
     # ---- ZeRO's settings ----
     def zero_optimization_partition_gradients(self):
