@@ -34,6 +34,10 @@ from . import accelerator, checkpointing, comm, ops, runtime, utils, zero  # noq
 from .accelerator import get_accelerator  # noqa: F401
 from .utils import log_dist, logger  # noqa: F401
 from .runtime.config import DeepSpeedConfig  # noqa: F401,E402  (deepspeed.DeepSpeedConfig)
+from . import inference  # noqa: F401,E402
+from .inference import (DeepSpeedInferenceConfig, InferenceEngine, default_inference_config,  # noqa: F401,E402
+                        init_inference)
+from .utils import OnDevice  # noqa: F401,E402
 
 DeepSpeedEngine = ZeroEngine
 DeepSpeedDataLoader = ZeroDataLoader

@@ -104,6 +104,12 @@ def main():
                 same = z["module_state_dict"] == d["module_state_dict"]
                 check(same, f"accessors stage {stage}: module_state_dict's {len(d['module_state_dict'])} keys without "
                       f"the frozen params" + ("" if same else f": {z['module_state_dict']} vs {d['module_state_dict']}"))
+            if name == "inference":
+                check(r == 0.0, f"inference: the forwards' losses bit for bit DeepSpeed's ({z['losses']} vs "
+                      f"{d['losses']})")
+                for key in ("made_dtypes", "default", "merged"):
+                    check(z[key] == d[key], f"inference: {key} as DeepSpeed's" +
+                          ("" if z[key] == d[key] else f": {z[key]} vs {d[key]}"))
             if name == "trackers":
                 for client in ("wandb", "comet"):
                     same = same_calls(z[client], d[client], tol)

@@ -1328,6 +1328,116 @@ def test_offload_states():
     check(ok, f"offload_states with offload_param is DeepSpeed's AssertionError ({msg})")
 
 
+class Generator(nn.Module):
+    """A model with Hugging Face's `generate` and `reset_cache` (a KV cache)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.head = nn.Linear(8, 16)
+        self.resets = 0
+
+    def reset_cache(self):
+        self.resets += 1
+
+    def forward(self, input_ids):
+        return self.head(self.emb(input_ids))
+
+    def generate(self, input_ids=None, max_new_tokens=2):
+        for _ in range(max_new_tokens):
+            input_ids = torch.cat([input_ids, self(input_ids)[:, -1:].argmax(-1)], dim=1)
+        return input_ids
+
+
+def test_init_inference():
+    """init_inference beyond python_parity's (which holds its dtypes and
+    losses to DeepSpeed's): tensor_parallel over both ranks runs the whole
+    model on each, its outputs the plain model's; generate() goes to the
+    model's, its KV cache reset, a prompt past max_out_tokens refused; the
+    forwards timed; what cannot run named: int8, DeepSpeed's inference
+    checkpoints, Triton, an unknown key, a key given two ways, a policy
+    naming no layer, params on the meta device."""
+    torch.manual_seed(0)
+    plain = Mlp()
+    x, y = data(0, make(0))
+    with torch.no_grad():
+        want = plain(x, y)
+    model = Mlp()
+    model.load_state_dict(plain.state_dict())
+    engine = deepspeed.init_inference(model, dtype=torch.float32, tensor_parallel={"tp_size": 2})
+    with torch.no_grad():
+        got = engine(x, y)
+    check(torch.equal(got, want) and engine._config.tensor_parallel.tp_size == 2,
+          f"tensor_parallel tp_size 2: every rank's output is the plain model's ({got.item()} vs {want.item()})")
+    check(isinstance(engine, deepspeed.InferenceEngine) and engine.module is model and
+          sorted(engine.state_dict()) == sorted("module." + k for k in plain.state_dict()),
+          "the engine is a torch module holding the model as `module`")
+    engine.profile_model_time()
+    with torch.no_grad():
+        engine(x, y)
+        engine(x, y)
+    times = engine.model_times()
+    check(len(times) == 2 and all(t > 0 for t in times) and engine.model_times() == [],
+          f"profile_model_time: each forward timed, model_times() returns them and starts over ({times})")
+
+    gen = Generator()
+    engine = deepspeed.init_inference(gen, config={"dtype": "fp32", "max_tokens": 4})
+    ids = torch.tensor([[1, 2, 3]])
+    out = engine.generate(input_ids=ids, max_new_tokens=2)
+    check(out.shape == (1, 5) and torch.equal(out, gen.generate(input_ids=ids, max_new_tokens=2)) and gen.resets == 1,
+          f"generate() is the model's, its cache reset first ({out.tolist()}, {gen.resets} reset)")
+    ok, msg = raises(lambda: engine.generate(input_ids=torch.ones(1, 5, dtype=torch.long)), RuntimeError,
+                     "max_out_tokens")
+    check(ok, f"a prompt longer than max_out_tokens is refused, naming it ({msg})")
+    check(not hasattr(deepspeed.init_inference(Mlp(), dtype=torch.float32), "generate"),
+          "a model without generate() gives an engine without one")
+
+    def refused(what, kind, text, config=None, **kwargs):
+        ok, msg = raises(lambda: deepspeed.init_inference(Mlp(), config=config, **kwargs), kind, text)
+        check(ok, f"init_inference with {what} is refused, naming it ({msg})")
+
+    refused("dtype int8", ValueError, "int8", dtype=torch.int8)
+    refused("DeepSpeed's inference checkpoint", ValueError, "checkpoint", checkpoint="ckpt.json")
+    refused("use_triton", ValueError, "use_triton", use_triton=True)
+    refused("an unknown key", ValueError, "'tensor_paralel'", tensor_paralel={"tp_size": 2})
+    refused("an unknown key in a block", ValueError, "'tensor_parallel.size'", tensor_parallel={"size": 2})
+    refused("a key set two ways", ValueError, "dtype", config={"dtype": "fp16"}, dtype=torch.bfloat16)
+    refused("a policy naming no layer", ValueError, "'attn.proj'", injection_policy={Mlp: ("attn.proj",)})
+    refused("a config of the wrong type", ValueError, "JSON", config=3)
+    with deepspeed.OnDevice(dtype=torch.float16, device="meta"):
+        meta = Mlp()
+    ok, msg = raises(lambda: deepspeed.init_inference(meta), ValueError, "meta")
+    check(ok, f"a model on the meta device is refused, naming it ({msg})")
+
+
+def test_on_device():
+    """deepspeed.OnDevice: the tensors torch's layers make land on the
+    device in the dtype (on "meta": no memory); a tensor the call puts
+    elsewhere, and tensors made otherwise (randn), keep what they are;
+    enabled=False does nothing; the block ends on an exception."""
+    with deepspeed.OnDevice(dtype=torch.bfloat16, device="meta"):
+        meta = Mlp()
+        elsewhere = torch.zeros(2, device="cpu")
+        drawn = torch.randn(2)
+        counts = torch.ones(3, dtype=torch.long)
+    check(all(p.is_meta and p.dtype == torch.bfloat16 for p in meta.parameters()),
+          "a model built under OnDevice(bf16, meta) has bf16 params on the meta device")
+    check(elsewhere.device.type == "cpu" and elsewhere.dtype == torch.bfloat16 and drawn.dtype == torch.float32
+          and not drawn.is_meta and counts.dtype == torch.long and counts.is_meta,
+          "a device named by the call is kept (the dtype still applies); randn is untouched; integers keep theirs")
+    with deepspeed.OnDevice(dtype=torch.float16, device="meta", enabled=False):
+        off = Mlp()
+    check(all(not p.is_meta and p.dtype == torch.float32 for p in off.parameters()), "enabled=False does nothing")
+    try:
+        with deepspeed.OnDevice(dtype=torch.float16):
+            raise KeyError("inside")
+    except KeyError:
+        pass
+    check(not torch.empty(1).is_meta and torch.empty(1).dtype == torch.float32,
+          "an exception inside the block leaves torch's factories as they were")
+    check(deepspeed.utils.OnDevice is deepspeed.OnDevice, "deepspeed.utils.OnDevice is deepspeed.OnDevice")
+
+
 def check_process_group_destroyed_at_exit():
     # Registered before init_distributed, so it runs after zero_cpp's own exit
     # handler (atexit is last in, first out). A Gloo group left up at exit
@@ -1353,6 +1463,7 @@ def main():
                  test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
                  test_interrupted_forward, test_loader_and_contexts, test_errors, test_state_setters, test_offload_states, test_manual_backward_with_scale,
+                 test_init_inference, test_on_device,
                  test_checkpoint_without_frozen_params, test_non_strict_load_of_another_model,
                  test_stage3_module_state_dict_at_rest,
                  test_divergent_unit_order)))  # last: it leaves the ranks' collectives apart

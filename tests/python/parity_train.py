@@ -705,6 +705,47 @@ def scenario_trackers(stage, out, ckpt):
             "calls_per_rank": [int(t.item()) for t in counts]}
 
 
+def scenario_inference(stage, out, ckpt):
+    """DeepSpeed's inference API (its inference tutorial): a model built
+    under OnDevice(dtype=bf16) -- the params made by torch.empty, zeros,
+    ones and full take it, the rest keep theirs -- then init_inference at
+    its default dtype (fp16), and again from a config file merged with
+    keyword arguments (bf16, kernel injection off); the losses of forwards
+    under no_grad, the dtypes and the engine's state_dict keys. Once (stage
+    0: no ZeRO here). (DeepSpeed's tensor_parallel needs a model its AutoTP
+    knows -- Hugging Face's -- and stops on this one: python_frontend
+    holds zero_cpp's, which runs the model whole, to the plain model.)"""
+    if stage != 0:
+        return None
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    torch.manual_seed(0)
+    with deepspeed.OnDevice(dtype=torch.bfloat16, device="cpu"):
+        model = Net()
+    made = {n: str(p.dtype) for n, p in model.named_parameters()}
+    engine = deepspeed.init_inference(model)
+    losses = []
+    with torch.no_grad():
+        for step in range(2):
+            losses.append(mean_over_ranks(engine(*batch(step, 0, rank, world))))
+    default = {"module_is_model": engine.module is model, "dtype": str(next(model.parameters()).dtype),
+               "keys": sorted(engine.state_dict())[:4]}
+    torch.manual_seed(1)
+    model = Net()
+    path = os.path.join(ckpt, "inference.json")
+    if rank == 0:
+        os.makedirs(ckpt, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"dtype": "bf16", "max_out_tokens": 64, "tensor_parallel": {"tp_size": 1}}, f)
+    torch.distributed.barrier()
+    engine = deepspeed.init_inference(model, config=path, replace_with_kernel_inject=False)
+    with torch.no_grad():
+        for step in range(2):
+            losses.append(mean_over_ranks(engine(*batch(step, 0, rank, world))))
+    return {"losses": losses, "made_dtypes": made, "default": default,
+            "merged": {"dtype": str(engine._config.dtype), "tp_size": engine._config.tensor_parallel.tp_size,
+                       "max_out_tokens": engine._config.max_out_tokens}}
+
+
 SCENARIOS = {"base": scenario_base, "features": scenario_features, "bf16": scenario_bf16,
              "resume": scenario_resume, "coalesce": scenario_coalesce, "gradcache": scenario_gradcache,
              "client": scenario_client, "groups": scenario_groups, "knobs": scenario_knobs, "eval": scenario_eval,
@@ -712,7 +753,7 @@ SCENARIOS = {"base": scenario_base, "features": scenario_features, "bf16": scena
              "batch_warmup": scenario_batch_warmup, "init_bf16": scenario_init_bf16, "autocast": scenario_autocast,
              "trackers": scenario_trackers, "offload_states": scenario_offload_states,
              "accessors": scenario_accessors, "schedule_resumed": scenario_schedule_resumed,
-             "leaf_modules": scenario_leaf_modules}
+             "leaf_modules": scenario_leaf_modules, "inference": scenario_inference}
 
 
 def main():

@@ -1,6 +1,6 @@
 """DeepSpeed's `deepspeed.utils`: the checkpoint readers (zero_to_fp32),
 one param's training state, whole or this rank's part (param_access), the logger, the timers, RepeatingLoader,
-z3 leaf modules."""
+z3 leaf modules, OnDevice."""
 from . import timer, zero_to_fp32  # noqa: F401
 from .zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # noqa: F401
 from .param_access import (  # noqa: F401
@@ -13,3 +13,4 @@ from ..runtime.dataloader import RepeatingLoader  # noqa: F401
 from .z3_leaf_module import (apply_zero_leaf_module_config, get_z3_leaf_modules, set_z3_leaf_module,  # noqa: F401
                              set_z3_leaf_modules, set_z3_leaf_modules_by_name, set_z3_leaf_modules_by_suffix,
                              unset_z3_leaf_modules, z3_leaf_module)
+from .init_on_device import OnDevice  # noqa: F401
