@@ -19,7 +19,9 @@
 #     environment, first on PATH, as there (with numpy, which that machine's
 #     python3 has);
 #  4. `./run gpu-test` runs there: it must exit 0, every case of the
-#     GPU-labelled tests must skip (no GPU here) and every other test pass.
+#     GPU-labelled tests must skip (no GPU here) and every other test pass,
+#     but those labelled breadth, which `run` leaves to CI's own run of the
+#     suite under ZERO_GPU_REHEARSAL (tests/CMakeLists.txt says why).
 #
 # The full log goes to BUILD_DIR/gpu-rehearsal/gpu-test.log; its tail is
 # printed on failure. Skips (exit 77) when not root, when unshare is missing
