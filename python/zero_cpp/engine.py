@@ -38,7 +38,7 @@ from .runtime.config import monitor_config
 from .runtime.config_accessors import ConfigAccessors
 from .runtime.torch_autocast import AutocastSettings, autocast_if_enabled
 from .utils.z3_leaf_module import apply_zero_leaf_module_config
-from .zero import state_dict_at_rest
+from .zero import released_params, state_dict_at_rest
 
 _ENGINES = []  # weak references to the live engines (zero.GatheredParameters finds a param's engine)
 
@@ -140,6 +140,7 @@ class ZeroEngine(ConfigAccessors, torch.nn.Module):
         self.engine_timers_cache = {}
         if self._stage == 3:
             mark_partitioned(model.parameters())
+            released_params.name(model.named_parameters())
             _attach_local_parts(model, self._engine)
             state_dict_at_rest.guard(model.modules())
         self._in_forward = 0  # engine forwards running now (the model's forward inside them)

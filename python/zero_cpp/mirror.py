@@ -47,7 +47,11 @@ def mark_partitioned(params):
     one (`hasattr(p, "ds_id")`, LLaVA's maybe_zero_3): ds_id, ds_numel,
     ds_shape, and ds_status -- NOT_AVAILABLE at rest, AVAILABLE inside
     GatheredParameters; the engine's own gathers for forward and backward
-    are not reported."""
+    are not reported. Each becomes a PartitionedParameter: read while
+    released, it reads as DeepSpeed's does at rest (zero/released_params.py)."""
+    from .zero import released_params  # here: zero_cpp.zero imports this module
+    params = list(params)
+    released_params.mark(params)
     for p in params:
         if not hasattr(p, "ds_id"):
             p.ds_id = next(_next_ds_id)
@@ -210,6 +214,10 @@ class _UnitParameters(dict):
             self._scope.entered.append(_Held(self._unit, self._held))
         return p
 
+    def __reduce__(self):
+        # A copy of the model (copy.deepcopy, pickle) is a plain model: its params in a plain dict.
+        return (dict, (list(dict.items(self)),))
+
 
 class _Held:
     """A unit held by a read from outside its forward; left at the end of the engine forward."""
@@ -273,11 +281,34 @@ class UnitHooks:
         self._dicts = []
 
 
+class _UnitHook:
+    """A unit's forward hook. A copy of the model (copy.deepcopy, pickle: a
+    reference model, an EMA) gets a hook that does nothing in its place: the
+    copy is a plain model, which must not reach this engine's units."""
+
+    def __init__(self, hook):
+        self._hook = hook
+
+    def __call__(self, *args):
+        return self._hook(*args)
+
+    def __reduce__(self):
+        return (_no_hook, ())
+
+
+def _no_hook():
+    return _do_nothing
+
+
+def _do_nothing(*args):
+    return None
+
+
 def _pre_hook(unit, running):
     def hook(module, args):
         unit.enter()
         running[0] += 1
-    return hook
+    return _UnitHook(hook)
 
 
 def _post_hook(unit, running, params):
@@ -296,7 +327,7 @@ def _post_hook(unit, running, params):
             params._scope.entered.append(_Held(unit, params._held))
             return
         unit.leave(outputs)
-    return hook
+    return _UnitHook(hook)
 
 
 def _returns_own_param(outputs, params):

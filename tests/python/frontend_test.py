@@ -434,6 +434,54 @@ def test_stage3_params_say_they_are_partitioned():
           all(is_zero_param(p) for _, p in params), "below stage 3 no param has ds_id (is_zero_param), at 3 all do")
 
 
+def test_released_params_read_as_deepspeeds():
+    """Stage 3's params outside GatheredParameters (python_parity's
+    "at_rest" holds the values to DeepSpeed's): a read gives an empty
+    tensor and one warning naming the param, where it stopped the process;
+    metadata and a conversion that changes nothing read the param itself;
+    a write that would take the engine's storage away (.data =,
+    model.half()) is refused naming the param, and nothing changes; the
+    run goes on as one that read nothing."""
+    import copy
+    plain = train(make(3), 4)
+    engine = make(3)
+    losses = train(engine, 2)
+    model = engine.module
+    w = model.hidden[0].weight
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        reads = [w.sum().item(), w.norm().item(), w.data.numel(), (w * 2).numel(), torch.cat([w.view(-1)]).numel()]
+        again = w.clone().numel()
+    ours = [str(x.message) for x in said if "zero_cpp" in str(x.message)]
+    check(reads == [0.0, 0.0, 0, 0, 0] and again == 0 and len(ours) == 1 and "'hidden.0.weight'" in ours[0] and
+          "GatheredParameters" in ours[0],
+          f"a released param reads as an empty tensor, as DeepSpeed's, with one warning naming it ({reads}, {ours})")
+    check(tuple(w.shape) == (64, 64) and w.numel() == 4096 and w.dtype == torch.float32 and w.requires_grad and
+          w.to("cpu") is w and w.float() is w and model.to("cpu") is model and "tensor([]" in repr(w),
+          "its metadata are the param's; a conversion that changes nothing gives the param itself; repr shows "
+          "what a read gives")
+
+    def assign():
+        w.data = torch.zeros(64, 64)
+    ok, msg = raises(assign, RuntimeError, "'hidden.0.weight'")
+    check(ok and "GatheredParameters" in msg, f"assigning .data of a released param is refused, naming it ({msg})")
+    ok, msg = raises(model.half, RuntimeError, "model.half()")
+    check(ok and all(p.dtype == torch.float32 for p in model.parameters()),
+          f"model.half() at rest is refused, nothing cast ({msg})")
+    twin = copy.deepcopy(model)
+    check(all(p.numel() == 0 for p in twin.parameters()), "a deep copy at rest holds empty params, as DeepSpeed's")
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        whole = copy.deepcopy(model)
+        gathered = w.sum().item()
+    x, y = data(9, engine)
+    with torch.no_grad():
+        check(gathered != 0.0 and whole.hidden[0].weight.sum().item() == gathered and
+              torch.isfinite(whole(x, y)) and not any(hasattr(m, "_zero_cpp_unit") for m in whole.modules()),
+              "inside GatheredParameters the params read whole; a deep copy made there is a plain model that runs")
+    losses += train(engine, 2, first=2)
+    check(losses == plain, f"the run goes on as one that read nothing ({losses} vs {plain})")
+
+
 def test_host_copies_of_gathered_params_outlive_the_block():
     # DeepSpeed-Chat's save_zero_three_model: `v.data.cpu()` inside the
     # block, the result read after it. On a GPU `.cpu()` copies; on the host
@@ -1000,7 +1048,7 @@ def test_errors():
                                                    config=config(2)),
                       deepspeed.DeepSpeedConfigError, "inp.weight")
     check(ok, f"trainable params left out of model_parameters are named ({said})")
-    if dist.get_rank() == 0:  # a released param read from Python: the message names the Python API
+    if dist.get_rank() == 0:  # a released param's memory read from Python: the message names the Python API
         import subprocess
         script = ("import torch, torch.nn as nn, zero_cpp as ds\n"
                   "m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))\n"
@@ -1009,13 +1057,16 @@ def test_errors():
                   "'stage3_param_persistence_threshold': 0}}\n"
                   "e, *_ = ds.initialize(model=m, model_parameters=m.parameters(), config=cfg)\n"
                   "e.backward(e(torch.ones(2, 8)).sum()); e.step()\n"
-                  "print(float(m[0].weight.sum()))\n")
+                  "with ds.zero.GatheredParameters([m[0].weight]):\n"
+                  "    view = m[0].weight.data\n"
+                  "print(float(view.sum()))\n")
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                                                 "MASTER_ADDR", "MASTER_PORT")}
         run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
         check(run.returncode != 0 and "'0.weight'" in run.stderr and "deepspeed.zero.GatheredParameters" in run.stderr
               and "consolidated_fp32_state_dict" in run.stderr,
-              f"a released param read from Python stops the process naming it and the Python API to use "
+              f"a view kept past GatheredParameters, read after it, stops the process naming the param and the "
+              f"Python API to use "
               f"({run.returncode}: {run.stderr.strip()[-400:]})")
     # DeepSpeed's layout but not a checkpoint it could have written: the conversion (rank 0's) fails on
     # every rank, naming it. (Real ones convert and load: ctest python_deepspeed_checkpoint.)
@@ -1457,7 +1508,8 @@ def main():
     check(deepspeed.comm.get_world_size() == 2 and dist.is_initialized(), "init_distributed sets up torch.distributed")
     sys.exit(finish((test_zero_init, test_zero_init_of_tied_weights, test_zero_init_of_a_parent_writing_its_children, test_accelerator_logging_and_loaders, test_gathered_parameters, test_gathered_parameters_under_init, test_init_of_children_by_their_parents,
                  test_module_zero_grad_clears_the_engines_grads, test_module_called_directly_at_stage3,
-                 test_stage3_params_say_they_are_partitioned, test_host_copies_of_gathered_params_outlive_the_block,
+                 test_stage3_params_say_they_are_partitioned, test_released_params_read_as_deepspeeds,
+                 test_host_copies_of_gathered_params_outlive_the_block,
                  test_forward_returning_its_own_param,
                  test_z3_leaf_modules,
                  test_dataloader,
