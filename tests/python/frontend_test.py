@@ -1489,6 +1489,67 @@ def test_on_device():
     check(deepspeed.utils.OnDevice is deepspeed.OnDevice, "deepspeed.utils.OnDevice is deepspeed.OnDevice")
 
 
+class TiledMlp(Mlp):
+    """Mlp with its hidden layers deepspeed.zero.TiledLinear (3 x 2 tiles),
+    their weights copied from `inits`."""
+
+    def __init__(self, inits):
+        super().__init__()
+        self.hidden = nn.ModuleList(deepspeed.zero.TiledLinear(64, 64, in_splits=2, out_splits=3, init_linear=i)
+                                    for i in inits)
+
+
+def test_tiled_linear():
+    """deepspeed.zero.TiledLinear beyond python_parity's (its losses
+    DeepSpeed's at stages 0-3): built under zero.Init, the tiles' weights
+    written through GatheredParameters(modifier_rank=0), training as the
+    same model built plainly; each tile its own stage-3 unit (gathered on
+    its own); the math a plain Linear's; TiledLinearReturnBias's (output,
+    bias); bad splits named."""
+    def inits():
+        torch.manual_seed(1)
+        return [nn.Linear(64, 64) for _ in range(4)]
+
+    layers = inits()
+    torch.manual_seed(0)
+    plain = train(make(3, TiledMlp(layers)), 3)
+    cfg, layers = config(3), inits()  # the Linears to copy from made outside: inside they would be partitioned
+    with deepspeed.zero.Init(config_dict_or_path=cfg):
+        torch.manual_seed(0)
+        built = TiledMlp(layers)
+    engine = make(3, built)
+    check(train(engine, 3) == plain, "TiledLinear built under zero.Init trains as the same model built plainly")
+    import re
+    units = [int(re.search(r"(\d+) units", e.describe()).group(1)) for e in (engine, make(3))]
+    check(units == [2 + 4 * 6, 2 + 4], f"each tile is a stage-3 unit of its own: {units[0]} units, the same model "
+          f"with whole Linears {units[1]}")
+
+    linear = nn.Linear(10, 7)
+    tiled = deepspeed.zero.TiledLinear(10, 7, in_splits=3, out_splits=2, init_linear=linear)
+    x = torch.randn(5, 10)
+    check(torch.allclose(tiled(x), linear(x), atol=1e-6) and [len(r) for r in tiled.linears] == [3, 3] and
+          [tuple(t.weight.shape) for t in tiled.linears[0]] == [(4, 4), (4, 3), (4, 3)] and
+          [t.bias is not None for t in tiled.linears[1]] == [False, False, True],
+          "a TiledLinear computes its Linear's output; uneven tiles, the first larger; a bias in the last column only")
+    parts = deepspeed.zero.TiledLinear(10, 7, in_splits=2, out_splits=2, input_is_already_split=True,
+                                       combine_out_splits=False, init_linear=linear)
+    outs = parts(list(torch.split(x, [5, 5], dim=-1)))
+    check(len(outs) == 2 and torch.allclose(torch.cat(outs, -1), linear(x), atol=1e-6),
+          "input_is_already_split and combine_out_splits=False: split in, rows out")
+
+    class BiasLater(nn.Linear):  # Megatron's: the bias returned, added by the caller
+        def forward(self, x):
+            return F.linear(x, self.weight), self.bias
+
+    returning = deepspeed.zero.TiledLinearReturnBias(10, 7, in_splits=2, out_splits=3, linear_cls=BiasLater,
+                                                     init_linear=linear)
+    out, bias = returning(x)
+    check(torch.allclose(out + bias, linear(x), atol=1e-6) and torch.equal(bias, linear.bias.detach()),
+          "TiledLinearReturnBias: the output without the bias, and the bias joined")
+    ok, msg = raises(lambda: deepspeed.zero.TiledLinear(4, 4, in_splits=5), RuntimeError, "in_splits")
+    check(ok, f"more tiles than features is refused, naming in_splits ({msg})")
+
+
 def check_process_group_destroyed_at_exit():
     # Registered before init_distributed, so it runs after zero_cpp's own exit
     # handler (atexit is last in, first out). A Gloo group left up at exit
@@ -1515,7 +1576,7 @@ def main():
                  test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
                  test_interrupted_forward, test_loader_and_contexts, test_errors, test_state_setters, test_offload_states, test_manual_backward_with_scale,
-                 test_init_inference, test_on_device,
+                 test_init_inference, test_on_device, test_tiled_linear,
                  test_checkpoint_without_frozen_params, test_non_strict_load_of_another_model,
                  test_stage3_module_state_dict_at_rest,
                  test_divergent_unit_order)))  # last: it leaves the ranks' collectives apart

@@ -768,6 +768,31 @@ def scenario_at_rest(stage, out, ckpt):
     return {"losses": losses + train(engine, 2, first_step=2), "read": read}
 
 
+class TiledNet(Net):
+    """Net with each block's fc1 a deepspeed.zero.TiledLinear (3 rows x 2
+    columns of tiles, uneven), its weights copied from a plain Linear of
+    `inits` (made outside zero.Init: one made inside is partitioned, and
+    DeepSpeed's copy_params_from asserts on its empty weight)."""
+
+    def __init__(self, inits):
+        super().__init__()
+        for b, init in zip(self.blocks, inits):
+            b.fc1 = deepspeed.zero.TiledLinear(D, 4 * D, in_splits=2, out_splits=3, init_linear=init)
+
+
+def scenario_tiled(stage, out, ckpt):
+    """DeepSpeed's memory-centric tiling (zero3.rst): TiledLinear layers,
+    each tile a unit at stage 3. (Built under zero.Init, Net's own init
+    writes are lost under DeepSpeed's -- from-deepspeed.md's differences --
+    so python_frontend holds that build to a plain one.)"""
+    cfg = config(stage, warmup=True)
+    torch.manual_seed(0)
+    model = TiledNet([nn.Linear(D, 4 * D) for _ in range(LAYERS)])
+    tiles = sorted(n for n, _ in model.named_parameters() if "linears" in n)[:4]
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    return {"losses": train(engine, 4), "tiles": tiles}
+
+
 # "inference" first: DeepSpeed's torch_autocast engine ("autocast") leaves
 # state behind that changes the 16-bit forwards of later models in the same
 # process (its inference losses move by ~1e-4 after it).
@@ -778,7 +803,8 @@ SCENARIOS = {"inference": scenario_inference, "base": scenario_base, "features":
              "batch_warmup": scenario_batch_warmup, "init_bf16": scenario_init_bf16, "autocast": scenario_autocast,
              "trackers": scenario_trackers, "offload_states": scenario_offload_states,
              "accessors": scenario_accessors, "schedule_resumed": scenario_schedule_resumed,
-             "leaf_modules": scenario_leaf_modules, "at_rest": scenario_at_rest}
+             "leaf_modules": scenario_leaf_modules, "at_rest": scenario_at_rest,
+             "tiled": scenario_tiled}
 
 
 def main():

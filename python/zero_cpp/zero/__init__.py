@@ -377,3 +377,7 @@ def register_external_parameter(module, parameter):
 def unregister_external_parameter(module, parameter):
     external = module.__dict__.get(_EXTERNAL_ATTR, [])
     module.__dict__[_EXTERNAL_ATTR] = [p for p in external if p is not parameter]
+
+
+# DeepSpeed's deepspeed.zero.TiledLinear (last: its module reaches GatheredParameters through this one).
+from ..runtime.zero.tiling import TiledLinear, TiledLinearReturnBias  # noqa: E402,F401
