@@ -30,7 +30,7 @@ from .version import __version__, __version_major__, __version_minor__, __versio
 from .distributed import init_distributed  # noqa: F401
 from .config import DeepSpeedConfigError, add_config_arguments  # noqa: F401
 from .engine import ZeroEngine, ZeroDataLoader, initialize  # noqa: F401
-from . import accelerator, checkpointing, comm, ops, runtime, utils, zero  # noqa: F401
+from . import accelerator, checkpointing, comm, moe, ops, runtime, utils, zero  # noqa: F401
 from .accelerator import get_accelerator  # noqa: F401
 from .utils import log_dist, logger  # noqa: F401
 from .runtime.config import DeepSpeedConfig  # noqa: F401,E402  (deepspeed.DeepSpeedConfig)

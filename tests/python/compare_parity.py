@@ -104,6 +104,9 @@ def main():
                 same = z["module_state_dict"] == d["module_state_dict"]
                 check(same, f"accessors stage {stage}: module_state_dict's {len(d['module_state_dict'])} keys without "
                       f"the frozen params" + ("" if same else f": {z['module_state_dict']} vs {d['module_state_dict']}"))
+            if name == "moe":
+                check(z["groups"] == d["groups"], f"moe stage {stage}: the optimizer's param groups {z['groups']} vs "
+                      f"DeepSpeed's {d['groups']}")
             if name == "tiled":
                 check(z["tiles"] == d["tiles"], f"tiled stage {stage}: the tiles' names {z['tiles']} vs {d['tiles']}")
             if name == "at_rest":

@@ -1550,6 +1550,42 @@ def test_tiled_linear():
     check(ok, f"more tiles than features is refused, naming in_splits ({msg})")
 
 
+class MoeMlp(nn.Module):
+    def __init__(self, **moe):
+        super().__init__()
+        self.inp = nn.Linear(8, 32)
+        self.moe = deepspeed.moe.layer.MoE(hidden_size=32, expert=nn.Linear(32, 32), num_experts=4, **moe)
+        self.out = nn.Linear(32, 1)
+
+    def forward(self, x, y):
+        h, l_aux, counts = self.moe(torch.tanh(self.inp(x)))
+        self.counts = counts
+        return F.mse_loss(self.out(h), y) + 0.01 * l_aux
+
+
+def test_moe():
+    """deepspeed.moe beyond python_parity's (its losses DeepSpeed's at
+    stages 0-2): at stage 3, where DeepSpeed's refuses MoE, each expert is a
+    unit and the losses are stage 0's; the config's optimizer over a model
+    with experts (no groups given); exp_counts counts every token's k
+    routes; expert params marked; ep_size > 1 refused naming it."""
+    runs = {}
+    for stage in (0, 3):
+        torch.manual_seed(0)
+        engine = make(stage, MoeMlp(k=2))
+        torch.manual_seed(1)
+        runs[stage] = train(engine, 3)
+    check(runs[3] == runs[0], f"an MoE model at stage 3 trains as at stage 0 ({runs[3]} vs {runs[0]})")
+    check(engine.module.counts.sum().item() == 2 * 4, f"exp_counts: each of the 4 tokens' 2 routes counted "
+          f"({engine.module.counts.tolist()})")
+    from zero_cpp.moe.utils import has_moe_layers, is_moe_param, split_params_into_shared_and_expert_params
+    shared, expert = split_params_into_shared_and_expert_params(list(engine.module.parameters()))
+    check(has_moe_layers(engine.module) == (True, 4) and len(expert) == 8 and all(is_moe_param(p) for p in expert)
+          and not any(is_moe_param(p) for p in shared), "has_moe_layers, and the 4 experts' 8 params are expert params")
+    ok, msg = raises(lambda: MoeMlp(ep_size=2), NotImplementedError, "ep_size 2")
+    check(ok and "expert parallelism" in msg, f"expert parallelism is refused, naming ep_size ({msg})")
+
+
 def check_process_group_destroyed_at_exit():
     # Registered before init_distributed, so it runs after zero_cpp's own exit
     # handler (atexit is last in, first out). A Gloo group left up at exit
@@ -1576,7 +1612,7 @@ def main():
                  test_dataloader,
                  test_zero_to_fp32, test_weights_only_load_and_16bit_model, test_group_settings_and_step_flags,
                  test_interrupted_forward, test_loader_and_contexts, test_errors, test_state_setters, test_offload_states, test_manual_backward_with_scale,
-                 test_init_inference, test_on_device, test_tiled_linear,
+                 test_init_inference, test_on_device, test_tiled_linear, test_moe,
                  test_checkpoint_without_frozen_params, test_non_strict_load_of_another_model,
                  test_stage3_module_state_dict_at_rest,
                  test_divergent_unit_order)))  # last: it leaves the ranks' collectives apart

@@ -793,6 +793,56 @@ def scenario_tiled(stage, out, ckpt):
     return {"losses": train(engine, 4), "tiles": tiles}
 
 
+class MoeNet(nn.Module):
+    """DeepSpeed's MoE tutorial's shape: a Linear made a deepspeed.moe MoE
+    layer between stock layers, its l_aux added to the loss."""
+
+    def __init__(self, k, **moe):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.ln = nn.LayerNorm(D)
+        self.moe = deepspeed.moe.layer.MoE(hidden_size=D, expert=nn.Sequential(nn.Linear(D, 2 * D), nn.GELU(),
+                                                                              nn.Linear(2 * D, D)),
+                                           num_experts=4, k=k, **moe)
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, idx, targets):
+        x = self.emb(idx)
+        y, l_aux, _ = self.moe(self.ln(x))
+        logits = self.head(x + y)
+        return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1)) + 0.01 * l_aux
+
+
+def scenario_moe(stage, out, ckpt):
+    """DeepSpeed's mixture of experts (its MoE tutorial) at stages 0-2
+    (DeepSpeed's refuses stage 3): top-1 with random token selection and
+    tokens dropped at capacity 1.0, top-2 with the second expert sampled
+    and a Residual MoE, top-3 without dropping; the param groups
+    split_params_into_different_moe_groups_for_optimizer makes (the
+    tutorial's create_moe_param_groups); the gate's random draws under a
+    seed give DeepSpeed's routes, so the same losses."""
+    if stage == 3:
+        return None
+    split_params_into_different_moe_groups_for_optimizer = \
+        deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer  # the front end's own
+    losses, groups = [], []
+    for k, moe in ((1, {"capacity_factor": 1.0, "noisy_gate_policy": "RSample"}),
+                   (2, {"use_residual": True, "min_capacity": 2}), (3, {"drop_tokens": False})):
+        torch.manual_seed(0)
+        model = MoeNet(k, **moe)
+        params = split_params_into_different_moe_groups_for_optimizer(
+            {"params": list(model.parameters()), "name": "parameters"})
+        groups.append([(g["name"], g.get("moe", False), len(g["params"])) for g in params])
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config(stage))
+        torch.manual_seed(1 + engine.global_rank)  # the gate's draws: the same per rank under either
+        losses += train(engine, 3)
+        with torch.no_grad():
+            engine.eval()
+            losses.append(mean_over_ranks(engine(*batch(9, 0, engine.global_rank, engine.world_size))))
+            engine.train()
+    return {"losses": losses, "groups": groups}
+
+
 # "inference" first: DeepSpeed's torch_autocast engine ("autocast") leaves
 # state behind that changes the 16-bit forwards of later models in the same
 # process (its inference losses move by ~1e-4 after it).
@@ -804,7 +854,7 @@ SCENARIOS = {"inference": scenario_inference, "base": scenario_base, "features":
              "trackers": scenario_trackers, "offload_states": scenario_offload_states,
              "accessors": scenario_accessors, "schedule_resumed": scenario_schedule_resumed,
              "leaf_modules": scenario_leaf_modules, "at_rest": scenario_at_rest,
-             "tiled": scenario_tiled}
+             "tiled": scenario_tiled, "moe": scenario_moe}
 
 
 def main():
