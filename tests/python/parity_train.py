@@ -617,7 +617,18 @@ ACCESSORS = (
              "zero_elastic_checkpoint", "zero_load_from_fp32_weights", "zero_ignore_unused_parameters",
              "fp16_auto_cast", "initial_dynamic_scale", "dynamic_loss_scale_args",
              "checkpoint_tag_validation_enabled", "checkpoint_tag_validation_fail", "load_universal_checkpoint",
-             "use_node_local_storage")
+             "use_node_local_storage", "zero_overlap_comm", "zero_compute_grad_norm", "zero_nvme_offload_optimizer",
+             "zero_partial_offload", "zero_multi_rank_bucket_allreduce", "zero_allgather_sequential",
+             "zero_parameter_alignment", "zero_legacy_stage1", "zero_log_trace_cache_warnings",
+             "zero_model_persistence_threshold", "zero_module_granularity_threshold", "zero_quantized_weights",
+             "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
+             "zero_save_muon_momentum_buffer_in_memory", "zero_allow_untested_optimizer",
+             "zero_force_ds_cpu_optimizer", "bf16_master_weights_and_gradients", "bf16_optimizer_states",
+             "fp16_master_weights_and_gradients", "autotuning_enabled", "flops_profiler_enabled",
+             "flops_profiler_recompute_fwd_factor", "flops_profiler_profile_step", "flops_profiler_module_depth",
+             "flops_profiler_top_modules", "flops_profiler_detailed", "flops_profiler_output_file",
+             "data_efficiency_enabled", "curriculum_learning_enabled", "data_sampling_enabled", "random_ltd_enabled",
+             "autotp_size")
 
 
 def scenario_accessors(stage, out, ckpt):
@@ -633,7 +644,11 @@ def scenario_accessors(stage, out, ckpt):
     model = Net()
     c = config(stage, warmup=True)
     c["zero_optimization"].update({"reduce_bucket_size": 1e6, "allgather_bucket_size": 2e6,
-                                   "stage3_max_live_parameters": 3e6, "round_robin_gradients": False})
+                                   "stage3_max_live_parameters": 3e6, "round_robin_gradients": False,
+                                   "overlap_comm": stage != 3,
+                                   "model_persistence_threshold": 1e9, "log_trace_cache_warnings": True})
+    c["flops_profiler"] = {"enabled": False, "profile_step": 3, "module_depth": 2, "top_modules": 2, "detailed": False}
+    c["zero_allow_untested_optimizer"] = True
     c["dataloader_drop_last"] = True
     c["checkpoint"] = {"tag_validation": "fail"}
     c["fp16"] = {"enabled": False, "loss_scale_window": 500, "hysteresis": 3}

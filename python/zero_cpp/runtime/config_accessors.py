@@ -4,6 +4,8 @@ and defaults (python_parity "accessors" holds each to DeepSpeed's). The
 engine (zero_cpp.engine.ZeroEngine) mixes them in; they read its config as
 given (`_config`), as the C++ parser resolved it (`_resolved`), and its
 world."""
+import sys
+
 from torch.utils.data import IterableDataset
 
 from .. import config as configs
@@ -12,7 +14,12 @@ from .. import config as configs
 # buckets and kernels), at DeepSpeed 0.19.8's defaults where the config is silent.
 _ZERO_DEFAULTS = {"allgather_bucket_size": 500_000_000, "reduce_scatter": True, "allgather_partitions": True,
                   "round_robin_gradients": False, "sub_group_size": 1_000_000_000, "elastic_checkpoint": False,
-                  "load_from_fp32_weights": True, "ignore_unused_parameters": True}
+                  "load_from_fp32_weights": True, "ignore_unused_parameters": True,
+                  "use_multi_rank_bucket_allreduce": True, "allgather_sequential": False, "parameter_alignment": False,
+                  "legacy_stage1": False, "log_trace_cache_warnings": False,
+                  "model_persistence_threshold": sys.maxsize, "module_granularity_threshold": 0,
+                  "zero_quantized_weights": False, "zero_quantized_nontrainable_weights": False,
+                  "zero_quantized_gradients": False, "save_muon_momentum_buffer_in_memory": False}
 
 
 class ConfigAccessors:
@@ -82,6 +89,55 @@ class ConfigAccessors:
         return {"init_scale": self.initial_dynamic_scale(), "scale_window": f["loss_scale_window"],
                 "delayed_shift": f["hysteresis"], "consecutive_hysteresis": f["consecutive_hysteresis"],
                 "min_scale": f["min_loss_scale"]}
+
+    # ---- master weights, the flops profiler, features zero_cpp does not run (their defaults) ----
+    def bf16_master_weights_and_gradients(self):
+        return bool((self._config.get("bf16") or {}).get("bf16_master_weights_and_grads", False))
+
+    def bf16_optimizer_states(self):
+        return bool((self._config.get("bf16") or {}).get("bf16_optimizer_states", False))
+
+    def fp16_master_weights_and_gradients(self):
+        return bool((self._config.get("fp16") or {}).get("fp16_master_weights_and_grads", False))
+
+    def autotuning_enabled(self):
+        return bool((self._config.get("autotuning") or {}).get("enabled", False))
+
+    def flops_profiler_enabled(self):
+        return bool(self._flops["enabled"]) or self.autotuning_enabled()
+
+    def flops_profiler_recompute_fwd_factor(self):
+        return self._flops["recompute_fwd_factor"]
+
+    def flops_profiler_profile_step(self):
+        return self._flops["profile_step"]
+
+    def flops_profiler_module_depth(self):
+        return self._flops["module_depth"]
+
+    def flops_profiler_top_modules(self):
+        return self._flops["top_modules"]
+
+    def flops_profiler_detailed(self):
+        return self._flops["detailed"]
+
+    def flops_profiler_output_file(self):
+        return self._flops["output_file"]
+
+    def data_efficiency_enabled(self):
+        return False  # DeepSpeed's data efficiency library (curriculum, data routing) is not run here
+
+    def curriculum_learning_enabled(self):
+        return False
+
+    def data_sampling_enabled(self):
+        return False
+
+    def random_ltd_enabled(self):
+        return False
+
+    def autotp_size(self):
+        return 0  # no tensor parallelism (DeepSpeed's default: 0, off)
 
     # ---- checkpoints ----
     def checkpoint_tag_validation_enabled(self):
@@ -165,6 +221,60 @@ class ConfigAccessors:
 
     def zero_ignore_unused_parameters(self):
         return self._zero_given("ignore_unused_parameters")
+
+    def zero_overlap_comm(self):
+        return self._zero_resolved("overlap_comm")
+
+    def zero_compute_grad_norm(self):
+        return self._zero_resolved("compute_grad_norm")
+
+    def zero_nvme_offload_optimizer(self):
+        return self._zero_resolved("offload_optimizer")["device"] == "nvme"
+
+    def zero_partial_offload(self):
+        return float((self._zero_given_block("offload_optimizer") or {}).get("ratio", 1.0))
+
+    def zero_multi_rank_bucket_allreduce(self):
+        return self._zero_given("use_multi_rank_bucket_allreduce")
+
+    def zero_allgather_sequential(self):
+        return self._zero_given("allgather_sequential")
+
+    def zero_parameter_alignment(self):
+        return self._zero_given("parameter_alignment")
+
+    def zero_legacy_stage1(self):
+        return self._zero_given("legacy_stage1")
+
+    def zero_log_trace_cache_warnings(self):
+        return self._zero_given("log_trace_cache_warnings")
+
+    def zero_model_persistence_threshold(self):
+        return self._zero_given("model_persistence_threshold")
+
+    def zero_module_granularity_threshold(self):
+        return self._zero_given("module_granularity_threshold")
+
+    def zero_quantized_weights(self):
+        return self._zero_given("zero_quantized_weights")  # only false is taken
+
+    def zero_quantized_nontrainable_weights(self):
+        return self._zero_given("zero_quantized_nontrainable_weights")
+
+    def zero_quantized_gradients(self):
+        return self._zero_given("zero_quantized_gradients")
+
+    def zero_save_muon_momentum_buffer_in_memory(self):
+        return self._zero_given("save_muon_momentum_buffer_in_memory")
+
+    def zero_allow_untested_optimizer(self):
+        return bool(self._config.get("zero_allow_untested_optimizer", False))
+
+    def zero_force_ds_cpu_optimizer(self):
+        return bool(self._config.get("zero_force_ds_cpu_optimizer", True))
+
+    def _zero_given_block(self, key):
+        return (self._config.get("zero_optimization") or {}).get(key)
 
     def _zero_resolved(self, key):
         return self._resolved["zero_optimization"][key]
