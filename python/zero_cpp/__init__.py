@@ -38,6 +38,9 @@ from . import inference  # noqa: F401,E402
 from .inference import (DeepSpeedInferenceConfig, InferenceEngine, default_inference_config,  # noqa: F401,E402
                         init_inference)
 from .utils import OnDevice  # noqa: F401,E402
+from . import comm as dist  # noqa: E402  (deepspeed.dist)
+
+TORCH_DISTRIBUTED_DEFAULT_PORT = 29500  # DeepSpeed's (deepspeed.constants)
 
 DeepSpeedEngine = ZeroEngine
 DeepSpeedDataLoader = ZeroDataLoader

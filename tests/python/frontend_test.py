@@ -1582,6 +1582,13 @@ def test_moe():
     shared, expert = split_params_into_shared_and_expert_params(list(engine.module.parameters()))
     check(has_moe_layers(engine.module) == (True, 4) and len(expert) == 8 and all(is_moe_param(p) for p in expert)
           and not any(is_moe_param(p) for p in shared), "has_moe_layers, and the 4 experts' 8 params are expert params")
+    g = deepspeed.utils.groups
+    check((g.get_data_parallel_world_size(), g.get_data_parallel_rank(), g._get_expert_data_parallel_world_size("ep_size_1"),
+           g._get_expert_parallel_world_size("ep_size_1"), g.get_tensor_model_parallel_world_size()) ==
+          (dist.get_world_size(), dist.get_rank(), dist.get_world_size(), 1, 1) and
+          g.get_data_parallel_group() is dist.group.WORLD and deepspeed.dist.get_rank() == dist.get_rank(),
+          "deepspeed.utils.groups: one data-parallel group of every rank (the experts' too); model, tensor and "
+          "expert parallel groups of one")
     ok, msg = raises(lambda: MoeMlp(ep_size=2), NotImplementedError, "ep_size 2")
     check(ok and "expert parallelism" in msg, f"expert parallelism is refused, naming ep_size ({msg})")
 
