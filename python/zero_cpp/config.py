@@ -189,12 +189,19 @@ def leaf_module(config):
 
 def for_cxx(config):
     """`config` as JSON for the C++ engine: the Python blocks taken out, and
-    the keys the front end carries out itself (zero_optimization.leaf_module)."""
+    the keys the front end carries out itself (_FRONT_END_KEYS)."""
     cxx = {k: v for k, v in config.items() if k not in PYTHON_BLOCKS}
-    zero = cxx.get("zero_optimization")
-    if isinstance(zero, dict) and "leaf_module" in zero:
-        cxx["zero_optimization"] = {k: v for k, v in zero.items() if k != "leaf_module"}
+    for block, key in _FRONT_END_KEYS:
+        inner = cxx.get(block)
+        if isinstance(inner, dict) and key in inner:
+            cxx[block] = {k: v for k, v in inner.items() if k != key}
     return json.dumps(cxx)
+
+
+# Keys inside the engine's blocks that the Python front end carries out
+# itself: z3 leaf modules (utils/z3_leaf_module.py), fp16's casting of the
+# forward's inputs (ZeroEngine.forward).
+_FRONT_END_KEYS = (("zero_optimization", "leaf_module"), ("fp16", "auto_cast"))
 
 
 def for_engine(config):

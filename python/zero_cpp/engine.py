@@ -373,6 +373,8 @@ class ZeroEngine(ConfigAccessors, torch.nn.Module):
 
     # ---- training ----
     def forward(self, *inputs, **kwargs):
+        if self.fp16_auto_cast():
+            inputs = _half(inputs)  # the ds_config's fp16.auto_cast: positional inputs only, as DeepSpeed's
         profiling = self._profiling_flops()
         if profiling:
             self.flops_profiler.start_profile()
@@ -919,6 +921,16 @@ def _warn_of_fp32_norm_statistics(model, config, precision, device):
                       f"statistics under {precision}, as DeepSpeed 0.19.8 leaves buffers; torch's CPU batch_norm "
                       f"refuses them beside {precision} weights: set \"data_types\": {{\"buffer_dtype\": "
                       f"\"{precision}\"}} to cast them")
+
+
+def _half(value):
+    """`value` with every floating-point tensor in it (inside lists, tuples
+    and dicts) cast to fp16."""
+    if isinstance(value, (list, tuple)):
+        return value.__class__([_half(v) for v in value])
+    if isinstance(value, dict):
+        return {k: _half(v) for k, v in value.items()}
+    return value.half() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
 def _widen_16bit_params(model):

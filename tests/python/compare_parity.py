@@ -11,6 +11,7 @@ FP32_REL = 1e-4   # the issue's: fp32 losses within 1e-4 relative
 BF16_REL = 5e-3   # bf16 keeps 8 bits of mantissa: a few roundings of 2^-9
 # torch_autocast: the same bf16 forward; DeepSpeed reduces the Linears'
 # grads in bf16 where zero_cpp reduces all in fp32 (~1e-5 apart after 6 steps).
+# fp16_auto_cast: fp16's roundings (7e-5 apart after 3 steps).
 AUTOCAST_REL = 1e-3
 
 
@@ -41,7 +42,8 @@ def main():
             misses.append(what)
 
     for name, stages in ds.items():
-        tol = BF16_REL if name in ("bf16", "init_bf16") else AUTOCAST_REL if name == "autocast" else FP32_REL
+        tol = BF16_REL if name in ("bf16", "init_bf16") else AUTOCAST_REL if name in ("autocast", "fp16_auto_cast") \
+            else FP32_REL
         for stage, d in stages.items():
             z = zc.get(name, {}).get(stage)
             if z is None:
@@ -104,6 +106,9 @@ def main():
                 same = z["module_state_dict"] == d["module_state_dict"]
                 check(same, f"accessors stage {stage}: module_state_dict's {len(d['module_state_dict'])} keys without "
                       f"the frozen params" + ("" if same else f": {z['module_state_dict']} vs {d['module_state_dict']}"))
+            if name == "fp16_auto_cast":
+                check(z["auto_cast"] is True and d["auto_cast"] is True, f"fp16_auto_cast stage {stage}: "
+                      f"engine.fp16_auto_cast() {z['auto_cast']} vs DeepSpeed's {d['auto_cast']}")
             if name == "moe":
                 check(z["groups"] == d["groups"], f"moe stage {stage}: the optimizer's param groups {z['groups']} vs "
                       f"DeepSpeed's {d['groups']}")

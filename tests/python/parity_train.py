@@ -858,6 +858,43 @@ def scenario_moe(stage, out, ckpt):
     return {"losses": losses, "groups": groups}
 
 
+def scenario_fp16_auto_cast(stage, out, ckpt):
+    """fp16 with the config's auto_cast: the engine casts the forward's
+    floating-point positional inputs (inside a tuple too) to fp16, keyword
+    inputs not; the script's inputs are fp32. Stages 1-3: DeepSpeed's
+    stage 0 runs fp16 through its unfused fp16 optimizer, whose losses are
+    5e-3 from its own stages 1-3 (and zero_cpp's) after one step."""
+    if stage == 0:
+        return None
+    class Regressor(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+
+        def forward(self, inputs, y):
+            x, scale = inputs
+            assert x.dtype == scale.dtype == torch.float16 and y.dtype == torch.float32, \
+                "auto_cast: positional inputs cast, keyword inputs as they are"
+            return F.mse_loss((self.net(x) * scale).float(), y)
+
+    torch.manual_seed(0)
+    model = Regressor()
+    c = config(stage)
+    c["fp16"] = {"enabled": True, "auto_cast": True, "initial_scale_power": 8}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=c)
+    losses = []
+    for step in range(4):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(MICRO * engine.world_size, 8, generator=g)
+        y = x.sum(1, keepdim=True).sin()
+        r = slice(engine.global_rank * MICRO, (engine.global_rank + 1) * MICRO)
+        loss = engine((x[r], torch.full((MICRO, 1), 0.5)), y=y[r])  # y by keyword: kept fp32
+        engine.backward(loss)
+        engine.step()
+        losses.append(mean_over_ranks(loss))
+    return {"losses": losses, "auto_cast": engine.fp16_auto_cast()}
+
+
 # "inference" first: DeepSpeed's torch_autocast engine ("autocast") leaves
 # state behind that changes the 16-bit forwards of later models in the same
 # process (its inference losses move by ~1e-4 after it).
@@ -869,7 +906,7 @@ SCENARIOS = {"inference": scenario_inference, "base": scenario_base, "features":
              "trackers": scenario_trackers, "offload_states": scenario_offload_states,
              "accessors": scenario_accessors, "schedule_resumed": scenario_schedule_resumed,
              "leaf_modules": scenario_leaf_modules, "at_rest": scenario_at_rest,
-             "tiled": scenario_tiled, "moe": scenario_moe}
+             "tiled": scenario_tiled, "moe": scenario_moe, "fp16_auto_cast": scenario_fp16_auto_cast}
 
 
 def main():
