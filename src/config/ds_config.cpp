@@ -398,6 +398,11 @@ ZeroConfig read_zero(ObjectReader& top) {
   r.get_bool("ignore_unused_parameters", true);
   r.get_bool("round_robin_gradients", false);
   r.get_bool("save_muon_momentum_buffer_in_memory", false);
+  // How DeepSpeed runs its own collectives (a bucketed all-reduce across
+  // ranks; stage 3's fetches one by one or as all-reduces): the same values.
+  r.get_bool("use_multi_rank_bucket_allreduce", true);
+  r.get_bool("use_all_reduce_for_fetch_params", false, {"stage3_use_all_reduce_for_fetch_params"});
+  r.get_bool("allgather_sequential", false, {"stage3_allgather_sequential"});
   c.compute_grad_norm = r.get_bool("compute_grad_norm", c.compute_grad_norm);
   c.offload_optimizer = read_offload(r, "offload_optimizer", false);
   c.offload_param = read_offload(r, "offload_param", true);
@@ -435,12 +440,8 @@ ZeroConfig read_zero(ObjectReader& top) {
   r.unsupported_unless("zeropp_loco_param", nullptr);
   r.unsupported_unless("mics_shard_size", -1);
   r.unsupported_unless("mics_hierarchical_params_gather", false);
-  r.unsupported_unless("use_multi_rank_bucket_allreduce", true);
   r.unsupported_unless("pipeline_loading_checkpoint", false);
   r.unsupported_unless("override_module_apply", true);
-  r.unsupported_unless("use_all_reduce_for_fetch_params", false,
-                       {"stage3_use_all_reduce_for_fetch_params"});
-  r.unsupported_unless("allgather_sequential", false, {"stage3_allgather_sequential"});
   r.unsupported_unless("enable_sanity_checks", false);
   r.unsupported_unless("parameter_alignment", false);  // params are packed; alignment is the group's
   r.unsupported_unless("zenflow", nullptr);

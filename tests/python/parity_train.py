@@ -645,7 +645,7 @@ def scenario_accessors(stage, out, ckpt):
     c = config(stage, warmup=True)
     c["zero_optimization"].update({"reduce_bucket_size": 1e6, "allgather_bucket_size": 2e6,
                                    "stage3_max_live_parameters": 3e6, "round_robin_gradients": False,
-                                   "overlap_comm": stage != 3,
+                                   "overlap_comm": stage != 3, "use_multi_rank_bucket_allreduce": False,
                                    "model_persistence_threshold": 1e9, "log_trace_cache_warnings": True})
     c["flops_profiler"] = {"enabled": False, "profile_step": 3, "module_depth": 2, "top_modules": 2, "detailed": False}
     c["zero_allow_untested_optimizer"] = True

@@ -301,6 +301,20 @@ TEST(ConfigUnsupported, AcceptedAtTheirDefault) {
   EXPECT_EQ(c.zero.stage, 0);
 }
 
+// DeepSpeed's knobs that only choose how its own collectives run (bucketed
+// all-reduce across ranks, sequential or all-reduce fetches): the same
+// results, so zero-cpp takes either value and keeps nothing; a value of the
+// wrong type is still named.
+TEST(ConfigZero, CollectiveVariantKnobsAreInert) {
+  Config c = Config::from_string(R"({"zero_optimization": {"stage": 3, "use_multi_rank_bucket_allreduce": false,
+      "allgather_sequential": true, "use_all_reduce_for_fetch_params": true}})");
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_NO_THROW(Config::from_string(R"({"zero_optimization": {"stage3_use_all_reduce_for_fetch_params": true,
+      "stage3_allgather_sequential": true}})"));
+  expect_error(R"({"zero_optimization": {"use_multi_rank_bucket_allreduce": 1}})",
+               {"zero_optimization.use_multi_rank_bucket_allreduce = 1: expected true or false"});
+}
+
 TEST(ConfigZero, HpzPartitionSizeIsRead) {
   EXPECT_EQ(Config::from_string(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})")
                 .zero.hpz_partition_size,
