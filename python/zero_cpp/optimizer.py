@@ -21,6 +21,7 @@ import torch
 from . import _C
 from . import config as configs
 from .config import DeepSpeedConfigError
+from .moe import utils as moe_utils
 
 # torch.optim classes and DeepSpeed's optimizer classes (by name: scripts may
 # pass deepspeed.ops objects) -> the config's optimizer type and how to read
@@ -312,8 +313,10 @@ def plan(model, optimizer, model_parameters, config):
         for k in ("betas", "eps", "momentum"):
             if k in params:
                 defaults[k] = tuple(params[k]) if k == "betas" else params[k]
-        groups = _as_groups(model_parameters if model_parameters is not None else model.parameters())
-        basic = BasicOptimizer(groups, defaults)
+        given = list(model_parameters if model_parameters is not None else model.parameters())
+        if moe_utils.has_moe_layers(model)[0]:
+            given = moe_utils.configure_moe_param_groups(given)  # DeepSpeed's expert groups, as its engine makes them
+        basic = BasicOptimizer(_as_groups(given), defaults)
     block_params = config["optimizer"].get("params", {})
     _check_groups(basic, block_params)
     names = {id(p): n for n, p in model.named_parameters()}

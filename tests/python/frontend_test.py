@@ -461,6 +461,12 @@ def test_released_params_read_as_deepspeeds():
           "its metadata are the param's; a conversion that changes nothing gives the param itself; repr shows "
           "what a read gives")
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        views = [w.T.numel(), float(w.T.sum()), w.to(torch.float32, True) is w, model.type(torch.float32) is model]
+    check(views == [0, 0.0, True, True], f"views through attributes (.T) read the stand-in too; conversions that "
+          f"change nothing, in any argument form, give the param itself ({views})")
+
     def assign():
         w.data = torch.zeros(64, 64)
     ok, msg = raises(assign, RuntimeError, "'hidden.0.weight'")
@@ -469,7 +475,8 @@ def test_released_params_read_as_deepspeeds():
     check(ok and all(p.dtype == torch.float32 for p in model.parameters()),
           f"model.half() at rest is refused, nothing cast ({msg})")
     twin = copy.deepcopy(model)
-    check(all(p.numel() == 0 for p in twin.parameters()), "a deep copy at rest holds empty params, as DeepSpeed's")
+    check(all(p.numel() == 0 and type(p) is nn.Parameter for p in twin.parameters()),
+          "a deep copy at rest holds empty plain Parameters, as DeepSpeed's copies are empty")
     with deepspeed.zero.GatheredParameters(list(model.parameters())):
         whole = copy.deepcopy(model)
         gathered = w.sum().item()
@@ -478,8 +485,21 @@ def test_released_params_read_as_deepspeeds():
         check(gathered != 0.0 and whole.hidden[0].weight.sum().item() == gathered and
               torch.isfinite(whole(x, y)) and not any(hasattr(m, "_zero_cpp_unit") for m in whole.modules()),
               "inside GatheredParameters the params read whole; a deep copy made there is a plain model that runs")
+    b = model.hidden[0].bias
+    with deepspeed.zero.GatheredParameters([w, b]):
+        traced = torch._dynamo.explain(lambda x: F.linear(x, w, b))(torch.ones(2, 64))
+    check(traced.graph_count == 1 and traced.graph_break_count == 0,
+          f"torch.compile traces a function of gathered params into one graph ({traced.graph_count} graphs, "
+          f"{traced.graph_break_count} breaks)")
     losses += train(engine, 2, first=2)
     check(losses == plain, f"the run goes on as one that read nothing ({losses} vs {plain})")
+    # p.data = value inside GatheredParameters(modifier_rank=0): kept, as DeepSpeed keeps it.
+    with deepspeed.zero.GatheredParameters([w], modifier_rank=0):
+        w.data = torch.full((64, 64), 0.5)
+        ok, msg = raises(lambda: setattr(w, "data", torch.zeros(2)), RuntimeError, "another shape")
+    full = engine.consolidated_fp32_state_dict()["hidden.0.weight"]
+    check(ok and bool((full == 0.5).all()), f"assigning .data inside GatheredParameters(modifier_rank=0) reaches "
+          f"the engine ({float(full.mean())}); another shape is refused ({msg})")
 
 
 def test_host_copies_of_gathered_params_outlive_the_block():
@@ -1455,6 +1475,14 @@ def test_init_inference():
     refused("a key set two ways", ValueError, "dtype", config={"dtype": "fp16"}, dtype=torch.bfloat16)
     refused("a policy naming no layer", ValueError, "'attn.proj'", injection_policy={Mlp: ("attn.proj",)})
     refused("a config of the wrong type", ValueError, "JSON", config=3)
+    refused("a deprecated key beside its replacement", AssertionError, "'mp_size'", mp_size=2,
+            tensor_parallel={"tp_size": 2})
+    refused("an integer key that is not one", ValueError, "'min_out_tokens'", min_out_tokens="x")
+    c = deepspeed.DeepSpeedInferenceConfig(dtype="auto", tp={"tp_size": "2"}, moe_experts=[4], ep_size=2)
+    check((c.dtype, c.tensor_parallel.tp_size, c.moe.moe_experts, c.moe.ep_size) == (torch.float16, 2, [4], 2) and
+          deepspeed.default_inference_config()["dtype"] == "torch.float16",
+          "the inference config as DeepSpeed's reads it: \"auto\" the default, \"2\" an integer, deprecated keys "
+          "moved into their blocks, the dtype by name in the defaults")
     with deepspeed.OnDevice(dtype=torch.float16, device="meta"):
         meta = Mlp()
     ok, msg = raises(lambda: deepspeed.init_inference(meta), ValueError, "meta")
@@ -1487,6 +1515,14 @@ def test_on_device():
     check(not torch.empty(1).is_meta and torch.empty(1).dtype == torch.float32,
           "an exception inside the block leaves torch's factories as they were")
     check(deepspeed.utils.OnDevice is deepspeed.OnDevice, "deepspeed.utils.OnDevice is deepspeed.OnDevice")
+    twice = deepspeed.OnDevice(dtype=torch.float16, device="meta")
+    with twice:
+        with twice:
+            inner = torch.zeros(1)
+        outer = torch.zeros(1)
+    after = torch.zeros(1)
+    check(inner.is_meta and outer.is_meta and not after.is_meta and after.dtype == torch.float32,
+          "one OnDevice entered twice, nested: each exit leaves its own entry")
 
 
 class TiledMlp(Mlp):
@@ -1582,6 +1618,18 @@ def test_moe():
     shared, expert = split_params_into_shared_and_expert_params(list(engine.module.parameters()))
     check(has_moe_layers(engine.module) == (True, 4) and len(expert) == 8 and all(is_moe_param(p) for p in expert)
           and not any(is_moe_param(p) for p in shared), "has_moe_layers, and the 4 experts' 8 params are expert params")
+    from deepspeed.moe.sharded_moe import TopKGate as DeepSpeedGate  # DeepSpeed 0.19.8's, the oracle
+    same = []
+    for k, settings in ((1, {}), (2, {}), (3, {}), (1, {"drop_tokens": False}), (2, {"min_capacity": 1})):
+        gates = []
+        for cls in (deepspeed.moe.sharded_moe.TopKGate, DeepSpeedGate):
+            torch.manual_seed(0)
+            gate = cls(8, 4, k, **settings)
+            torch.manual_seed(5)
+            gates.append(gate(torch.randn(10, 8)))
+        same.append(all(torch.equal(a, b) for a, b in zip(*gates)))
+    check(all(same), f"TopKGate called directly gives DeepSpeed's dense (l_aux, combine_weights, dispatch_mask, "
+          f"exp_counts), bit for bit, for k 1-3 ({same})")
     g = deepspeed.utils.groups
     check((g.get_data_parallel_world_size(), g.get_data_parallel_rank(), g._get_expert_data_parallel_world_size("ep_size_1"),
            g._get_expert_parallel_world_size("ep_size_1"), g.get_tensor_model_parallel_world_size()) ==

@@ -834,8 +834,9 @@ def scenario_moe(stage, out, ckpt):
     tokens dropped at capacity 1.0, top-2 with the second expert sampled
     and a Residual MoE, top-3 without dropping; the param groups
     split_params_into_different_moe_groups_for_optimizer makes (the
-    tutorial's create_moe_param_groups); the gate's random draws under a
-    seed give DeepSpeed's routes, so the same losses."""
+    tutorial's create_moe_param_groups), and those the engine makes for the
+    config's optimizer; the gate's random draws under a seed give
+    DeepSpeed's routes, so the same losses."""
     if stage == 3:
         return None
     split_params_into_different_moe_groups_for_optimizer = \
@@ -855,6 +856,13 @@ def scenario_moe(stage, out, ckpt):
             engine.eval()
             losses.append(mean_over_ranks(engine(*batch(9, 0, engine.global_rank, engine.world_size))))
             engine.train()
+    # The config's optimizer over plain params: the engine makes the expert groups itself.
+    torch.manual_seed(0)
+    model = MoeNet(1)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=config(stage))
+    torch.manual_seed(1 + engine.global_rank)
+    losses += train(engine, 2)
+    groups.append([(g.get("name"), g.get("moe", False)) for g in engine.optimizer.param_groups])
     return {"losses": losses, "groups": groups}
 
 

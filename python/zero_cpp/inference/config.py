@@ -65,6 +65,11 @@ _KEYS = {
 }
 _ALIAS = {alias: name for name, (_, aliases) in _KEYS.items() for alias in aliases}
 
+# DeepSpeed's deprecated top-level keys -> the block key that replaced each.
+_DEPRECATED = {"mp_size": ("tensor_parallel", "tp_size"), "mpu": ("tensor_parallel", "mpu"),
+               "ep_size": ("moe", "ep_size"), "ep_group": ("moe", "ep_group"), "ep_mp_group": ("moe", "ep_mp_group"),
+               "moe_experts": ("moe", "moe_experts"), "moe_type": ("moe", "type")}
+
 # DeepSpeed's names for its dtypes.
 _DTYPES = {torch.float16: ("torch.float16", "fp16", "float16", "half"),
            torch.float32: ("torch.float32", "fp32", "float32", "float"),
@@ -87,8 +92,34 @@ def _dtype(value):
     raise TypeError(f"zero_cpp init_inference: dtype must be a torch.dtype or its name, not {type(value).__name__}")
 
 
+_TRUE, _FALSE = ("true", "yes", "on", "1", "t", "y"), ("false", "no", "off", "0", "f", "n")
+
+
+def _typed(name, value, default):
+    """`value` as the type of `default` (a bool or an int), taking what
+    DeepSpeed's config model takes in their place ("2", 2.0, "yes")."""
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, (int, float)) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+            return value.lower() in _TRUE
+        raise _error(f"'{name}' must be true or false, not {value!r}")
+    if isinstance(default, int):
+        try:
+            number = float(value) if isinstance(value, str) else value
+            if isinstance(number, bool) or not isinstance(number, (int, float)) or number != int(number):
+                raise ValueError
+            return int(number)
+        except (TypeError, ValueError):
+            raise _error(f"'{name}' must be an integer, not {value!r}") from None
+    return value
+
+
 def _block(name, given, defaults, aliases=None):
-    """A nested block: its defaults overlaid with what was given, unknown keys refused."""
+    """A nested block: its defaults overlaid with what was given ("auto"
+    meaning the default, as DeepSpeed's reads it), unknown keys refused."""
     if isinstance(given, SimpleNamespace):
         given = vars(given)
     if not isinstance(given, dict):
@@ -99,9 +130,11 @@ def _block(name, given, defaults, aliases=None):
         if key not in defaults:
             raise _error(f"'{name}.{key}' is not a key of DeepSpeed's inference config "
                          f"(its keys: {', '.join(sorted(defaults))})")
+        if value == "auto":
+            continue
         if isinstance(defaults[key], dict) and defaults[key]:
             value = _block(f"{name}.{key}", value, defaults[key])
-        out[key] = value
+        out[key] = _typed(f"{name}.{key}", value, defaults[key])
     return out
 
 
@@ -118,35 +151,43 @@ class DeepSpeedInferenceConfig:
 
     def __init__(self, **given):
         values = {name: copy.deepcopy(default) for name, (default, _) in _KEYS.items()}
+        named = {}  # the keys given, by their names (not aliases), "auto" left out
         for key, value in given.items():
             name = _ALIAS.get(key, key)
             if name not in _KEYS:
                 raise _error(f"'{key}' is not a key of DeepSpeed's inference config "
                              f"(its keys: {', '.join(sorted(_KEYS))})")
+            if isinstance(value, str) and value == "auto":
+                continue
             default = _KEYS[name][0]
             if name == "moe" and isinstance(value, bool):
                 value = {"enabled": value}
             if isinstance(default, dict) and default:
                 value = _block(name, value, default, _MOE_ALIASES if name == "moe" else None)
-            values[name] = value
+            values[name] = _typed(name, value, default)
+            named[name] = value
         values["dtype"] = _dtype(values["dtype"])
-        if not isinstance(values["max_out_tokens"], int) or values["max_out_tokens"] <= 0:
-            raise _error(f"max_out_tokens must be an integer greater than 0, not {values['max_out_tokens']!r}")
-        # The deprecated keys, moved into their blocks as DeepSpeed moves them.
-        if "mp_size" in given:
-            values["tensor_parallel"]["tp_size"] = values["mp_size"]
-        if values["mpu"] is not None:
-            values["tensor_parallel"]["mpu"] = values["mpu"]
-        if "ep_size" in given:
-            values["moe"]["ep_size"] = values["ep_size"]
+        if values["max_out_tokens"] <= 0:
+            raise _error(f"max_out_tokens must be greater than 0, not {values['max_out_tokens']}")
+        # The deprecated keys, moved into their blocks as DeepSpeed moves them
+        # (refused beside the key that replaces them).
+        for old, (block, key) in _DEPRECATED.items():
+            if old not in named:
+                continue
+            if block in named and key in (named[block] if isinstance(named[block], dict) else {}):
+                raise AssertionError(f"zero_cpp init_inference: '{old}' is DeepSpeed's deprecated name for "
+                                     f"'{block}.{key}': give one of them")
+            values[block][key] = values[old]
         self.__dict__.update(vars(_namespace(values, {name: default for name, (default, _) in _KEYS.items()})))
         self._given = dict(given)
 
     def dict(self):
-        """The config as a dict (DeepSpeed's pydantic `.dict()`)."""
+        """The config as a dict (DeepSpeed's pydantic `.dict()`: the dtype by its name)."""
         def plain(v):
             return {k: plain(x) for k, x in vars(v).items()} if isinstance(v, SimpleNamespace) else v
-        return {k: plain(v) for k, v in self.__dict__.items() if not k.startswith("_")}
+        out = {k: plain(v) for k, v in self.__dict__.items() if not k.startswith("_")}
+        out["dtype"] = str(self.dtype)
+        return out
 
     model_dump = dict
 

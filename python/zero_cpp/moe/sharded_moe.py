@@ -161,7 +161,14 @@ class TopKGate(nn.Module):
     def _set_ep_group(self, ep_group):
         self.ep_group = ep_group
 
-    def forward(self, input, used_token=None, sparse_routes=True, use_tutel=False):
+    def forward(self, input, used_token=None, sparse_routes=False, use_tutel=False):
+        """The tokens' `Routes` with `sparse_routes` (the MoE layer's call);
+        else DeepSpeed's dense form, (l_aux, combine_weights [S, E, C],
+        dispatch_mask, exp_counts)."""
+        routes = self._routes(input, used_token)
+        return routes if sparse_routes else _dense(routes, input.shape[0])
+
+    def _routes(self, input, used_token):
         x = input.float()
         if self.noisy_gate_policy == "Jitter" and self.training:
             x = multiplicative_jitter(x, device=input.device)
@@ -198,7 +205,7 @@ class MOELayer(nn.Module):
     def forward(self, *input, **kwargs):
         d_model = input[0].shape[-1]
         tokens = input[0].reshape(-1, d_model)
-        routes = self.gate(tokens, input[1] if len(input) > 1 else None)
+        routes = self.gate(tokens, input[1] if len(input) > 1 else None, True)
         self.l_aux, self.exp_counts = routes.l_aux, routes.exp_counts
         num_experts, capacity = routes.num_experts, int(routes.capacity)
         # Each route's place in the [experts * capacity] buffer; a dropped
@@ -210,6 +217,20 @@ class MOELayer(nn.Module):
         out = out.reshape(self.ep_size * self.num_local_experts, -1, d_model).contiguous()
         combined = _from_slots(out.view(num_experts * capacity, d_model), places, routes.weights, tokens.shape[0])
         return combined.reshape(input[0].shape)
+
+
+def _dense(routes, num_tokens):
+    """Routes as DeepSpeed's dense gate output: combine_weights[s, e, c] the
+    weight of token s's route to slot c of expert e (0 elsewhere), the
+    dispatch mask where it is non-zero."""
+    capacity = int(routes.capacity)
+    combine = torch.zeros(num_tokens, routes.num_experts, capacity, dtype=routes.weights.dtype,
+                          device=routes.weights.device)
+    tokens = torch.arange(num_tokens, device=routes.weights.device)
+    for experts, slots, weights in zip(routes.experts, routes.slots, routes.weights):
+        kept = experts >= 0
+        combine[tokens[kept], experts[kept].long(), slots[kept].long()] += weights[kept]
+    return routes.l_aux, combine, combine.bool(), routes.exp_counts
 
 
 def _to_slots(tokens, places, num_experts, capacity):

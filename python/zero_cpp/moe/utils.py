@@ -18,7 +18,7 @@ def has_moe_layers(m):
 
 
 def is_moe_param(param):
-    return getattr(param, "allreduce", True) is False
+    return not getattr(param, "allreduce", True)
 
 
 def split_params_into_shared_and_expert_params(params):
@@ -38,11 +38,11 @@ def split_params_grads_into_shared_and_expert_params(group):
 def split_params_into_different_moe_groups_for_optimizer(param_groups, max_group_size=178956971):
     """`param_groups` (a group, or a list or tuple of groups, each with a
     'name') with the expert params taken out of each into new groups, one
-    per expert group name (`param.group_name`) per original group, with the
-    original's settings, 'name' the expert group's and 'moe' True; those of
-    more than `max_group_size` elements cut in order into several. The new
-    groups come after the originals. The list is returned (a list given is
-    changed in place, as DeepSpeed's)."""
+    per expert group name (`param.group_name`) per original group name,
+    with the original's settings, 'name' the expert group's and 'moe' True;
+    those of more than `max_group_size` elements cut in order into several.
+    The new groups come after the originals. The list is returned (a list
+    given is changed in place, as DeepSpeed's)."""
     if isinstance(param_groups, tuple):
         param_groups = list(param_groups)
     elif isinstance(param_groups, dict):
@@ -50,23 +50,28 @@ def split_params_into_different_moe_groups_for_optimizer(param_groups, max_group
     elif not isinstance(param_groups, list):
         raise ValueError(f"split_params_into_different_moe_groups_for_optimizer: param groups of type "
                          f"{type(param_groups).__name__}; give a dict, or a list or tuple of them")
-    names = []
+    names = []  # the expert groups' names, in the order their params come
     for group in param_groups:
         for p in group["params"]:
             if is_moe_param(p) and p.group_name not in names:
                 names.append(p.group_name)
-    moe_groups = []
+    # Keyed by the original group's name, as DeepSpeed's: groups of one name
+    # share their expert groups (with the last one's settings).
+    moe_groups = {}
     for group in param_groups:
-        experts = {name: [] for name in names}
+        moe_groups[group["name"]] = {name: ({**group, "name": name, "moe": True}, []) for name in names}
+    for group in param_groups:
         kept = []
         for p in group["params"]:
-            (experts[p.group_name] if is_moe_param(p) else kept).append(p)
+            if is_moe_param(p):
+                moe_groups[group["name"]][p.group_name][1].append(p)
+            else:
+                kept.append(p)
         group["params"] = kept
-        for name in names:
-            moe_groups.append(({**group, "name": name, "moe": True}, experts[name]))
-    for settings, params in moe_groups:
-        for chunk in _cut(params, max_group_size):
-            param_groups.append({**settings, "params": chunk})
+    for by_name in moe_groups.values():
+        for settings, params in by_name.values():
+            for chunk in _cut(params, max_group_size):
+                param_groups.append({**settings, "params": chunk})
     return param_groups
 
 

@@ -47,16 +47,16 @@ class OnDevice:
 
     def __init__(self, dtype, device="meta", enabled=True):
         self.dtype, self.device, self.enabled = dtype, device, enabled
-        self._mode = None
+        self._modes = []  # one per entry not yet left: the same object may be entered again, nested
 
     def __enter__(self):
         if self.enabled:
-            self._mode = _OnDeviceMode(self.device, self.dtype)
-            self._mode.__enter__()
+            mode = _OnDeviceMode(self.device, self.dtype)
+            mode.__enter__()
+            self._modes.append(mode)
         return self
 
     def __exit__(self, exc_type, exc_value, traceback):
-        if self._mode is not None:
-            mode, self._mode = self._mode, None
-            mode.__exit__(exc_type, exc_value, traceback)
+        if self.enabled and self._modes:
+            self._modes.pop().__exit__(exc_type, exc_value, traceback)
         return False

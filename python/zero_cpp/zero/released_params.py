@@ -13,16 +13,24 @@ Each stage-3 param (the engine's and zero.Init's) becomes a
 that has a released one among its arguments on an empty tensor of its dtype
 and device in its place, and warns once per process, naming it. What reads
 no values passes untouched: the metadata (shape, dtype, device, numel,
-requires_grad, grad, storage pointers) and a conversion that returns the
-param itself (`.to(its device)`, `.float()` of an fp32 param). Gathered
-params (in the engine's forward and backward, inside GatheredParameters)
-are whole and pass untouched too. Calls from C++ never come here.
+requires_grad, grad, storage pointers) and a conversion that gives the
+param itself back (`.to(its device)`, `.float()` of an fp32 param: torch's
+own rule, tried on the stand-in). Gathered params (in the engine's forward
+and backward, inside GatheredParameters) are whole and pass untouched.
+Calls from C++ never come here, nor does `Tensor.set_`; a compiled forward
+is traced without this guard. Read params from the training thread: the
+check and the read are not one atomic step.
 
-Assigning `param.data` of a released param is refused rather than run: the
-engine's param would lose its storage. Torch's `Module._apply` assigns it
-when a conversion changes the params (`model.half()`, `model.to("cuda")`
-after initialize), so those are refused too, naming the param.
+`param.data = value` keeps the engine's storage: inside GatheredParameters
+a value of the param's shape, dtype and device is copied into it (DeepSpeed
+keeps such a write); anything else is refused naming the param, nothing
+changed -- so are `model.half()` and `model.to("cuda")` after initialize,
+which torch's `Module._apply` writes back through `param.data`. A deep copy
+is a plain `nn.Parameter` of the values read now. A param whose class is
+a Parameter subclass of its own (bitsandbytes', torchao's) is left as it
+is: read released, it still stops the process, naming it.
 """
+import copy
 import warnings
 
 import torch
@@ -31,6 +39,15 @@ from .. import _C
 
 _DATA = torch._C.TensorBase.__dict__["data"]
 
+# Attributes that read no values. Any other getter (`.T`, `.mT`, `.H`,
+# `.real`, `__cuda_array_interface__`, ...) is a view or a read: the stand-in's.
+_METADATA_ATTRS = frozenset({
+    "shape", "dtype", "device", "layout", "ndim", "names", "name", "itemsize", "nbytes", "requires_grad", "grad",
+    "_grad", "grad_fn", "_grad_fn", "grad_dtype", "is_leaf", "retains_grad", "output_nr", "_version",
+    "_backward_hooks", "_post_accumulate_grad_hooks", "_base", "_cdata", "_python_dispatch",
+    "_has_symbolic_sizes_strides", "volatile", "is_cpu", "is_cuda", "is_ipu", "is_maia", "is_meta", "is_mkldnn",
+    "is_mps", "is_mtia", "is_nested", "is_quantized", "is_sparse", "is_sparse_csr", "is_vulkan", "is_xla", "is_xpu"})
+
 # Calls that read no values: they run on the param itself even when released.
 _METADATA = frozenset(getattr(torch.Tensor, name) for name in (
     "size", "dim", "numel", "nelement", "element_size", "stride", "storage_offset", "is_contiguous", "data_ptr",
@@ -38,15 +55,11 @@ _METADATA = frozenset(getattr(torch.Tensor, name) for name in (
     "__hash__", "requires_grad_", "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "_is_view",
     "is_shared", "is_pinned", "is_set_to", "__len__", "__setstate__", "__reduce_ex__"))
 
-# Conversions: torch returns the param itself when nothing changes.
+# Conversions: torch gives back the tensor itself when there is nothing to change.
 _CONVERSIONS = frozenset(getattr(torch.Tensor, name) for name in (
     "to", "cpu", "cuda", "float", "half", "bfloat16", "double", "type", "type_as", "contiguous"))
 
 _warned = False
-
-
-def _is_descriptor(func, *names):
-    return getattr(func, "__name__", "") in names and hasattr(func, "__self__")
 
 
 def _released(t):
@@ -62,21 +75,21 @@ def _stand_in(p):
 
 
 def _swap(value, found):
-    """`value` with each released param in it (inside lists and tuples too)
-    replaced by its empty stand-in; the params replaced go to `found`."""
+    """`value` with each released param in it (inside lists and tuples, at
+    any depth) replaced by its empty stand-in; the params replaced go to `found`."""
     if _released(value):
         found.append(value)
         return _stand_in(value)
-    if isinstance(value, (list, tuple)) and any(isinstance(v, PartitionedParameter) for v in value):
+    if type(value) in (list, tuple) and _any_released(value):
         return type(value)(_swap(v, found) for v in value)
     return value
 
 
 def _refuse(p, what):
     raise RuntimeError(
-        f"zero_cpp: stage 3: '{_name(p)}' is sharded and released outside deepspeed.zero.GatheredParameters, so "
-        f"{what} is refused (the engine's param would lose its storage; nothing was changed). Change params inside "
-        "`with deepspeed.zero.GatheredParameters(params, modifier_rank=0):` on every rank, or through "
+        f"zero_cpp: stage 3: {what} of '{_name(p)}' is refused (the engine's param would lose its storage; nothing "
+        "was changed). Change a param's values in place (`p.data.copy_(x)`, `p.copy_(x)`) inside `with "
+        "deepspeed.zero.GatheredParameters(params, modifier_rank=0):` on every rank, or through "
         "deepspeed.utils.safe_set_full_fp32_param; cast or move the model before deepspeed.initialize")
 
 
@@ -86,16 +99,38 @@ class PartitionedParameter(torch.nn.Parameter):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        # The common case first, and cheap: every param gathered (a forward).
         if kwargs is None:
             kwargs = {}
-        if func not in _METADATA and (_any_released(args) or (kwargs and _any_released(kwargs.values()))):
+        # torch.compile traces the model's ops, not this guard (dynamo cannot
+        # trace the C++ check): a compiled forward runs with its units gathered.
+        if torch.compiler.is_compiling():
+            with torch._C.DisableTorchFunctionSubclass():  # what dynamo traces; the result a plain tensor
+                return func(*args, **kwargs)
+        # The common case first, and cheap: every param gathered (a forward).
+        if func in _METADATA:
+            return _run(func, types, args, kwargs)
+        if _is_descriptor(func):
+            return _attribute(func, types, args, kwargs)
+        if _any_released(args) or (kwargs and _any_released(kwargs.values())):
             return _at_rest(func, types, args, kwargs)
         return _run(func, types, args, kwargs)
 
     def __repr__(self):
-        # Torch's own layout for a Parameter (a subclass's repr would wrap it in the class name).
-        return torch.nn.Parameter.__repr__(torch.nn.Parameter(self.data, self.requires_grad))
+        # Torch's own layout for a Parameter (a subclass's repr would wrap it
+        # in the class name); released, the stand-in's, with no warning.
+        data = _stand_in(self) if _C.released(self) else _run(_DATA.__get__, (), (self,), {})
+        return torch.nn.Parameter.__repr__(torch.nn.Parameter(data, self.requires_grad))
+
+    def __deepcopy__(self, memo):
+        # A copy (a reference model, an EMA) is a plain Parameter of the
+        # values read now (empty at rest, whole inside GatheredParameters).
+        if id(self) in memo:
+            return memo[id(self)]
+        data = _stand_in(self) if _C.released(self) else _run(_DATA.__get__, (), (self,), {})
+        result = torch.nn.Parameter(data.clone(memory_format=torch.preserve_format), self.requires_grad)
+        memo[id(self)] = result
+        result.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return result
 
 
 _run = torch._C._disabled_torch_function_impl  # nn.Parameter's own: the call, its result a plain tensor
@@ -112,61 +147,55 @@ def _any_released(values):
     return False
 
 
+def _is_descriptor(func):
+    return getattr(func, "__name__", "") in ("__get__", "__set__", "__delete__") and hasattr(func, "__self__")
+
+
+def _attribute(func, types, args, kwargs):
+    """A getter or setter of one of TensorBase's attributes on a param."""
+    p, descriptor = args[0], func.__self__
+    if descriptor is _DATA and func.__name__ == "__set__":
+        return _assign_data(func, types, args, kwargs)
+    if func.__name__ != "__get__" or getattr(descriptor, "__name__", None) in _METADATA_ATTRS or not _released(p):
+        return _run(func, types, args, kwargs)  # shape, dtype, grad, requires_grad, ...; or whole now
+    _warn(p)  # .data, .T, .mT, .H, .real ... at rest: the stand-in's
+    return _run(func, types, (_stand_in(p),) + tuple(args[1:]), kwargs)
+
+
+def _assign_data(func, types, args, kwargs):
+    """`p.data = value`: the engine's param must keep its storage, so a value
+    of the same shape, dtype and device is copied into it while the param is
+    whole (inside GatheredParameters; DeepSpeed keeps such a write), and the
+    rest is refused, naming the param."""
+    p, value = args[0], args[1]
+    if value is p:
+        return _run(func, types, args, kwargs)  # p.data = p (Module._apply after a no-op conversion)
+    if _released(p):
+        _refuse(p, "assigning .data (as model.half(), model.to(another device or dtype) and "
+                   "load_state_dict(assign=True) do) outside GatheredParameters")
+    if not (isinstance(value, torch.Tensor) and value.shape == p.shape and value.dtype == p.dtype and
+            value.device == p.device):
+        _refuse(p, f"assigning .data of another shape, dtype or device ({tuple(getattr(value, 'shape', ()))}, "
+                   f"{getattr(value, 'dtype', type(value).__name__)})")
+    with torch.no_grad():
+        _run(torch.Tensor.copy_, types, (p, value), {})
+
+
 def _at_rest(func, types, args, kwargs):
-    """`func` called with a released param among its arguments."""
-    if _is_descriptor(func, "__get__", "__set__", "__delete__"):
-        if func.__self__ is not _DATA or not _released(args[0]):
-            return _run(func, types, args, kwargs)  # shape, dtype, grad, requires_grad, ...
-        if func.__name__ != "__get__":
-            if len(args) > 1 and args[1] is args[0]:
-                return _run(func, types, args, kwargs)  # p.data = p (Module._apply after a no-op conversion)
-            _refuse(args[0], "assigning its .data (as model.half(), model.to(another device or dtype) and "
-                             "load_state_dict(assign=True) do)")
-        # p.data: the stand-in, as below.
-    elif func in _CONVERSIONS and _released(args[0]) and _returns_itself(func, args, kwargs):
-        return _run(func, types, args, kwargs)  # nothing read
+    """`func` called with a released param among its arguments: run on the
+    stand-ins, unless it is a conversion that gives the param itself back."""
+    if func in _CONVERSIONS and _released(args[0]):
+        probe = _stand_in(args[0])
+        result = func(probe, *args[1:], **kwargs)  # torch's own rule, on a tensor of the same dtype and device
+        if result is probe or not isinstance(result, torch.Tensor):
+            return _run(func, types, args, kwargs)  # the param itself, or its type's name: nothing read
+        _warn(args[0])
+        return result
     found = []
     args = tuple(_swap(a, found) for a in args)
     kwargs = {k: _swap(v, found) for k, v in kwargs.items()}
     _warn(found[0])
     return _run(func, types, args, kwargs)
-
-
-_FIXED_DTYPE = {torch.Tensor.float: torch.float32, torch.Tensor.half: torch.float16,
-                torch.Tensor.bfloat16: torch.bfloat16, torch.Tensor.double: torch.float64}
-
-
-def _returns_itself(func, args, kwargs):
-    """Whether conversion `func(*args, **kwargs)` of a param gives back the
-    param itself (torch's rule: nothing to change, no copy asked)."""
-    p, rest = args[0], args[1:]
-    dtype = device = None
-    if func in _FIXED_DTYPE:
-        dtype = _FIXED_DTYPE[func]
-    elif func is torch.Tensor.cpu:
-        device = torch.device("cpu")
-    elif func is torch.Tensor.cuda:
-        device = torch.device("cuda", torch.cuda.current_device()) if not rest and "device" not in kwargs \
-            else torch.device("cuda", kwargs.get("device", rest[0] if rest else None))
-    elif func is torch.Tensor.to:
-        if kwargs.get("copy") or (len(rest) > 0 and rest[-1] is True and isinstance(rest[0], torch.dtype)):
-            return False
-        device, dtype, _, _ = torch._C._nn._parse_to(*rest, **{k: v for k, v in kwargs.items() if k != "copy"})
-    elif func is torch.Tensor.type_as:
-        dtype, device = rest[0].dtype, rest[0].device
-    elif func is torch.Tensor.type:
-        if not rest and "dtype" not in kwargs:
-            return True  # its name: metadata
-        return False
-    elif func is torch.Tensor.contiguous:
-        return p.is_contiguous(**kwargs) if not rest else p.is_contiguous(memory_format=rest[0])
-    if dtype is not None and dtype != p.dtype:
-        return False
-    if device is not None:
-        device = torch.device(device)
-        if device.type != p.device.type or (device.index is not None and device.index != p.device.index):
-            return False
-    return True
 
 
 def _warn(p):
@@ -177,7 +206,7 @@ def _warn(p):
             f"zero_cpp: stage 3: '{_name(p)}' was read outside deepspeed.zero.GatheredParameters, where it is "
             "sharded and released: it reads as an empty tensor, as DeepSpeed's params do at rest (said once). "
             "Read full params inside `with deepspeed.zero.GatheredParameters(params):` on every rank, or take "
-            "engine.consolidated_fp32_state_dict()", stacklevel=3)
+            "engine.consolidated_fp32_state_dict()", stacklevel=4)
 
 
 def mark(params):
