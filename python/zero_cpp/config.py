@@ -190,7 +190,7 @@ def leaf_module(config):
 def for_cxx(config):
     """`config` as JSON for the C++ engine: the Python blocks taken out, and
     the keys the front end carries out itself (_FRONT_END_KEYS)."""
-    cxx = {k: v for k, v in config.items() if k not in PYTHON_BLOCKS}
+    cxx = {k: v for k, v in config.items() if k not in PYTHON_BLOCKS and k not in _FRONT_END_TOP_KEYS}
     for block, key in _FRONT_END_KEYS:
         inner = cxx.get(block)
         if isinstance(inner, dict) and key in inner:
@@ -202,6 +202,7 @@ def for_cxx(config):
 # itself: z3 leaf modules (utils/z3_leaf_module.py), fp16's casting of the
 # forward's inputs (ZeroEngine.forward).
 _FRONT_END_KEYS = (("zero_optimization", "leaf_module"), ("fp16", "auto_cast"))
+_FRONT_END_TOP_KEYS = ("memory_breakdown",)  # memory lines around each phase (ZeroEngine._memory_lines)
 
 
 def for_engine(config):

@@ -36,6 +36,7 @@ from .utils.timer import (BACKWARD_INNER_GLOBAL_TIMER, BACKWARD_REDUCE_GLOBAL_TI
                           SynchronizedWallClockTimer, ThroughputTimer)
 from .runtime.config import monitor_config
 from .runtime.config_accessors import ConfigAccessors
+from .runtime.utils import see_memory_usage
 from .runtime.torch_autocast import AutocastSettings, autocast_if_enabled
 from .utils.z3_leaf_module import apply_zero_leaf_module_config
 from .zero import released_params, state_dict_at_rest
@@ -373,6 +374,10 @@ class ZeroEngine(ConfigAccessors, torch.nn.Module):
 
     # ---- training ----
     def forward(self, *inputs, **kwargs):
+        with self._memory_lines("forward"):
+            return self._forward(*inputs, **kwargs)
+
+    def _forward(self, *inputs, **kwargs):
         if self.fp16_auto_cast():
             inputs = _half(inputs)  # the ds_config's fp16.auto_cast: positional inputs only, as DeepSpeed's
         profiling = self._profiling_flops()
@@ -387,6 +392,14 @@ class ZeroEngine(ConfigAccessors, torch.nn.Module):
             self._stop_timers(self.engine_timers.forward_timers)
             if profiling:
                 self.flops_profiler.stop_profile()
+
+    @contextlib.contextmanager
+    def _memory_lines(self, phase):
+        """The ds_config's memory_breakdown: the memory in use before and
+        after each forward, backward and step (rank 0), as DeepSpeed logs it."""
+        see_memory_usage(f"Engine before {phase}", force=self.memory_breakdown())
+        yield
+        see_memory_usage(f"Engine after {phase}", force=self.memory_breakdown())
 
     def _module_under_autocast(self, *inputs, **kwargs):
         # The engine's own forward only, as DeepSpeed's: a direct call of the
@@ -484,6 +497,10 @@ class ZeroEngine(ConfigAccessors, torch.nn.Module):
         """Backpropagates loss / gradient_accumulation_steps (times the fp16
         loss scale) and reduces grads as the stage requires; returns the
         scaled loss (detached)."""
+        with self._memory_lines("backward"):
+            return self._backward(loss, retain_graph, scale_wrt_gas)
+
+    def _backward(self, loss, retain_graph=False, scale_wrt_gas=True):
         if retain_graph:
             raise NotImplementedError("zero_cpp: engine.backward(retain_graph=True) is not supported; run a new "
                                       "forward for each backward")
@@ -513,6 +530,10 @@ class ZeroEngine(ConfigAccessors, torch.nn.Module):
         `optimizer.step()`, so a torch LR scheduler sees it), then the LR
         scheduler's step unless the step was skipped (fp16 overflow).
         Elsewhere it counts the micro-step."""
+        with self._memory_lines("step"):
+            return self._step(lr_kwargs)
+
+    def _step(self, lr_kwargs=None):
         self._step_applied = False
         if not self._engine.is_gradient_accumulation_boundary():
             self._start_timers(self.engine_timers.step_timers)

@@ -424,6 +424,36 @@ def test_flops_profiler_in_the_engine():
               f"DeepSpeed's ({latencies})")
 
 
+def test_memory_breakdown():
+    """The ds_config's memory_breakdown: rank 0 logs the memory in use before
+    and after each forward, backward and step, under DeepSpeed's messages;
+    without it, nothing."""
+    import logging
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.said = []
+
+        def emit(self, record):
+            self.said.append(record.getMessage().split(" |")[0])
+
+    lines = Lines()
+    deepspeed.utils.logger.addHandler(lines)
+    try:
+        for on in (True, False):
+            engine = make(config(stage=2, memory_breakdown=on))
+            del lines.said[:]
+            engine.backward(engine(*batch(0, engine.global_rank)))
+            engine.step()
+            said = [m for m in lines.said if m.startswith("Engine ")]
+            want = [f"Engine {w} {p}" for p in ("forward", "backward", "step") for w in ("before", "after")]
+            check(said == (want if on and dist.get_rank() == 0 else []) and engine.memory_breakdown() == on,
+                  f"memory_breakdown {on}: {said} on rank {dist.get_rank()}")
+    finally:
+        deepspeed.utils.logger.removeHandler(lines)
+
+
 def test_engine_timers():
     """DeepSpeed's engine.timers and get_wall_clock_timers(): with
     wall_clock_breakdown, each phase timed under DeepSpeed's names, per
@@ -562,7 +592,7 @@ def test_deepspeed_submodule_imports():
 def main():
     deepspeed.init_distributed()
     sys.exit(finish((test_deepspeed_submodule_imports, test_monitor_tensorboard, test_monitor_csv, test_deepspeed_config, test_throughput_timer,
-                     test_engine_timers, test_engine_and_comm_odds, test_comms_logger, test_config_scheduler, test_config_errors, test_activation_checkpointing,
+                     test_engine_timers, test_memory_breakdown, test_engine_and_comm_odds, test_comms_logger, test_config_scheduler, test_config_errors, test_activation_checkpointing,
                      test_flops_profiler_in_the_engine), between=dist.barrier))
 
 
