@@ -553,6 +553,9 @@ assert zero_cpp.utils.__spec__.name == "zero_cpp.utils"
 from deepspeed.moe.layer import MoE
 from deepspeed.inference.engine import InferenceEngine
 from deepspeed.runtime.zero.tiling import TiledLinear
+from deepspeed.monitor.monitor import csvMonitor, TensorBoardMonitor
+assert csvMonitor is zero_cpp.monitor.csv_monitor.csvMonitor
+assert TensorBoardMonitor is zero_cpp.monitor.tensorboard.TensorBoardMonitor
 assert MoE is zero_cpp.moe.layer.MoE and InferenceEngine is zero_cpp.InferenceEngine
 assert TiledLinear is zero_cpp.zero.TiledLinear
 try:

@@ -47,3 +47,16 @@ class MonitorMaster(Monitor):
         for backend in (self.tb_monitor, self.wandb_monitor, self.csv_monitor, self.comet_monitor):
             if backend is not None:
                 backend.write_events(event_list)
+
+
+_BACKENDS = {"TensorBoardMonitor": "tensorboard", "WandbMonitor": "wandb", "csvMonitor": "csv_monitor",
+             "CometMonitor": "comet"}
+
+
+def __getattr__(name):
+    """The backends under DeepSpeed's `deepspeed.monitor.monitor` names,
+    imported when asked for (as MonitorMaster imports them)."""
+    if name in _BACKENDS:
+        import importlib
+        return getattr(importlib.import_module(f"{__package__}.{_BACKENDS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
