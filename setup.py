@@ -83,6 +83,9 @@ class CMakeBuild(build_ext):
             f.write(f'"""Written by setup.py."""\ntorch_version = "{torch_version}"\n')
 
 
-# setuptools' own build directory away from ./build (the project's CMake build).
+# setuptools' own build directory away from ./build (the project's CMake build),
+# cleared first: setuptools copies the package into it and never removes a
+# file, so a module since deleted or renamed would still be installed.
+shutil.rmtree(os.path.join(SOURCE, "build-pip", "setuptools"), ignore_errors=True)
 setup(ext_modules=[Extension("zero_cpp._C", sources=[])], cmdclass={"build_ext": CMakeBuild},
       options={"build": {"build_base": os.path.join("build-pip", "setuptools")}})

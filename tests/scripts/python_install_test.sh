@@ -33,6 +33,13 @@ check "pip install . builds and installs zero-cpp ($how)" [ $rc -eq 0 ]
 [ $rc -eq 0 ] || tail -n 30 "$tmp/pip.log"
 check "the extension is installed" ls "$tmp"/site/zero_cpp/_C*.so
 check "zero-run and zero-ckpt are console scripts" [ -x "$tmp/site/bin/zero-run" ] && [ -x "$tmp/site/bin/zero-ckpt" ]
+# The install's modules are exactly the source tree's: none missing, and none
+# a stale copy of a module since removed (setuptools' build directory keeps
+# what it copied before; setup.py clears it).
+modules() { (cd "$1" && find zero_cpp -name '*.py' ! -name _build_info.py | sort); }
+differ=$(diff <(modules "$src/python") <(modules "$tmp/site") | sed -n 's/^[<>] //p')
+check "the installed modules are the source tree's ($(modules "$src/python" | wc -l) files)${differ:+; differ: $(echo $differ)}" \
+  [ -z "$differ" ]
 cat > "$tmp/train.py" <<'PY'
 import torch
 import zero_cpp as deepspeed
