@@ -28,7 +28,8 @@ def _uniform(shape, low, high, device):
                                                torch.tensor(high, device=device)).rsample(shape)
 
 
-def _gumbel(shape, device):
+def gumbel_rsample(shape, device):
+    """Standard Gumbel noise (the second expert's sampling, the RSample policy)."""
     return torch.distributions.gumbel.Gumbel(torch.tensor(0.0, device=device),
                                              torch.tensor(1.0, device=device)).rsample(shape)
 
@@ -37,10 +38,6 @@ def multiplicative_jitter(x, device, epsilon=1e-2):
     """`x` times noise drawn uniformly from [1 - epsilon, 1 + epsilon)
     (the "Jitter" noisy gate policy, on the gate's input)."""
     return x if epsilon == 0 else x * _uniform(x.shape, 1.0 - epsilon, 1.0 + epsilon, device)
-
-
-def gumbel_rsample(shape, device):
-    return _gumbel(shape, device)
 
 
 def _capacity(num_tokens, num_experts, capacity_factor, min_capacity):
@@ -60,7 +57,7 @@ def top1_routes(logits, capacity_factor, min_capacity, used_token=None, noisy_ga
     gates = F.softmax(logits, dim=1)
     num_tokens, num_experts = gates.shape
     capacity = _capacity(num_tokens, num_experts, capacity_factor, min_capacity)
-    chooser = logits + _gumbel(logits.shape, logits.device) if noisy_gate_policy == "RSample" else gates
+    chooser = logits + gumbel_rsample(logits.shape, logits.device) if noisy_gate_policy == "RSample" else gates
     experts = torch.argmax(chooser, dim=1)
     mask = F.one_hot(experts, num_classes=num_experts)
     if used_token is not None:
@@ -90,7 +87,7 @@ def top2_routes(logits, capacity_factor, min_capacity, drop_tokens=True, second_
     first = torch.argmax(gates, dim=1)
     mask1 = F.one_hot(first, num_classes=num_experts)
     if second_expert_sampling:
-        logits = logits + _gumbel(logits.shape, logits.device)
+        logits = logits + gumbel_rsample(logits.shape, logits.device)
     second = torch.argmax(logits.masked_fill(mask1.bool(), float("-inf")), dim=1)
     mask2 = F.one_hot(second, num_classes=num_experts)
     slots1 = torch.cumsum(mask1, dim=0) - 1

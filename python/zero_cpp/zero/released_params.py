@@ -74,6 +74,12 @@ def _stand_in(p):
     return torch.empty(0, dtype=p.dtype, device=p.device)
 
 
+def _values_now(p):
+    """What reading `p` gives now, with no warning: its stand-in while
+    released, else its data."""
+    return _stand_in(p) if _C.released(p) else _run(_DATA.__get__, (), (p,), {})
+
+
 def _swap(value, found):
     """`value` with each released param in it (inside lists and tuples, at
     any depth) replaced by its empty stand-in; the params replaced go to `found`."""
@@ -118,16 +124,14 @@ class PartitionedParameter(torch.nn.Parameter):
     def __repr__(self):
         # Torch's own layout for a Parameter (a subclass's repr would wrap it
         # in the class name); released, the stand-in's, with no warning.
-        data = _stand_in(self) if _C.released(self) else _run(_DATA.__get__, (), (self,), {})
-        return torch.nn.Parameter.__repr__(torch.nn.Parameter(data, self.requires_grad))
+        return torch.nn.Parameter.__repr__(torch.nn.Parameter(_values_now(self), self.requires_grad))
 
     def __deepcopy__(self, memo):
         # A copy (a reference model, an EMA) is a plain Parameter of the
         # values read now (empty at rest, whole inside GatheredParameters).
         if id(self) in memo:
             return memo[id(self)]
-        data = _stand_in(self) if _C.released(self) else _run(_DATA.__get__, (), (self,), {})
-        result = torch.nn.Parameter(data.clone(memory_format=torch.preserve_format), self.requires_grad)
+        result = torch.nn.Parameter(_values_now(self).clone(memory_format=torch.preserve_format), self.requires_grad)
         memo[id(self)] = result
         result.__dict__.update(copy.deepcopy(self.__dict__, memo))
         return result
